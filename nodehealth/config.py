@@ -1,0 +1,123 @@
+"""Configuration: defaults from every collector and check, a file (YAML or JSON), then flags.
+
+Validation is strict and its errors say where: an unknown key or a value of the wrong type is a
+ConfigError naming the dotted path, never a crash later in a pass.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Any, Dict, Optional
+
+from nodehealth import registry
+
+POLICY_DEFAULTS: Dict[str, Any] = {
+    # A performance finding needs this many consecutive bad passes to be raised ...
+    "raise_after_passes": 2,
+    # ... and this many good passes, and at least this long, to clear.
+    "clear_after_passes": 3,
+    "clear_after_seconds": 300.0,
+    # Kernel events older than this no longer count, unless they are sticky (fatal hardware).
+    "event_window_seconds": 86400.0,
+}
+
+DAEMON_DEFAULTS: Dict[str, Any] = {
+    "listen": "0.0.0.0:9464",
+    "interval_seconds": 30.0,
+    "state_dir": "/var/lib/nodehealth",
+    "collector_timeout_seconds": 10.0,
+}
+
+
+class ConfigError(Exception):
+    pass
+
+
+def defaults() -> Dict[str, Any]:
+    return {
+        "collectors": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.COLLECTORS},
+        "checks": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.CHECKS},
+        "policy": copy.deepcopy(POLICY_DEFAULTS),
+        "daemon": copy.deepcopy(DAEMON_DEFAULTS),
+    }
+
+
+def load(path: Optional[str]) -> Dict[str, Any]:
+    """Defaults merged with the file at `path` (if any), validated."""
+    cfg = defaults()
+    if not path:
+        return cfg
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(1 << 20)
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
+    data = _parse(path, text)
+    if data is None:
+        return cfg
+    merge(cfg, data, "")
+    return cfg
+
+
+def _parse(path: str, text: str) -> Any:
+    if path.endswith(".json"):
+        try:
+            return json.loads(text)
+        except ValueError as e:
+            raise ConfigError(f"{path}: not valid JSON: {e}") from None
+    import yaml  # only paid for when a YAML config is given
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+
+
+def merge(base: Dict[str, Any], override: Any, where: str) -> None:
+    """Merge `override` into `base` in place, checking keys and types against the defaults."""
+    if not isinstance(override, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(override).__name__}")
+    for key, value in override.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in base:
+            known = ", ".join(sorted(map(str, base))) or "(none)"
+            raise ConfigError(f"{path}: unknown setting (known here: {known})")
+        current = base[key]
+        if isinstance(current, dict) and not _is_free_mapping(current):
+            merge(current, value, path)
+        else:
+            base[key] = _coerce(path, current, value)
+
+
+def _is_free_mapping(value: Dict[str, Any]) -> bool:
+    """Mappings whose keys are data (e.g. per-code overrides), not settings; empty by default."""
+    return not value
+
+
+def _coerce(path: str, current: Any, value: Any) -> Any:
+    if current is None:
+        return value
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(current, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif isinstance(current, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(current, str):
+        if isinstance(value, str):
+            return value
+    elif isinstance(current, list):
+        if isinstance(value, list):
+            return value
+    elif isinstance(current, dict):
+        if isinstance(value, dict):
+            return value
+    raise ConfigError(f"{path}: expected {type(current).__name__}, got {type(value).__name__} ({value!r})")
+
+
+def state_dir(cfg: Dict[str, Any], flag: Optional[str]) -> str:
+    return flag or os.environ.get("NODEHEALTH_STATE_DIR") or cfg["daemon"]["state_dir"]

@@ -1,0 +1,136 @@
+"""Where the host's files are, and how to read them without hanging or reading forever.
+
+Every path a collector opens goes through HostPaths, so `--root DIR` replays a whole machine
+from a fixture folder (like node_exporter's --path.procfs / --path.sysfs).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import Dict, Iterator, Optional
+
+DEFAULT_READ_LIMIT = 4 << 20  # no procfs/sysfs file we parse is anywhere near 4 MiB
+
+
+class HostPaths:
+    """Roots of procfs, sysfs, /dev and the root filesystem.
+
+    With root="/" these are the live host. With a fixture folder, `proc/`, `sys/` and `dev/`
+    inside it stand in for the real ones.
+    """
+
+    def __init__(self, root: str = "/", procfs: Optional[str] = None, sysfs: Optional[str] = None,
+                 devfs: Optional[str] = None):
+        self.root = os.path.abspath(root)
+        self.procfs = procfs or os.path.join(self.root, "proc")
+        self.sysfs = sysfs or os.path.join(self.root, "sys")
+        self.devfs = devfs or os.path.join(self.root, "dev")
+
+    @property
+    def is_live(self) -> bool:
+        return self.root == "/"
+
+    def proc(self, *parts: str) -> str:
+        return os.path.join(self.procfs, *parts)
+
+    def sys(self, *parts: str) -> str:
+        return os.path.join(self.sysfs, *parts)
+
+    def dev(self, *parts: str) -> str:
+        return os.path.join(self.devfs, *parts)
+
+    def rootfs(self, path: str) -> str:
+        """A host path such as a mount point, relocated under the root."""
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def __repr__(self) -> str:
+        return f"HostPaths(root={self.root!r})"
+
+
+def read_bytes(path: str, limit: int = DEFAULT_READ_LIMIT) -> bytes:
+    """Read a file with bounded, non-blocking reads.
+
+    O_NONBLOCK keeps a FIFO with no writer from blocking the open; a FIFO or socket is refused
+    outright. Reads stop at EOF or at `limit` bytes. Raises OSError with the path in it.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISDIR(mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        chunks = []
+        total = 0
+        while total < limit:
+            try:
+                chunk = os.read(fd, min(65536, limit - total))
+            except BlockingIOError:
+                raise OSError(errno.EAGAIN, "read would block", path) from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str, limit: int = DEFAULT_READ_LIMIT) -> str:
+    """read_bytes decoded leniently: kernel files are ASCII, but garbage must not raise."""
+    return read_bytes(path, limit).decode("utf-8", "replace")
+
+
+def read_attr(path: str) -> Optional[str]:
+    """One sysfs attribute, stripped; None when the file is absent or unreadable.
+
+    Absent is not zero: callers keep None distinct from a value. Attributes that the driver
+    refuses to produce (EINVAL, EOPNOTSUPP, EAGAIN, ...) also read as None.
+    """
+    try:
+        return read_text(path, 65536).strip()
+    except OSError:
+        return None
+
+
+def read_int_attr(path: str) -> Optional[int]:
+    """A sysfs integer attribute; None when absent, unreadable or not a number (e.g. 'N/A (no PMA)')."""
+    value = read_attr(path)
+    if value is None:
+        return None
+    try:
+        return int(value, 0) if value.startswith("0x") else int(value)
+    except ValueError:
+        return None
+
+
+def list_dir(path: str) -> Iterator[str]:
+    """Sorted names in a directory; nothing when it is absent (a vanished device is not an error)."""
+    try:
+        names = os.listdir(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return iter(())
+    return iter(sorted(names))
+
+
+def parse_key_values(text: str) -> Dict[str, int]:
+    """`name value` lines (vmstat, meminfo without units) to a dict; lines that do not parse are skipped."""
+    out: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            try:
+                out[parts[0].rstrip(":")] = int(parts[1])
+            except ValueError:
+                continue
+    return out
+
+
+def boot_id(host: HostPaths) -> Optional[str]:
+    return read_attr(host.proc("sys", "kernel", "random", "boot_id"))
+
+
+def hostname(host: HostPaths) -> str:
+    name = read_attr(host.proc("sys", "kernel", "hostname"))
+    if name:
+        return name
+    return os.uname().nodename if host.is_live else os.path.basename(host.root)

@@ -1,0 +1,194 @@
+"""The shared vocabulary: severities, actions, findings, metric families and the pass report.
+
+Everything here is plain data so that collectors, checks and faces can exchange it without
+importing each other (and without importing prometheus_client on the `check` path).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+
+class Severity(str, enum.Enum):
+    OK = "ok"
+    INFO = "info"
+    WARNING = "warning"
+    DEGRADED = "degraded"  # works, but slower or at risk
+    FATAL = "fatal"  # the node must not take work
+    UNKNOWN = "unknown"  # the check could not judge
+
+    @property
+    def rank(self) -> int:
+        """Order used to pick the worst finding; unknown sits between warning and degraded."""
+        return _RANK[self]
+
+
+_RANK = {
+    Severity.OK: 0,
+    Severity.INFO: 1,
+    Severity.WARNING: 2,
+    Severity.UNKNOWN: 3,
+    Severity.DEGRADED: 4,
+    Severity.FATAL: 5,
+}
+
+
+class Action(str, enum.Enum):
+    NONE = "none"
+    RESTART_APP = "restart-app"
+    RESET_GPU = "reset-gpu"
+    REBOOT = "reboot"
+    HW_INSPECTION = "hw-inspection"
+    FIX_CONFIG = "fix-config"
+
+
+class Status(str, enum.Enum):
+    """The node verdict; its value in `nodehealth_health_status` is the `check` exit code."""
+
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+    UNKNOWN = "unknown"
+
+    @property
+    def code(self) -> int:
+        return {Status.HEALTHY: 0, Status.UNHEALTHY: 1, Status.UNKNOWN: 2}[self]
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    severity: Severity
+    reason: str  # stable CamelCase code, e.g. Xid79FallenOffBus
+    message: str  # one human sentence with the numbers that matter
+    device: str = ""
+    action: Action = Action.NONE
+    evidence: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    first_seen: Optional[float] = field(default=None, compare=False)
+    last_seen: Optional[float] = field(default=None, compare=False)
+
+    @property
+    def key(self) -> Tuple[str, str, str]:
+        """Identity of a finding across passes."""
+        return (self.check, self.reason, self.device)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "check": self.check,
+            "severity": self.severity.value,
+            "reason": self.reason,
+            "message": self.message,
+            "device": self.device,
+            "action": self.action.value,
+            "evidence": self.evidence,
+            "first_seen": self.first_seen,
+            "last_seen": self.last_seen,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Finding":
+        return cls(
+            check=d["check"],
+            severity=Severity(d["severity"]),
+            reason=d["reason"],
+            message=d["message"],
+            device=d.get("device", ""),
+            action=Action(d.get("action", "none")),
+            evidence=dict(d.get("evidence") or {}),
+            first_seen=d.get("first_seen"),
+            last_seen=d.get("last_seen"),
+        )
+
+
+def sort_findings(findings: Sequence[Finding]) -> List[Finding]:
+    """Worst first, then by check, device and reason, so output order is stable."""
+    return sorted(findings, key=lambda f: (-f.severity.rank, f.check, f.device, f.reason))
+
+
+class Metric:
+    """One metric family as collectors describe it; exporter.py turns it into exposition.
+
+    `kind` is "gauge" or "counter". A counter's name ends in `_total` (as exposed).
+    """
+
+    __slots__ = ("name", "help", "kind", "labels", "samples")
+
+    def __init__(self, name: str, help: str, kind: str = "gauge", labels: Sequence[str] = ()):
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"metric kind must be gauge or counter, not {kind!r}")
+        if kind == "counter" and not name.endswith("_total"):
+            raise ValueError(f"counter {name} must end in _total")
+        self.name = name
+        self.help = help
+        self.kind = kind
+        self.labels = tuple(labels)
+        self.samples: List[Tuple[Tuple[str, ...], float]] = []
+
+    def add(self, label_values: Sequence[Any], value: Optional[float]) -> None:
+        """Add one sample; a None value (absent fact) adds nothing: absent is not zero."""
+        if value is None:
+            return
+        if len(label_values) != len(self.labels):
+            raise ValueError(f"{self.name}: expected labels {self.labels}, got {tuple(label_values)}")
+        self.samples.append((tuple(str(v) for v in label_values), float(value)))
+
+
+@dataclass
+class CollectorResult:
+    name: str
+    supported: bool
+    success: bool
+    duration_seconds: float = 0.0
+    error: Optional[str] = None  # why it failed, or why it is unsupported
+    facts: Any = None
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "name": self.name,
+            "supported": self.supported,
+            "success": self.success,
+            "duration_seconds": round(self.duration_seconds, 6),
+            "error": self.error,
+        }
+
+
+@dataclass
+class Report:
+    node: str
+    status: Status
+    findings: List[Finding]
+    collectors: List[CollectorResult]
+    time: float = 0.0
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "node": self.node,
+            "status": self.status.value,
+            "findings": [f.to_dict() for f in self.findings],
+            "collectors": [c.to_dict() for c in self.collectors],
+        }
+
+
+def verdict(findings: Sequence[Finding], fail_on_warning: bool = False) -> Status:
+    """healthy / unhealthy (a degraded or fatal finding) / unknown (could not judge, nothing worse)."""
+    worst = max((f.severity.rank for f in findings), default=0)
+    if worst >= Severity.DEGRADED.rank:
+        return Status.UNHEALTHY
+    if fail_on_warning and any(f.severity is Severity.WARNING for f in findings):
+        return Status.UNHEALTHY
+    if worst == Severity.UNKNOWN.rank:
+        return Status.UNKNOWN
+    return Status.HEALTHY
+
+
+@dataclass
+class Observed:
+    """What a check sees: facts per collector, rates per collector, and the pass time."""
+
+    facts: Dict[str, Any]
+    rates: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    now: float = 0.0
+
+    def rate(self, collector: str, key: str) -> Optional[float]:
+        """Per-second rate of a counter since the previous pass; None on the first pass or after a reset."""
+        return self.rates.get(collector, {}).get(key)
