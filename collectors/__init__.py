@@ -3,7 +3,8 @@
 Each module provides:
     NAME: str                                   the collector's name (metric label, --only/--skip)
     DEFAULTS: dict                              its settings (config section collectors.<NAME>)
-    supported(host: HostPaths) -> str | None    None when supported, else the reason it is not
+    supported(host: HostPaths, cfg: dict) -> str | None
+                                                None when supported, else the reason it is not
     collect(host: HostPaths, cfg: dict) -> facts
         frozen dataclasses; an absent file is None, never 0. Raise CollectError (or OSError)
         with a clear message when the source exists but cannot be read or parsed.

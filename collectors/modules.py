@@ -24,7 +24,7 @@ class Modules:
     loaded: FrozenSet[str]
 
 
-def supported(host: HostPaths):
+def supported(host: HostPaths, cfg: dict):
     if not os.path.exists(host.proc("modules")):
         return "no /proc/modules (a kernel built without loadable modules, or a sandbox)"
     return None

@@ -59,7 +59,8 @@ class Engine:
         results: Dict[str, CollectorResult] = {}
         runs: List[_Run] = []
         for module in self.collectors:
-            reason = _supported(module, self.host)
+            cfg = self.config["collectors"].get(module.NAME, {})
+            reason = _supported(module, self.host, cfg)
             if reason is not None:
                 results[module.NAME] = CollectorResult(module.NAME, supported=False, success=False, error=reason)
                 continue
@@ -70,7 +71,7 @@ class Engine:
                     error="still stuck in a read from an earlier pass")
                 continue
             self._stuck.pop(module.NAME, None)
-            run = _Run(module, self.host, self.config["collectors"].get(module.NAME, {}))
+            run = _Run(module, self.host, cfg)
             run.start()
             runs.append(run)
         deadline = time.monotonic() + self.timeout
@@ -122,9 +123,9 @@ class Engine:
         return results, self.judge(results, self.rates(results, now), now)
 
 
-def _supported(module: Any, host: HostPaths) -> Optional[str]:
+def _supported(module: Any, host: HostPaths, cfg: Dict[str, Any]) -> Optional[str]:
     try:
-        return module.supported(host)
+        return module.supported(host, cfg)
     except Exception as e:
         return f"support probe failed: {_describe(e)}"
 
