@@ -1,8 +1,6 @@
 """GPUDirect RDMA readiness from the loaded kernel modules."""
 from __future__ import annotations
 
-from typing import List
-
 from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "modules"
@@ -14,7 +12,7 @@ PEER_MEMORY_MODULES = ("nvidia_peermem", "nv_peer_mem")
 RDMA_MODULES = ("ib_core", "mlx5_ib", "ib_uverbs")
 
 
-def judge(obs: Observed, cfg: dict) -> List[Finding]:
+def judge(obs: Observed, cfg: dict) -> list[Finding]:
     loaded = obs.facts["modules"].loaded
     if "nvidia" not in loaded or not any(m in loaded for m in RDMA_MODULES):
         return []

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import FrozenSet, List
 
 from nodehealth.collectors import CollectError
+
 from nodehealth.host import HostPaths, read_text
 from nodehealth.model import Metric
 
@@ -21,7 +21,7 @@ WATCHED = (
 
 @dataclass(frozen=True)
 class Modules:
-    loaded: FrozenSet[str]
+    loaded: frozenset[str]
 
 
 def supported(host: HostPaths, cfg: dict):
@@ -47,7 +47,7 @@ def collect(host: HostPaths, cfg: dict) -> Modules:
     return parse(read_text(host.proc("modules")))
 
 
-def metrics(facts: Modules) -> List[Metric]:
+def metrics(facts: Modules) -> list[Metric]:
     m = Metric("nodehealth_kernel_module_loaded",
                "1 if the kernel module is loaded, 0 if not (watched modules only).", labels=("module",))
     for name in WATCHED:

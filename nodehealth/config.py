@@ -8,11 +8,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any
 
 from nodehealth import registry
 
-POLICY_DEFAULTS: Dict[str, Any] = {
+POLICY_DEFAULTS: dict[str, Any] = {
     # A performance finding needs this many consecutive bad passes to be raised ...
     "raise_after_passes": 2,
     # ... and this many good passes, and at least this long, to clear.
@@ -22,8 +22,8 @@ POLICY_DEFAULTS: Dict[str, Any] = {
     "event_window_seconds": 86400.0,
 }
 
-DAEMON_DEFAULTS: Dict[str, Any] = {
-    "listen": "0.0.0.0:9464",
+DAEMON_DEFAULTS: dict[str, Any] = {
+    "listen": "0.0.0.0:9456",
     "interval_seconds": 30.0,
     "state_dir": "/var/lib/nodehealth",
     "collector_timeout_seconds": 10.0,
@@ -34,7 +34,7 @@ class ConfigError(Exception):
     pass
 
 
-def defaults() -> Dict[str, Any]:
+def defaults() -> dict[str, Any]:
     return {
         "collectors": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.COLLECTORS},
         "checks": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.CHECKS},
@@ -43,7 +43,7 @@ def defaults() -> Dict[str, Any]:
     }
 
 
-def load(path: Optional[str]) -> Dict[str, Any]:
+def load(path: str | None) -> dict[str, Any]:
     """Defaults merged with the file at `path` (if any), validated."""
     cfg = defaults()
     if not path:
@@ -74,7 +74,7 @@ def _parse(path: str, text: str) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
 
-def merge(base: Dict[str, Any], override: Any, where: str) -> None:
+def merge(base: dict[str, Any], override: Any, where: str) -> None:
     """Merge `override` into `base` in place, checking keys and types against the defaults."""
     if not isinstance(override, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(override).__name__}")
@@ -90,7 +90,7 @@ def merge(base: Dict[str, Any], override: Any, where: str) -> None:
             base[key] = _coerce(path, current, value)
 
 
-def _is_free_mapping(value: Dict[str, Any]) -> bool:
+def _is_free_mapping(value: dict[str, Any]) -> bool:
     """Mappings whose keys are data (e.g. per-code overrides), not settings; empty by default."""
     return not value
 
@@ -119,5 +119,5 @@ def _coerce(path: str, current: Any, value: Any) -> Any:
     raise ConfigError(f"{path}: expected {type(current).__name__}, got {type(value).__name__} ({value!r})")
 
 
-def state_dir(cfg: Dict[str, Any], flag: Optional[str]) -> str:
+def state_dir(cfg: dict[str, Any], flag: str | None) -> str:
     return flag or os.environ.get("NODEHEALTH_STATE_DIR") or cfg["daemon"]["state_dir"]

@@ -8,20 +8,21 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from nodehealth.host import HostPaths
 from nodehealth.model import CollectorResult, Finding, Observed, Severity
 
 
 class _Run(threading.Thread):
-    def __init__(self, module: Any, host: HostPaths, cfg: Dict[str, Any]):
+    def __init__(self, module: Any, host: HostPaths, cfg: dict[str, Any]):
         super().__init__(name=f"collector-{module.NAME}", daemon=True)
         self.module = module
         self.host = host
         self.cfg = cfg
         self.facts: Any = None
-        self.error: Optional[str] = None
+        self.error: str | None = None
         self.duration = 0.0
 
     def run(self) -> None:
@@ -44,20 +45,20 @@ class Engine:
     """Runs collectors and checks; keeps what must outlive a pass (stuck threads, last counters)."""
 
     def __init__(self, collectors: Sequence[Any], checks: Sequence[Any], host: HostPaths,
-                 config: Dict[str, Any], timeout: float = 10.0, clock: Callable[[], float] = time.time):
+                 config: dict[str, Any], timeout: float = 10.0, clock: Callable[[], float] = time.time):
         self.collectors = list(collectors)
         self.checks = list(checks)
         self.host = host
         self.config = config
         self.timeout = timeout
         self.clock = clock
-        self._stuck: Dict[str, _Run] = {}
-        self._last_counters: Dict[str, Dict[str, float]] = {}
-        self._last_time: Optional[float] = None
+        self._stuck: dict[str, _Run] = {}
+        self._last_counters: dict[str, dict[str, float]] = {}
+        self._last_time: float | None = None
 
-    def collect(self) -> Dict[str, CollectorResult]:
-        results: Dict[str, CollectorResult] = {}
-        runs: List[_Run] = []
+    def collect(self) -> dict[str, CollectorResult]:
+        results: dict[str, CollectorResult] = {}
+        runs: list[_Run] = []
         for module in self.collectors:
             cfg = self.config["collectors"].get(module.NAME, {})
             reason = _supported(module, self.host, cfg)
@@ -88,16 +89,16 @@ class Engine:
                 results[name] = CollectorResult(name, True, True, run.duration, None, run.facts)
         return {m.NAME: results[m.NAME] for m in self.collectors}
 
-    def rates(self, results: Dict[str, CollectorResult], now: float) -> Dict[str, Dict[str, float]]:
+    def rates(self, results: dict[str, CollectorResult], now: float) -> dict[str, dict[str, float]]:
         """Per-second rates of every collector's counters since the previous call."""
-        current: Dict[str, Dict[str, float]] = {}
+        current: dict[str, dict[str, float]] = {}
         for module in self.collectors:
             result = results.get(module.NAME)
             fn = getattr(module, "counters", None)
             if fn is None or result is None or not result.success:
                 continue
             current[module.NAME] = fn(result.facts)
-        out: Dict[str, Dict[str, float]] = {}
+        out: dict[str, dict[str, float]] = {}
         if self._last_time is not None and now > self._last_time:
             dt = now - self._last_time
             for name, values in current.items():
@@ -109,29 +110,30 @@ class Engine:
         self._last_time = now
         return out
 
-    def judge(self, results: Dict[str, CollectorResult], rates: Dict[str, Dict[str, float]],
-              now: float) -> List[Finding]:
+    def judge(self, results: dict[str, CollectorResult], rates: dict[str, dict[str, float]],
+              now: float, checks: Sequence[Any] | None = None) -> list[Finding]:
+        """Run `checks` (default: all of this engine's) on collected results."""
         obs = Observed({n: r.facts for n, r in results.items() if r.success}, rates, now)
-        findings: List[Finding] = []
-        for check in self.checks:
+        findings: list[Finding] = []
+        for check in self.checks if checks is None else checks:
             findings.extend(run_check(check, results, obs, self.config["checks"].get(check.NAME, {})))
         return findings
 
-    def run(self) -> "tuple[Dict[str, CollectorResult], List[Finding]]":
+    def run(self) -> tuple[dict[str, CollectorResult], list[Finding]]:
         results = self.collect()
         now = self.clock()
         return results, self.judge(results, self.rates(results, now), now)
 
 
-def _supported(module: Any, host: HostPaths, cfg: Dict[str, Any]) -> Optional[str]:
+def _supported(module: Any, host: HostPaths, cfg: dict[str, Any]) -> str | None:
     try:
         return module.supported(host, cfg)
     except Exception as e:
         return f"support probe failed: {_describe(e)}"
 
 
-def run_check(check: Any, results: Dict[str, CollectorResult], obs: Observed,
-              cfg: Dict[str, Any]) -> List[Finding]:
+def run_check(check: Any, results: dict[str, CollectorResult], obs: Observed,
+              cfg: dict[str, Any]) -> list[Finding]:
     """One check, isolated: a failed input or a crash is an `unknown` finding, never an exception."""
     needed = [results.get(name) for name in check.NEEDS]
     if any(r is None or not r.supported for r in needed):

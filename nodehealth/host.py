@@ -8,7 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from typing import Dict, Iterator, Optional
+from collections.abc import Iterator
 
 DEFAULT_READ_LIMIT = 4 << 20  # no procfs/sysfs file we parse is anywhere near 4 MiB
 
@@ -20,8 +20,8 @@ class HostPaths:
     inside it stand in for the real ones.
     """
 
-    def __init__(self, root: str = "/", procfs: Optional[str] = None, sysfs: Optional[str] = None,
-                 devfs: Optional[str] = None):
+    def __init__(self, root: str = "/", procfs: str | None = None, sysfs: str | None = None,
+                 devfs: str | None = None):
         self.root = os.path.abspath(root)
         self.procfs = procfs or os.path.join(self.root, "proc")
         self.sysfs = sysfs or os.path.join(self.root, "sys")
@@ -80,7 +80,7 @@ def read_text(path: str, limit: int = DEFAULT_READ_LIMIT) -> str:
     return read_bytes(path, limit).decode("utf-8", "replace")
 
 
-def read_attr(path: str) -> Optional[str]:
+def read_attr(path: str) -> str | None:
     """One sysfs attribute, stripped; None when the file is absent or unreadable.
 
     Absent is not zero: callers keep None distinct from a value. Attributes that the driver
@@ -92,7 +92,7 @@ def read_attr(path: str) -> Optional[str]:
         return None
 
 
-def read_int_attr(path: str) -> Optional[int]:
+def read_int_attr(path: str) -> int | None:
     """A sysfs integer attribute; None when absent, unreadable or not a number (e.g. 'N/A (no PMA)')."""
     value = read_attr(path)
     if value is None:
@@ -112,9 +112,9 @@ def list_dir(path: str) -> Iterator[str]:
     return iter(sorted(names))
 
 
-def parse_key_values(text: str) -> Dict[str, int]:
+def parse_key_values(text: str) -> dict[str, int]:
     """`name value` lines (vmstat, meminfo without units) to a dict; lines that do not parse are skipped."""
-    out: Dict[str, int] = {}
+    out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 2:
@@ -125,7 +125,7 @@ def parse_key_values(text: str) -> Dict[str, int]:
     return out
 
 
-def boot_id(host: HostPaths) -> Optional[str]:
+def boot_id(host: HostPaths) -> str | None:
     return read_attr(host.proc("sys", "kernel", "random", "boot_id"))
 
 

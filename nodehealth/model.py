@@ -6,8 +6,9 @@ importing each other (and without importing prometheus_client on the `check` pat
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 
 class Severity(str, enum.Enum):
@@ -63,16 +64,16 @@ class Finding:
     message: str  # one human sentence with the numbers that matter
     device: str = ""
     action: Action = Action.NONE
-    evidence: Dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    first_seen: Optional[float] = field(default=None, compare=False)
-    last_seen: Optional[float] = field(default=None, compare=False)
+    evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    first_seen: float | None = field(default=None, compare=False)
+    last_seen: float | None = field(default=None, compare=False)
 
     @property
-    def key(self) -> Tuple[str, str, str]:
+    def key(self) -> tuple[str, str, str]:
         """Identity of a finding across passes."""
         return (self.check, self.reason, self.device)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "check": self.check,
             "severity": self.severity.value,
@@ -86,7 +87,7 @@ class Finding:
         }
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "Finding":
+    def from_dict(cls, d: dict[str, Any]) -> Finding:
         return cls(
             check=d["check"],
             severity=Severity(d["severity"]),
@@ -100,7 +101,7 @@ class Finding:
         )
 
 
-def sort_findings(findings: Sequence[Finding]) -> List[Finding]:
+def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
     """Worst first, then by check, device and reason, so output order is stable."""
     return sorted(findings, key=lambda f: (-f.severity.rank, f.check, f.device, f.reason))
 
@@ -122,9 +123,9 @@ class Metric:
         self.help = help
         self.kind = kind
         self.labels = tuple(labels)
-        self.samples: List[Tuple[Tuple[str, ...], float]] = []
+        self.samples: list[tuple[tuple[str, ...], float]] = []
 
-    def add(self, label_values: Sequence[Any], value: Optional[float]) -> None:
+    def add(self, label_values: Sequence[Any], value: float | None) -> None:
         """Add one sample; a None value (absent fact) adds nothing: absent is not zero."""
         if value is None:
             return
@@ -139,10 +140,10 @@ class CollectorResult:
     supported: bool
     success: bool
     duration_seconds: float = 0.0
-    error: Optional[str] = None  # why it failed, or why it is unsupported
+    error: str | None = None  # why it failed, or why it is unsupported
     facts: Any = None
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "supported": self.supported,
@@ -156,11 +157,11 @@ class CollectorResult:
 class Report:
     node: str
     status: Status
-    findings: List[Finding]
-    collectors: List[CollectorResult]
+    findings: list[Finding]
+    collectors: list[CollectorResult]
     time: float = 0.0
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "status": self.status.value,
@@ -185,10 +186,10 @@ def verdict(findings: Sequence[Finding], fail_on_warning: bool = False) -> Statu
 class Observed:
     """What a check sees: facts per collector, rates per collector, and the pass time."""
 
-    facts: Dict[str, Any]
-    rates: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    facts: dict[str, Any]
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)
     now: float = 0.0
 
-    def rate(self, collector: str, key: str) -> Optional[float]:
+    def rate(self, collector: str, key: str) -> float | None:
         """Per-second rate of a counter since the previous pass; None on the first pass or after a reset."""
         return self.rates.get(collector, {}).get(key)

@@ -1,0 +1,145 @@
+"""Command line: `nodehealth check`, `nodehealth daemon`, `nodehealth version`.
+
+Subcommands stay thin: they build the pieces and call the core. The daemon's modules (HTTP,
+prometheus_client) are imported only when the daemon runs, so `check` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from nodehealth import __version__, config, registry
+from nodehealth.engine import Engine
+from nodehealth.host import HostPaths, boot_id, hostname
+from nodehealth.model import Report, sort_findings, verdict
+from nodehealth.policy import Policy, StateFile
+
+EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN = 0, 1, 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _names(value: str) -> list[str]:
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def select(only: Sequence[str], skip: Sequence[str]) -> tuple[list, list]:
+    """Collectors and checks to run. A check name selects that check (and the collectors it
+    needs); a collector name selects that collector and the checks that read it."""
+    known = {m.NAME for m in registry.COLLECTORS} | {m.NAME for m in registry.CHECKS}
+    unknown = sorted(set(only) - known) + sorted(set(skip) - known)
+    if unknown:
+        raise UsageError(f"unknown check or collector: {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(known))})")
+    checks = [c for c in registry.CHECKS
+              if (not only or c.NAME in only or any(n in only for n in c.NEEDS))
+              and c.NAME not in skip and not any(n in skip for n in c.NEEDS)]
+    wanted = {n for c in checks for n in c.NEEDS}
+    collectors = [m for m in registry.COLLECTORS
+                  if (not only or m.NAME in only or m.NAME in wanted) and m.NAME not in skip]
+    return collectors, checks
+
+
+def build_engine(args: argparse.Namespace, cfg: dict[str, Any]) -> Engine:
+    collectors, checks = select(_names(args.only or ""), _names(args.skip or ""))
+    host = HostPaths(args.root)
+    return Engine(collectors, checks, host, cfg, timeout=cfg["daemon"]["collector_timeout_seconds"])
+
+
+def node_name(args: argparse.Namespace, host: HostPaths) -> str:
+    return getattr(args, "node_name", None) or os.environ.get("NODE_NAME") or hostname(host)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = config.load(args.config)
+    if args.kernel_log:
+        cfg["collectors"]["kmsg"]["files"] = list(args.kernel_log)
+    engine = build_engine(args, cfg)
+    host = engine.host
+    results, findings = engine.run()
+    # One pass has nothing to debounce with; the state file (when there is one for this host)
+    # still contributes the sticky faults the daemon recorded this boot.
+    policy = Policy(cfg["policy"], (), boot_id(host), debounce=False)
+    state_dir = args.state_dir or (cfg["daemon"]["state_dir"] if host.is_live else None)
+    if state_dir:
+        policy.restore(StateFile(state_dir).load())
+    findings = policy.apply(findings, time.time()) + policy.sticky_findings()
+    status = verdict(findings, fail_on_warning=args.fail_on == "warning")
+    report = Report(node_name(args, host), status, sort_findings(findings), list(results.values()), time.time())
+    from nodehealth import report as render
+
+    sys.stdout.write(render.to_json(report) if args.json else render.to_table(report, verbose=args.verbose))
+    return status.code
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    cfg = config.load(args.config)
+    if args.listen:
+        cfg["daemon"]["listen"] = args.listen
+    if args.interval is not None:
+        cfg["daemon"]["interval_seconds"] = args.interval
+    cfg["daemon"]["state_dir"] = config.state_dir(cfg, args.state_dir)
+    engine = build_engine(args, cfg)
+    from nodehealth.daemon import Daemon
+
+    return Daemon(engine, cfg, node_name(args, engine.host)).serve()
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(f"nodehealth {__version__}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="/", help="read /proc, /sys and /dev under DIR (a saved or fixture machine)")
+    p.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
+    p.add_argument("--only", metavar="A,B", help="run only these checks/collectors")
+    p.add_argument("--skip", metavar="A,B", help="skip these checks/collectors")
+    p.add_argument("--state-dir", metavar="DIR", help="state directory (default /var/lib/nodehealth)")
+    p.add_argument("--node-name", help="node name in reports (default $NODE_NAME, else the hostname)")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nodehealth", description="Health checks for GPU cluster nodes.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("check", help="run one pass and report (exit 0 healthy, 1 unhealthy, 2 unknown)")
+    _common(c)
+    c.add_argument("--kernel-log", nargs="+", metavar="FILE",
+                   help="read saved kernel logs (kmsg, dmesg, dmesg -T, journalctl -k, syslog) instead of /dev/kmsg")
+    c.add_argument("--json", action="store_true", help="print the JSON report")
+    c.add_argument("--fail-on", choices=("degraded", "warning"), default="degraded",
+                   help="lowest severity that makes the node unhealthy (default degraded)")
+    c.add_argument("-v", "--verbose", action="store_true", help="also list unsupported collectors")
+    c.set_defaults(func=cmd_check)
+
+    d = sub.add_parser("daemon", help="run passes on an interval and serve /metrics, /healthz, /v1/report")
+    _common(d)
+    d.add_argument("--listen", metavar="ADDR:PORT", help="HTTP listen address (default 0.0.0.0:9456)")
+    d.add_argument("--interval", type=float, metavar="S", help="seconds between passes (default 30)")
+    d.set_defaults(func=cmd_daemon)
+
+    v = sub.add_parser("version", help="print the version")
+    v.set_defaults(func=cmd_version)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (config.ConfigError, UsageError) as e:
+        print(f"nodehealth: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

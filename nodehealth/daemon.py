@@ -1,0 +1,352 @@
+"""The daemon: passes on an interval, the kernel log followed as a stream, HTTP, signals.
+
+Threads: the main thread waits for a signal; a pass thread runs collectors every interval; a
+follower thread reads new kernel records and re-judges the kernel-log checks at once (a new Xid
+reaches /metrics in milliseconds, not at the next pass); the HTTP server answers from the last
+snapshot. All shared state changes under one lock and is saved atomically after each change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import signal
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from nodehealth import exporter
+from nodehealth import report as render
+from nodehealth.collectors import kmsg
+from nodehealth.collectors.kernel_events import KernelEvent
+from nodehealth.engine import Engine
+from nodehealth.host import boot_id
+from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
+from nodehealth.policy import Policy, StateFile
+
+log = logging.getLogger("nodehealth.daemon")
+
+MAX_EVENTS = 10000  # kernel events kept for the current boot; the oldest go first
+MAX_CONCURRENT_REQUESTS = 16
+REQUEST_TIMEOUT_SECONDS = 5.0
+STOP_GRACE_SECONDS = 1.5
+
+
+class KernelEvents:
+    """The current boot's kernel events and counters, restored from and saved to the state file.
+
+    Records are keyed by boot id and sequence number: a restarted daemon skips every record at or
+    below the last sequence it saved, so no record is counted twice.
+    """
+
+    def __init__(self, boot: str | None, source: str):
+        self.boot_id = boot
+        self.source = source
+        self.events: list[KernelEvent] = []
+        self.records = 0
+        self.overwritten = 0
+        self.malformed = 0
+        self.last_seq: int | None = None
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        if not saved or saved.get("boot_id") != self.boot_id or self.boot_id is None:
+            return
+        self.records = int(saved.get("records", 0))
+        self.overwritten = int(saved.get("overwritten", 0))
+        self.malformed = int(saved.get("malformed", 0))
+        self.last_seq = saved.get("last_seq")
+        fields = {f.name for f in dataclasses.fields(KernelEvent)}
+        for d in saved.get("events", []):
+            try:
+                self.events.append(KernelEvent(**{k: v for k, v in d.items() if k in fields}))
+            except TypeError:
+                continue
+
+    def add(self, records: int, overwritten: int, last_seq: int | None, events: list[KernelEvent]) -> None:
+        self.records += records
+        self.overwritten += overwritten
+        if last_seq is not None:
+            self.last_seq = last_seq
+        self.events.extend(events)
+        if len(self.events) > MAX_EVENTS:
+            del self.events[: len(self.events) - MAX_EVENTS]
+
+    def facts(self) -> kmsg.KernelLog:
+        return kmsg.KernelLog(source=self.source, boot_id=self.boot_id, records=self.records,
+                              overwritten=self.overwritten, malformed=self.malformed,
+                              last_seq=self.last_seq, events=tuple(self.events))
+
+    def dump(self) -> dict[str, Any]:
+        return {"boot_id": self.boot_id, "records": self.records, "overwritten": self.overwritten,
+                "malformed": self.malformed, "last_seq": self.last_seq,
+                "events": [dataclasses.asdict(e) for e in self.events]}
+
+
+class Daemon:
+    def __init__(self, engine: Engine, cfg: dict[str, Any], node: str):
+        self.cfg = cfg
+        self.node = node
+        self.interval = float(cfg["daemon"]["interval_seconds"])
+        self.host = engine.host
+        self.boot_id = boot_id(self.host)
+        self.state = StateFile(cfg["daemon"]["state_dir"])
+        self.kmsg_module = next((m for m in engine.collectors if m.NAME == kmsg.NAME), None)
+        # Passes poll every collector but the kernel log, which the follower streams.
+        self.engine = Engine([m for m in engine.collectors if m is not self.kmsg_module], engine.checks,
+                             engine.host, cfg, engine.timeout, engine.clock)
+        self.kernel_checks = [c for c in engine.checks if kmsg.NAME in c.NEEDS]
+        self.policy = Policy(cfg["policy"], [c.NAME for c in engine.checks if getattr(c, "DEBOUNCE", False)],
+                             self.boot_id)
+        self.kernel = KernelEvents(self.boot_id, self.host.dev("kmsg"))
+        self.kernel_error: str | None = None
+        self.kernel_supported: str | None = None
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.results: dict[str, CollectorResult] = {}
+        self.rates: dict[str, dict[str, float]] = {}
+        self.current: dict[str, list[Finding]] = {}  # non-sticky findings per check
+        self.report: Report | None = None
+        self.passes = 0
+        self.last_pass: float | None = None
+        self.pass_duration = 0.0
+        self.follower_alive = False
+
+    # -- state ---------------------------------------------------------------------------------
+    def load_state(self) -> None:
+        saved = self.state.load()
+        self.policy.restore(saved)
+        self.kernel.restore(saved.get("kmsg", {}))
+
+    def save_state(self) -> None:
+        with self.lock:
+            data = self.policy.dump()
+            data["kmsg"] = self.kernel.dump()
+        try:
+            self.state.save(data)
+        except OSError as e:
+            log.error("cannot write state to %s: %s", self.state.path, e)
+
+    # -- judging -------------------------------------------------------------------------------
+    def _kernel_result(self) -> CollectorResult | None:
+        if self.kmsg_module is None:
+            return None
+        if self.kernel_supported is not None:
+            return CollectorResult(kmsg.NAME, False, False, error=self.kernel_supported)
+        if self.kernel_error is not None:
+            return CollectorResult(kmsg.NAME, True, False, error=self.kernel_error)
+        return CollectorResult(kmsg.NAME, True, True, facts=self.kernel.facts())
+
+    def _publish(self, results: dict[str, CollectorResult], checks: list[Any], now: float) -> None:
+        """Judge `checks` on `results` and rebuild the report. Caller holds the lock."""
+        kernel = self._kernel_result()
+        if kernel is not None:
+            results = dict(results, **{kmsg.NAME: kernel})
+        findings = self.engine.judge(results, self.rates, now, checks)
+        names = [c.NAME for c in checks]
+        current = self.policy.apply(findings, now, judged_checks=names)
+        for name in names:
+            self.current[name] = []
+        for f in current:
+            self.current.setdefault(f.check, []).append(f)
+        shown = [f for fs in self.current.values() for f in fs] + self.policy.sticky_findings()
+        ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
+        self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now)
+
+    def _modules(self) -> list[Any]:
+        mods = list(self.engine.collectors)
+        if self.kmsg_module is not None:
+            mods.insert(0, self.kmsg_module)
+        return mods
+
+    def run_pass(self) -> None:
+        start = time.monotonic()
+        results = self.engine.collect()
+        now = self.engine.clock()
+        with self.lock:
+            self.rates = self.engine.rates(results, now)
+            self.results = results
+            self._publish(results, self.engine.checks, now)
+            self.passes += 1
+            self.last_pass = now
+            self.pass_duration = time.monotonic() - start
+        self.save_state()
+
+    def on_kernel(self, records: int, overwritten: int, last_seq: int | None, events: list[KernelEvent]) -> None:
+        with self.lock:
+            self.kernel.add(records, overwritten, last_seq, events)
+            if events and self.report is not None:
+                self._publish(self.results, self.kernel_checks, self.engine.clock())
+        if events:
+            self.save_state()
+
+    # -- threads -------------------------------------------------------------------------------
+    def _pass_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.run_pass()
+            except Exception:
+                log.exception("pass failed")
+            self.stop.wait(self.interval)
+
+    def _follow(self) -> None:
+        """Follow the kernel log; reopen with a rate limit if the reader dies (NPD#1168)."""
+        while not self.stop.is_set():
+            try:
+                follower = kmsg.KmsgFollower(self.host, self.cfg["collectors"].get(kmsg.NAME, {}),
+                                             after_seq=self.kernel.last_seq)
+            except OSError as e:
+                self.kernel_error = f"cannot open the kernel log: {e.strerror or e}"
+                self.follower_alive = False
+                self.stop.wait(5.0)
+                continue
+            self.kernel_error = None
+            self.follower_alive = True
+            try:
+                while not self.stop.is_set():
+                    records, overwritten, last_seq, events = follower.read_new()
+                    if records or overwritten:
+                        self.on_kernel(records, overwritten, last_seq, list(events))
+                    follower.wait(0.2)
+            except Exception as e:
+                log.exception("kernel log follower failed; restarting in 5 s")
+                self.kernel_error = f"kernel log reader failed: {e}"
+            finally:
+                self.follower_alive = False
+                follower.close()
+            self.stop.wait(5.0)
+
+    # -- faces ---------------------------------------------------------------------------------
+    def metrics(self) -> list[Metric]:
+        with self.lock:
+            report = self.report
+            passes, last, duration = self.passes, self.last_pass, self.pass_duration
+        if report is None:
+            return []
+        out = exporter.report_metrics(report, self._modules())
+        m = Metric("nodehealth_daemon_passes_total", "Passes the daemon has run since it started.", "counter")
+        m.add((), passes)
+        out.append(m)
+        m = Metric("nodehealth_daemon_last_pass_timestamp_seconds", "Unix time of the last completed pass.")
+        m.add((), last)
+        out.append(m)
+        m = Metric("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.")
+        m.add((), duration)
+        out.append(m)
+        if self.kmsg_module is not None and self.kernel_supported is None:
+            m = Metric("nodehealth_kernel_log_follower_up", "1 while the kernel log follower is reading, else 0.")
+            m.add((), 1 if self.follower_alive else 0)
+            out.append(m)
+        return out
+
+    def health(self) -> tuple[bool, str]:
+        with self.lock:
+            last = self.last_pass
+        if last is None:
+            return False, "no pass has completed yet"
+        age = self.engine.clock() - last
+        if age > 3 * self.interval + self.engine.timeout:
+            return False, f"last pass was {age:.0f}s ago"
+        if self.kmsg_module is not None and self.kernel_supported is None and not self.follower_alive:
+            return False, "kernel log follower is not running"
+        return True, "ok"
+
+    def report_json(self) -> str | None:
+        with self.lock:
+            report = self.report
+        return render.to_json(report) if report is not None else None
+
+    def serve(self) -> int:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.load_state()
+        if self.kmsg_module is not None:
+            self.kernel_supported = self.kmsg_module.supported(self.host, self.cfg["collectors"].get(kmsg.NAME, {}))
+        server = make_server(self, self.cfg["daemon"]["listen"])
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        threads = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
+                                    name="http", daemon=True),
+                   threading.Thread(target=self._pass_loop, name="passes", daemon=True)]
+        if self.kmsg_module is not None and self.kernel_supported is None:
+            threads.append(threading.Thread(target=self._follow, name="kmsg", daemon=True))
+        for t in threads:
+            t.start()
+        host, port = server.server_address[:2]
+        log.info("nodehealth daemon on %s:%s, pass every %gs, state in %s", host, port, self.interval,
+                 self.state.path)
+        self.stop.wait()
+        log.info("stopping")
+        server.shutdown()
+        server.server_close()
+        for t in threads[1:]:
+            t.join(STOP_GRACE_SECONDS / len(threads))
+        self.save_state()
+        return 0
+
+
+def make_server(daemon: Daemon, listen: str) -> ThreadingHTTPServer:
+    host, _, port = listen.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    if not port.isdigit():
+        raise ValueError(f"--listen must be ADDR:PORT, not {listen!r}")
+    slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_SECONDS  # a client that stalls mid-request is dropped
+        server_version = "nodehealth"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            if not slots.acquire(blocking=False):
+                self._send(503, b"too many concurrent requests\n", "text/plain")
+                return
+            try:
+                self._route()
+            finally:
+                slots.release()
+
+        def _route(self) -> None:
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                body = exporter.render(daemon.metrics())
+                self._send(200, body, exporter.CONTENT_TYPE)
+            elif path == "/healthz":
+                ok, why = daemon.health()
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
+            elif path == "/v1/report":
+                text = daemon.report_json()
+                if text is None:
+                    self._send(503, b'{"error": "no pass has completed yet"}\n', "application/json")
+                else:
+                    self._send(200, text.encode(), "application/json")
+            else:
+                self._send(404, json.dumps({"error": "not found",
+                                            "paths": ["/metrics", "/healthz", "/v1/report"]}).encode() + b"\n",
+                           "application/json")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        do_HEAD = do_GET  # noqa: N815
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("%s %s", self.address_string(), fmt % args)
+
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+        request_queue_size = 64
+
+    server_class = Server
+    if ":" in host:
+        import socket
+
+        class Server6(Server):
+            address_family = socket.AF_INET6
+
+        server_class = Server6
+    return server_class((host, int(port)), Handler)

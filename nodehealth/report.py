@@ -1,0 +1,54 @@
+"""Human table and JSON rendering of a Report. Faces show a verdict; they never judge."""
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+
+from nodehealth.model import Report, Severity
+
+SCHEMA_VERSION = 1
+
+
+def to_json(report: Report) -> str:
+    """The stable `check --json` / `/v1/report` document (see README, "JSON report")."""
+    doc = {"schema_version": SCHEMA_VERSION}
+    doc.update(report.to_dict())
+    return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
+
+
+def to_table(report: Report, width: int = 0, verbose: bool = False) -> str:
+    """A readable table: status, check, device, message, action; then collectors that failed."""
+    width = width or shutil.get_terminal_size((120, 24)).columns
+    lines: list[str] = [f"node {report.node}: {report.status.value.upper()}"]
+    shown = [f for f in report.findings if verbose or f.severity is not Severity.OK]
+    if shown:
+        head = ("STATUS", "CHECK", "DEVICE", "ACTION")
+        rows = [(f.severity.value, f.check, f.device or "-", f.action.value) for f in shown]
+        widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
+        message_width = max(30, width - sum(widths) - 10)
+        lines.append("")
+        lines.append(_row(head, widths) + "  MESSAGE")
+        for f, row in zip(shown, rows):
+            wrapped = textwrap.wrap(f.message, message_width) or [""]
+            lines.append(_row(row, widths) + "  " + wrapped[0])
+            indent = " " * (sum(widths) + 2 * 4)
+            lines.extend(indent + part for part in wrapped[1:])
+    else:
+        lines.append("no findings")
+    failed = [c for c in report.collectors if c.supported and not c.success]
+    if failed:
+        lines.append("")
+        lines.append("collectors that failed (their checks are unknown):")
+        lines.extend(f"  {c.name}: {c.error}" for c in failed)
+    if verbose:
+        skipped = [c for c in report.collectors if not c.supported]
+        if skipped:
+            lines.append("")
+            lines.append("collectors not supported here:")
+            lines.extend(f"  {c.name}: {c.error}" for c in skipped)
+    return "\n".join(lines) + "\n"
+
+
+def _row(cells, widths) -> str:
+    return "  ".join(c.ljust(w) for c, w in zip(cells, widths))
