@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -49,7 +48,8 @@ def select(only: Sequence[str], skip: Sequence[str]) -> tuple[list, list]:
 def build_engine(args: argparse.Namespace, cfg: dict[str, Any]) -> Engine:
     collectors, checks = select(_names(args.only or ""), _names(args.skip or ""))
     host = HostPaths(args.root)
-    return Engine(collectors, checks, host, cfg, timeout=cfg["daemon"]["collector_timeout_seconds"])
+    return Engine(collectors, checks, host, cfg, timeout=cfg["daemon"]["collector_timeout_seconds"],
+                  clock=host.now)
 
 
 def node_name(args: argparse.Namespace, host: HostPaths) -> str:
@@ -69,9 +69,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     state_dir = args.state_dir or (cfg["daemon"]["state_dir"] if host.is_live else None)
     if state_dir:
         policy.restore(StateFile(state_dir).load())
-    findings = policy.apply(findings, time.time()) + policy.sticky_findings()
+    findings = policy.apply(findings, host.now()) + policy.sticky_findings()
     status = verdict(findings, fail_on_warning=args.fail_on == "warning")
-    report = Report(node_name(args, host), status, sort_findings(findings), list(results.values()), time.time())
+    report = Report(node_name(args, host), status, sort_findings(findings), list(results.values()), host.now())
     from nodehealth import report as render
 
     sys.stdout.write(render.to_json(report) if args.json else render.to_table(report, verbose=args.verbose))

@@ -175,10 +175,9 @@ class Daemon:
     def on_kernel(self, records: int, overwritten: int, last_seq: int | None, events: list[KernelEvent]) -> None:
         with self.lock:
             self.kernel.add(records, overwritten, last_seq, events)
-            if events and self.report is not None:
+            if self.report is not None:
                 self._publish(self.results, self.kernel_checks, self.engine.clock())
-        if events:
-            self.save_state()
+        self.save_state()
 
     # -- threads -------------------------------------------------------------------------------
     def _pass_loop(self) -> None:

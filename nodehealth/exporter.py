@@ -6,7 +6,6 @@ machine is byte-for-byte stable (golden files). A private registry, never the de
 from __future__ import annotations
 
 import logging
-import platform
 from collections.abc import Iterable, Sequence
 from typing import Any, Callable
 
@@ -25,9 +24,8 @@ def core_metrics(report: Report) -> list[Metric]:
     status = Metric("nodehealth_health_status",
                     "Node verdict: 0 healthy, 1 unhealthy (a degraded or fatal finding), 2 unknown (could not judge).")
     status.add((), report.status.code)
-    build = Metric("nodehealth_build_info", "nodehealth version and Python version; always 1.",
-                   labels=("version", "python_version"))
-    build.add((__version__, platform.python_version()), 1)
+    build = Metric("nodehealth_build_info", "The nodehealth version; always 1.", labels=("version",))
+    build.add((__version__,), 1)
     success = Metric("nodehealth_collector_success",
                      "1 if the collector's last run succeeded, 0 if it failed or is unsupported on this host.",
                      labels=("collector",))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import time
 from collections.abc import Iterator
 
 DEFAULT_READ_LIMIT = 4 << 20  # no procfs/sysfs file we parse is anywhere near 4 MiB
@@ -44,8 +45,32 @@ class HostPaths:
         """A host path such as a mount point, relocated under the root."""
         return os.path.join(self.root, path.lstrip("/"))
 
+    def now(self) -> float:
+        """The machine's wall clock. A replayed machine's "now" is its own (btime + uptime from
+        its proc/), so event windows and timestamps are those of the moment it was captured."""
+        if self.is_live:
+            return time.time()
+        btime = uptime = None
+        stat_text = read_attr(self.proc("stat")) or ""
+        for line in stat_text.splitlines():
+            if line.startswith("btime "):
+                btime = _number(line[6:])
+        uptime_text = (read_attr(self.proc("uptime")) or "").split()
+        if uptime_text:
+            uptime = _number(uptime_text[0])
+        if btime is None or uptime is None:
+            return time.time()
+        return btime + uptime
+
     def __repr__(self) -> str:
         return f"HostPaths(root={self.root!r})"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
 
 
 def read_bytes(path: str, limit: int = DEFAULT_READ_LIMIT) -> bytes:

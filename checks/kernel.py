@@ -1,0 +1,204 @@
+"""Kernel trouble from the kernel log: hung tasks, soft lockups and hard lockups.
+
+Also home to the few rules every kernel-log check shares (which events still count, how an
+event's text and time are shown), so that xid and link_events judge time the same way.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from nodehealth.collectors.kernel_events import HARD_LOCKUP, HUNG_TASK, SOFT_LOCKUP, KernelEvent
+from nodehealth.model import Action, Finding, Observed, Severity
+
+NAME = "kernel"
+NEEDS = ("kmsg",)
+DEBOUNCE = False
+DEFAULTS: dict = {
+    # Hung tasks and soft lockups older than this no longer count; hard lockups count all boot.
+    "window_seconds": 86400.0,
+    # This many hung-task reports for one task name inside the window make the node degraded.
+    "hung_task_repeat": 3,
+}
+
+TEXT_LIMIT = 160
+LIST_LIMIT = 8  # at most this many pids / cpus in evidence and messages
+
+# A hung task in the NVIDIA driver: its own threads (nv_queue, nvc:[driver] of the container
+# toolkit), nvidia-smi, or a call trace through the nvidia modules.
+_NVIDIA = re.compile(r"nvidia|nv_queue|\bnvc\b", re.IGNORECASE)
+_STUCK_SECONDS = re.compile(r"stuck for (\d+)s")
+
+
+# Shared by the kernel-log checks.
+
+def still_counts(event: KernelEvent, now: float, window_seconds: float, whole_boot: bool = False) -> bool:
+    """Whether an event counts in this pass.
+
+    The collector hands over the current boot only, so whole-boot events always count; so do
+    events without a wall time (a saved log replayed after the fact has no 'now' to age from).
+    """
+    if whole_boot or event.wall_time is None:
+        return True
+    return event.wall_time >= now - window_seconds
+
+
+def trim(text: str, limit: int = TEXT_LIMIT) -> str:
+    """One line of at most `limit` characters, for messages and evidence."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def span(seconds: float) -> str:
+    """A window in words: 86400 -> '24 h', 3600 -> '1 h', 600 -> '10 min', 30 -> '30 s'."""
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{seconds / 60:g} min"
+    return f"{seconds:g} s"
+
+
+def clock(epoch: float) -> str:
+    """An epoch time as UTC wall-clock text; deterministic, unlike local time."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
+
+
+def seen_range(events: Sequence[KernelEvent]) -> Tuple[Optional[float], Optional[float]]:
+    """Earliest and latest wall time among the events (None where none has one)."""
+    times = [e.wall_time for e in events if e.wall_time is not None]
+    return (min(times), max(times)) if times else (None, None)
+
+
+def times(count: int) -> str:
+    return "once" if count == 1 else f"{count} times"
+
+
+# The kernel check itself.
+
+def judge(obs: Observed, cfg: dict) -> List[Finding]:
+    events = obs.facts["kmsg"].events
+    window = cfg.get("window_seconds", DEFAULTS["window_seconds"])
+    repeat = cfg.get("hung_task_repeat", DEFAULTS["hung_task_repeat"])
+    hung: Dict[str, List[KernelEvent]] = {}
+    soft: List[KernelEvent] = []
+    hard: List[KernelEvent] = []
+    for e in events:
+        if e.kind == HUNG_TASK and still_counts(e, obs.now, window):
+            hung.setdefault(e.device, []).append(e)
+        elif e.kind == SOFT_LOCKUP and still_counts(e, obs.now, window):
+            soft.append(e)
+        elif e.kind == HARD_LOCKUP:
+            # The CPU stopped taking interrupts: nothing in this boot is trustworthy after it.
+            hard.append(e)
+    findings = [_hung_task(task, items, window, repeat) for task, items in sorted(hung.items())]
+    if soft:
+        findings.append(_soft_lockups(soft, window))
+    if hard:
+        findings.append(_hard_lockups(hard))
+    return findings
+
+
+def _hung_task(task: str, events: List[KernelEvent], window: float, repeat: int) -> Finding:
+    last = events[-1]
+    pids = latest_distinct(whole_numbers(e.detail.get("pid") for e in events))
+    seconds = whole_numbers(e.detail.get("seconds") for e in events)
+    longest = max(seconds) if seconds else None
+    in_driver = any(_NVIDIA.search(e.device) or _NVIDIA.search(e.text) for e in events)
+    repeated = len(events) >= repeat
+    name = task or "(unnamed)"
+    what = (f"Task {name} (pid {', '.join(map(str, pids)) or 'unknown'}) was blocked in the kernel "
+            f"{_blocked_for(longest)}{times(len(events))} in the last {span(window)}")
+    if in_driver:
+        what += ", inside the NVIDIA driver"
+    if repeated and in_driver:
+        severity, action = Severity.DEGRADED, Action.REBOOT
+        todo = (f"that is at or above the limit of {repeat}, so the GPU driver is likely wedged and "
+                "GPU work on this node will hang too: drain the node and reboot it")
+    elif in_driver:
+        severity, action = Severity.WARNING, Action.NONE
+        todo = ("GPU calls on this node may hang behind it; check the call trace in the kernel log, "
+                "and drain and reboot the node if it happens again")
+    elif repeated:
+        severity, action = Severity.DEGRADED, Action.NONE
+        todo = (f"that is at or above the limit of {repeat}: something it waits on (storage, a network "
+                "file system, a driver) is stuck; find it in the call trace in the kernel log and fix "
+                "or drain the node")
+    else:
+        severity, action = Severity.WARNING, Action.NONE
+        todo = ("a task stuck in uninterruptible sleep cannot be killed and stalls whatever waits on "
+                "it; check the call trace in the kernel log for what it waits on")
+    first, latest = seen_range(events)
+    return Finding(
+        NAME, severity, "HungTask",
+        f"{what} (last: \"{trim(last.text)}\"): {todo}.",
+        device=task, action=action,
+        evidence={"count": len(events), "longest_blocked_seconds": longest, "pids": pids,
+                  "nvidia_driver": in_driver, "last_text": trim(last.text),
+                  "first_time": first, "last_time": latest},
+        first_seen=first, last_seen=latest)
+
+
+def _soft_lockups(events: List[KernelEvent], window: float) -> Finding:
+    cpus = latest_distinct(e.device for e in events)
+    longest = _longest_stuck(events)
+    stuck = f" for up to {longest} s" if longest is not None else ""
+    first, latest = seen_range(events)
+    return Finding(
+        NAME, Severity.DEGRADED, "SoftLockup",
+        f"CPU {', '.join(cpus)} hit a soft lockup {times(len(events))} in the last {span(window)}, "
+        f"running kernel code without yielding{stuck} (last: \"{trim(events[-1].text)}\"): work on "
+        "those CPUs stalls and timers and network traffic slip; drain the node and reboot it, and look "
+        "at the call trace in the kernel log for the driver involved.",
+        device="", action=Action.REBOOT,
+        evidence={"count": len(events), "cpus": cpus, "longest_stuck_seconds": longest,
+                  "last_text": trim(events[-1].text), "first_time": first, "last_time": latest},
+        first_seen=first, last_seen=latest)
+
+
+def _hard_lockups(events: List[KernelEvent]) -> Finding:
+    cpus = latest_distinct(e.device for e in events)
+    first, latest = seen_range(events)
+    return Finding(
+        NAME, Severity.FATAL, "HardLockup",
+        f"CPU {', '.join(cpus)} hit a hard lockup {times(len(events))} this boot, found by the NMI "
+        f"watchdog not taking interrupts (last: \"{trim(events[-1].text)}\"): the kernel's state can no "
+        "longer be trusted; drain the node and reboot it, and have the hardware (CPU, memory, firmware) "
+        "inspected if it happens again.",
+        device="", action=Action.REBOOT,
+        evidence={"count": len(events), "cpus": cpus, "last_text": trim(events[-1].text),
+                  "first_time": first, "last_time": latest},
+        first_seen=first, last_seen=latest)
+
+
+def _blocked_for(seconds: Optional[int]) -> str:
+    return f"for more than {seconds} s " if seconds is not None else ""
+
+
+def _longest_stuck(events: List[KernelEvent]) -> Optional[int]:
+    seconds = whole_numbers(e.detail.get("seconds") for e in events)
+    for e in events:
+        m = _STUCK_SECONDS.search(e.text)
+        if m:
+            seconds.append(int(m.group(1)))
+    return max(seconds) if seconds else None
+
+
+def whole_numbers(values: Iterable[object]) -> List[int]:
+    """The values that are whole numbers (the log may say '<unknown>' or nothing)."""
+    out = []
+    for v in values:
+        if isinstance(v, bool):
+            continue
+        if isinstance(v, int) or (isinstance(v, str) and v.isdigit()):
+            out.append(int(v))
+    return out
+
+
+def latest_distinct(values: Iterable[object]) -> list:
+    """Distinct values in order of last appearance, keeping the latest LIST_LIMIT (bounded evidence)."""
+    seen: Dict = {}
+    for v in values:
+        seen.pop(v, None)
+        seen[v] = True
+    return list(seen)[-LIST_LIMIT:]

@@ -1,0 +1,308 @@
+"""Free memory by block size per (NUMA node, zone) from /proc/buddyinfo, and by migrate type
+from /proc/pagetypeinfo when it is readable.
+
+The buddy allocator keeps free memory in blocks of 2^order contiguous pages. Huge pages and
+large pinned or DMA buffers need big blocks; when free memory exists only as small blocks, those
+allocations stall in compaction or fail. This module reports the arithmetic (how much is free,
+how much of it in blocks of a given size); checks/memory.py judges it.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from nodehealth.collectors import CollectError
+from nodehealth.host import HostPaths, read_text
+from nodehealth.model import Metric
+
+NAME = "buddyinfo"
+DEFAULTS: dict = {}
+
+# The x86-64 huge page (PMD/THP) size: order 9 at 4 KiB pages.
+HUGE_BLOCK_BYTES = 2 << 20
+FIXTURE_PAGE_SIZE = 4096
+
+# A kernel counter is at most 20 decimal digits (u64); longer is garbage, not a number to convert.
+_COUNT = re.compile(r"[0-9]{1,20}")
+
+
+@dataclass(frozen=True)
+class Zone:
+    """One buddyinfo line: free blocks per order (order 0 first) of one zone of one node."""
+
+    node: int
+    name: str
+    free_blocks: Tuple[int, ...]
+    page_size: int
+
+    def order_for(self, size_bytes: int) -> int:
+        """The smallest order whose blocks hold at least `size_bytes`."""
+        order = 0
+        while (self.page_size << order) < size_bytes:
+            order += 1
+        return order
+
+    @property
+    def free_pages(self) -> int:
+        return sum(count << order for order, count in enumerate(self.free_blocks))
+
+    @property
+    def free_bytes(self) -> int:
+        return self.free_pages * self.page_size
+
+    def free_bytes_in_blocks_of(self, size_bytes: int) -> int:
+        """Free bytes held in blocks of at least `size_bytes`."""
+        start = self.order_for(size_bytes)
+        pages = sum(count << order for order, count in enumerate(self.free_blocks) if order >= start)
+        return pages * self.page_size
+
+    def blocks_available_of(self, size_bytes: int) -> int:
+        """How many allocations of `size_bytes` the free lists could serve without compaction."""
+        return self.free_bytes_in_blocks_of(size_bytes) // (self.page_size << self.order_for(size_bytes))
+
+    def unusable_index(self, size_bytes: int) -> float:
+        """The kernel's unusable free space index for allocations of `size_bytes`.
+
+        Share of free memory in blocks too small for such an allocation: 0 = all usable,
+        1 = none usable (also when nothing is free), as debugfs extfrag/unusable_index prints it.
+        """
+        free = self.free_bytes
+        if free == 0:
+            return 1.0
+        return (free - self.free_bytes_in_blocks_of(size_bytes)) / free
+
+    @property
+    def free_hugepage_bytes(self) -> int:
+        return self.free_bytes_in_blocks_of(HUGE_BLOCK_BYTES)
+
+    @property
+    def hugepage_unusable_index(self) -> float:
+        return self.unusable_index(HUGE_BLOCK_BYTES)
+
+
+@dataclass(frozen=True)
+class MigrateTypeFree:
+    """Free blocks per order of one migrate type in one zone (pagetypeinfo's first table)."""
+
+    node: int
+    zone: str
+    type: str
+    free_blocks: Tuple[int, ...]
+
+    @property
+    def free_pages(self) -> int:
+        return sum(count << order for order, count in enumerate(self.free_blocks))
+
+
+@dataclass(frozen=True)
+class MigrateTypeBlocks:
+    """How many pageblocks of a zone carry one migrate type (pagetypeinfo's second table)."""
+
+    node: int
+    zone: str
+    type: str
+    pageblocks: int
+
+
+@dataclass(frozen=True)
+class PageTypeInfo:
+    pageblock_order: int
+    pages_per_block: int
+    free: Tuple[MigrateTypeFree, ...]
+    blocks: Tuple[MigrateTypeBlocks, ...]
+
+
+@dataclass(frozen=True)
+class Buddyinfo:
+    page_size: int
+    zones: Tuple[Zone, ...]
+    # None when /proc/pagetypeinfo is absent or unreadable (root-only, mode 0400, on current kernels).
+    pagetypes: Optional[PageTypeInfo]
+
+
+def supported(host: HostPaths, cfg: dict) -> Optional[str]:
+    if not os.path.exists(host.proc("buddyinfo")):
+        return "no /proc/buddyinfo (not a Linux procfs)"
+    return None
+
+
+def page_size(host: HostPaths) -> int:
+    """The live host's page size; fixture machines are recorded on 4 KiB-page hosts."""
+    return os.sysconf("SC_PAGE_SIZE") if host.is_live else FIXTURE_PAGE_SIZE
+
+
+def collect(host: HostPaths, cfg: dict) -> Buddyinfo:
+    size = page_size(host)
+    zones = parse_buddyinfo(read_text(host.proc("buddyinfo")), size)
+    try:
+        pagetypes: Optional[PageTypeInfo] = parse_pagetypeinfo(read_text(host.proc("pagetypeinfo")))
+    except (FileNotFoundError, PermissionError):
+        pagetypes = None
+    return Buddyinfo(size, zones, pagetypes)
+
+
+def _counts(fields: List[str], where: str) -> Tuple[int, ...]:
+    if not fields or not all(_COUNT.fullmatch(f) for f in fields):
+        raise CollectError(f"{where}: expected counts, got {' '.join(fields)[:80]!r}")
+    return tuple(int(f) for f in fields)
+
+
+def _node_zone(fields: List[str], where: str) -> Tuple[int, str]:
+    """`Node <n>, zone <name>` as split fields (the zone name may end in a comma)."""
+    if len(fields) < 4 or fields[0] != "Node" or fields[2] != "zone" or not _COUNT.fullmatch(fields[1].rstrip(",")):
+        raise CollectError(f"{where}: expected 'Node <n>, zone <name> ...'")
+    return int(fields[1].rstrip(",")), fields[3].rstrip(",")
+
+
+def parse_buddyinfo(text: str, page_size: int) -> Tuple[Zone, ...]:
+    """`Node 0, zone   Normal  356  154 ...` lines; every line must have the first line's bucket count."""
+    zones: List[Zone] = []
+    seen = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        where = f"/proc/buddyinfo line {number}"
+        node, name = _node_zone(fields, where)
+        counts = _counts(fields[4:], where)
+        if zones and len(counts) != len(zones[0].free_blocks):
+            raise CollectError(f"{where}: {len(counts)} orders where the first line has {len(zones[0].free_blocks)}")
+        if (node, name) in seen:
+            raise CollectError(f"{where}: node {node} zone {name} appears twice")
+        seen.add((node, name))
+        zones.append(Zone(node, name, counts, page_size))
+    if not zones:
+        raise CollectError("/proc/buddyinfo has no zone lines")
+    return tuple(zones)
+
+
+FREE_HEADER = "Free pages count per migrate type at order"
+BLOCKS_HEADER = "Number of blocks type"
+MIXED_HEADER = "Number of mixed blocks"  # CONFIG_PAGE_OWNER kernels only; not used
+
+
+class _PageTypeParser:
+    """/proc/pagetypeinfo, section by section. Each node repeats the headers and both tables."""
+
+    def __init__(self) -> None:
+        self.header: Dict[str, int] = {}
+        self.orders: Optional[int] = None
+        self.types: Optional[List[str]] = None
+        self.section: Optional[str] = None
+        self.free: Dict[Tuple[int, str, str], MigrateTypeFree] = {}
+        self.blocks: Dict[Tuple[int, str, str], MigrateTypeBlocks] = {}
+
+    def line(self, line: str, where: str) -> None:
+        if line.startswith(("Page block order:", "Pages per block:")):
+            self.header_value(line, where)
+        elif line.startswith(FREE_HEADER):
+            self.free_header(line[len(FREE_HEADER):].split(), where)
+        elif line.startswith(BLOCKS_HEADER):
+            self.types = line[len(BLOCKS_HEADER):].split()
+            if not self.types:
+                raise CollectError(f"{where}: no migrate types in the pageblock table header")
+            self.section = "blocks"
+        elif line.startswith(MIXED_HEADER):
+            self.section = "mixed"
+        elif line.startswith("Node") and self.section == "free":
+            self.free_line(line.split(), where)
+        elif line.startswith("Node") and self.section == "blocks":
+            self.blocks_line(line.split(), where)
+        elif not (line.startswith("Node") and self.section == "mixed"):
+            raise CollectError(f"{where}: unexpected line {line[:80]!r}")
+
+    def header_value(self, line: str, where: str) -> None:
+        key, _, value = line.partition(":")
+        value = value.strip()
+        if not _COUNT.fullmatch(value):
+            raise CollectError(f"{where}: {key} is not a number: {value[:40]!r}")
+        if self.header.setdefault(key, int(value)) != int(value):
+            raise CollectError(f"{where}: {key} {value} differs from the earlier {self.header[key]}")
+
+    def free_header(self, columns: List[str], where: str) -> None:
+        if columns != [str(order) for order in range(len(columns))] or not columns:
+            raise CollectError(f"{where}: order columns are not 0, 1, 2, ...: {' '.join(columns)[:80]!r}")
+        if self.orders is not None and self.orders != len(columns):
+            raise CollectError(f"{where}: {len(columns)} orders where an earlier table has {self.orders}")
+        self.orders = len(columns)
+        self.section = "free"
+
+    def free_line(self, fields: List[str], where: str) -> None:
+        node, zone = _node_zone(fields, where)
+        if len(fields) < 6 or fields[4] != "type":
+            raise CollectError(f"{where}: expected 'Node <n>, zone <name>, type <type> <counts>'")
+        counts = _counts(fields[6:], where)
+        if len(counts) != self.orders:
+            raise CollectError(f"{where}: {len(counts)} counts under {self.orders} order columns")
+        self.add(self.free, MigrateTypeFree(node, zone, fields[5], counts), where)
+
+    def blocks_line(self, fields: List[str], where: str) -> None:
+        node, zone = _node_zone(fields, where)
+        counts = _counts(fields[4:], where)
+        types = self.types or []
+        if len(counts) != len(types):
+            raise CollectError(f"{where}: {len(counts)} counts under {len(types)} migrate types")
+        for migrate_type, count in zip(types, counts):
+            self.add(self.blocks, MigrateTypeBlocks(node, zone, migrate_type, count), where)
+
+    @staticmethod
+    def add(table: dict, item, where: str) -> None:
+        key = (item.node, item.zone, item.type)
+        if key in table:
+            raise CollectError(f"{where}: node {item.node} zone {item.zone} type {item.type} appears twice")
+        table[key] = item
+
+    def result(self) -> PageTypeInfo:
+        for key in ("Page block order", "Pages per block"):
+            if key not in self.header:
+                raise CollectError(f"/proc/pagetypeinfo has no '{key}:' line")
+        return PageTypeInfo(self.header["Page block order"], self.header["Pages per block"],
+                            tuple(self.free.values()), tuple(self.blocks.values()))
+
+
+def parse_pagetypeinfo(text: str) -> PageTypeInfo:
+    """Page block order, free blocks per (node, zone, migrate type, order), pageblocks per migrate type.
+
+    Migrate types differ between kernels (CMA, HighAtomic, old Reserve); all are kept as printed.
+    """
+    parser = _PageTypeParser()
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            parser.line(line.strip(), f"/proc/pagetypeinfo line {number}")
+    return parser.result()
+
+
+def metrics(facts: Buddyinfo) -> List[Metric]:
+    blocks = Metric("nodehealth_buddyinfo_free_blocks",
+                    "Free blocks of 2^order contiguous pages in the zone's buddy allocator.",
+                    labels=("node", "zone", "order"))
+    free = Metric("nodehealth_memory_zone_free_bytes", "Free memory in the zone.", labels=("node", "zone"))
+    huge = Metric("nodehealth_memory_zone_free_hugepage_bytes",
+                  "Free memory in the zone held in blocks of at least 2 MiB.", labels=("node", "zone"))
+    unusable = Metric("nodehealth_memory_zone_unusable_index",
+                      "Share of the zone's free memory in blocks too small for a 2 MiB allocation (0 to 1).",
+                      labels=("node", "zone"))
+    for zone in sorted(facts.zones, key=lambda z: (z.node, z.name)):
+        for order, count in enumerate(zone.free_blocks):
+            blocks.add((zone.node, zone.name, order), count)
+        free.add((zone.node, zone.name), zone.free_bytes)
+        huge.add((zone.node, zone.name), zone.free_hugepage_bytes)
+        unusable.add((zone.node, zone.name), zone.hugepage_unusable_index)
+    out = [blocks, free, huge, unusable]
+    if facts.pagetypes is not None:
+        out.extend(_pagetype_metrics(facts.pagetypes))
+    return out
+
+
+def _pagetype_metrics(info: PageTypeInfo) -> List[Metric]:
+    free = Metric("nodehealth_pagetype_free_pages", "Free pages of one migrate type in the zone.",
+                  labels=("node", "zone", "type"))
+    for item in sorted(info.free, key=lambda i: (i.node, i.zone, i.type)):
+        free.add((item.node, item.zone, item.type), item.free_pages)
+    blocks = Metric("nodehealth_pagetype_blocks", "Pageblocks of the zone marked with one migrate type.",
+                    labels=("node", "zone", "type"))
+    for item in sorted(info.blocks, key=lambda i: (i.node, i.zone, i.type)):
+        blocks.add((item.node, item.zone, item.type), item.pageblocks)
+    return [free, blocks]

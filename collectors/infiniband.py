@@ -1,0 +1,280 @@
+"""InfiniBand and RoCE ports from /sys/class/infiniband: state, rate, link layer and counters.
+
+Every attribute is read once with one bounded read (some drivers answer EAGAIN forever to a
+second read), paths are built by string concatenation, and no file is stat()ed before it is
+read: a pass over an 8-rail node costs a few hundred small reads and nothing more.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from nodehealth.host import HostPaths, list_dir, read_attr, read_int_attr
+from nodehealth.model import Metric
+
+NAME = "infiniband"
+DEFAULTS: dict = {}
+
+STATE_ACTIVE = 4
+PHYS_STATE_DISABLED = 3
+PHYS_STATE_LINK_UP = 5
+
+# port_xmit_data / port_rcv_data (and their counters_ext _64 forms) count 4-byte words.
+BYTES_PER_DATA_WORD = 4
+BYTES_PER_SECOND_PER_GBPS = 125_000_000
+
+# hw_counters/lifespan is the driver's cache time for the other hw counters (ms), not a counter.
+NOT_COUNTERS = frozenset({"lifespan"})
+
+# The quantities exported as metrics, each with the counters/ file of kernels >= 4.5 and the
+# counters_ext/ file of older kernels. Where both exist the _64 file wins: the legacy counters/
+# data and packet files were 32 bits wide there and stick at their maximum.
+TRAFFIC = (
+    # (metric suffix, counters/ name, counters_ext/ name, multiplier, help)
+    ("transmitted_bytes_total", "port_xmit_data", "port_xmit_data_64", BYTES_PER_DATA_WORD,
+     "Data bytes transmitted on the port."),
+    ("received_bytes_total", "port_rcv_data", "port_rcv_data_64", BYTES_PER_DATA_WORD,
+     "Data bytes received on the port."),
+    ("transmitted_packets_total", "port_xmit_packets", "port_xmit_packets_64", 1,
+     "Packets transmitted on the port, on all virtual lanes."),
+    ("received_packets_total", "port_rcv_packets", "port_rcv_packets_64", 1,
+     "Packets received on the port, on all virtual lanes, errors included."),
+    ("unicast_transmitted_packets_total", "unicast_xmit_packets", "port_unicast_xmit_packets", 1,
+     "Unicast packets transmitted on the port."),
+    ("unicast_received_packets_total", "unicast_rcv_packets", "port_unicast_rcv_packets", 1,
+     "Unicast packets received on the port."),
+    ("multicast_transmitted_packets_total", "multicast_xmit_packets", "port_multicast_xmit_packets", 1,
+     "Multicast packets transmitted on the port."),
+    ("multicast_received_packets_total", "multicast_rcv_packets", "port_multicast_rcv_packets", 1,
+     "Multicast packets received on the port."),
+)
+
+# Error and congestion counters of counters/ (the port's performance management agent).
+ERROR_COUNTERS = (
+    ("symbol_error", "symbol_errors_total",
+     "Minor link errors detected on one or more physical lanes."),
+    ("link_error_recovery", "link_error_recoveries_total",
+     "Times the link recovered from an error state by retraining."),
+    ("link_downed", "link_downed_total",
+     "Times the link failed to recover from an error state and went down."),
+    ("port_rcv_errors", "receive_errors_total",
+     "Packets received with an error (bad CRC, malformed, buffer overrun)."),
+    ("port_rcv_remote_physical_errors", "receive_remote_physical_errors_total",
+     "Packets received marked bad by the sender (EBP delimiter)."),
+    ("port_rcv_switch_relay_errors", "receive_switch_relay_errors_total",
+     "Received packets that could not be forwarded by the switch."),
+    ("port_rcv_constraint_errors", "receive_constraint_errors_total",
+     "Received packets dropped by partition or raw-packet enforcement."),
+    ("port_rcv_discards", "receive_discards_total",
+     "Received packets discarded because the port was down or congested."),
+    ("port_xmit_discards", "transmit_discards_total",
+     "Outbound packets discarded because the port was down or congested."),
+    ("port_xmit_constraint_errors", "transmit_constraint_errors_total",
+     "Outbound packets not sent because of partition or raw-packet enforcement."),
+    ("port_xmit_wait", "transmit_wait_ticks_total",
+     "Ticks during which the port had data to send but no flow-control credit to send it."),
+    ("local_link_integrity_errors", "local_link_integrity_errors_total",
+     "Times the count of local physical errors exceeded the port's threshold."),
+    ("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors_total",
+     "Times consecutive flow-control update periods saw a receive buffer overrun."),
+    ("VL15_dropped", "vl15_dropped_total",
+     "Subnet management packets dropped for lack of buffer space."),
+)
+
+STATE_HELP = "Logical state of the port: 0 no change, 1 down, 2 init, 3 armed, 4 active, 5 active-defer."
+PHYS_STATE_HELP = ("Physical state of the port: 1 sleep, 2 polling, 3 disabled, 4 port configuration training, "
+                   "5 link up, 6 link error recovery, 7 phy test.")
+
+
+@dataclass(frozen=True)
+class Port:
+    device: str
+    port: int
+    state_id: int | None  # 4 = ACTIVE
+    state: str | None  # the kernel's name for it, e.g. ACTIVE
+    phys_state_id: int | None  # 5 = LinkUp
+    phys_state: str | None
+    rate_gbps: float | None
+    rate_text: str | None  # lanes and generation, e.g. "4X NDR"
+    link_layer: str | None  # InfiniBand or Ethernet (RoCE)
+    counters: dict[str, int | None]  # counters/: every file present; None where it had no number
+    counters_ext: dict[str, int | None]  # counters_ext/ of kernels before 4.5
+    hw_counters: dict[str, int | None]  # hw_counters/: the driver's own counters
+
+    @property
+    def name(self) -> str:
+        return f"{self.device}:{self.port}"
+
+    def counter(self, name: str) -> int | None:
+        return self.counters.get(name)
+
+    def traffic(self, name: str, legacy_name: str) -> int | None:
+        """A traffic counter, preferring the 64-bit counters_ext/ file where the kernel has one."""
+        value = self.counters_ext.get(legacy_name)
+        return value if value is not None else self.counters.get(name)
+
+    @property
+    def transmitted_bytes(self) -> int | None:
+        words = self.traffic("port_xmit_data", "port_xmit_data_64")
+        return None if words is None else words * BYTES_PER_DATA_WORD
+
+    @property
+    def received_bytes(self) -> int | None:
+        words = self.traffic("port_rcv_data", "port_rcv_data_64")
+        return None if words is None else words * BYTES_PER_DATA_WORD
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    fw_version: str | None
+    board_id: str | None
+    hca_type: str | None
+    node_guid: str | None
+    ports: tuple[Port, ...]
+
+
+@dataclass(frozen=True)
+class InfiniBand:
+    devices: tuple[Device, ...]
+
+    @property
+    def ports(self) -> tuple[Port, ...]:
+        return tuple(p for d in self.devices for p in d.ports)
+
+
+def supported(host: HostPaths, cfg: dict):
+    if not os.path.isdir(host.sys("class", "infiniband")):
+        return "no InfiniBand/RoCE devices (no /sys/class/infiniband)"
+    return None
+
+
+def parse_state(text: str | None) -> tuple[int | None, str | None]:
+    """`4: ACTIVE` or `5: LinkUp` -> (4, "ACTIVE"); anything else -> (None, None)."""
+    if text is None:
+        return None, None
+    number, sep, name = text.partition(":")
+    number = number.strip()
+    if not sep or not number.isascii() or not number.isdigit():
+        return None, None
+    return int(number), name.strip() or None
+
+
+def parse_rate(text: str | None) -> tuple[float | None, str | None]:
+    """`400 Gb/sec (4X NDR)` -> (400.0, "4X NDR"); `10 Gb/sec (4X)` -> (10.0, "4X")."""
+    if text is None:
+        return None, None
+    number, sep, rest = text.partition(" Gb/sec")
+    if not sep:
+        return None, None
+    try:
+        gbps = float(number)
+    except ValueError:
+        return None, None
+    if not math.isfinite(gbps) or gbps < 0:
+        return None, None
+    rest = rest.strip()
+    detail = rest[1:-1].strip() if rest.startswith("(") and rest.endswith(")") else None
+    return gbps, detail or None
+
+
+def _read_counters(directory: str) -> dict[str, int | None]:
+    """Every file in a counters directory, one read each; a file without a number is None."""
+    prefix = directory + "/"
+    return {name: read_int_attr(prefix + name) for name in list_dir(directory) if name not in NOT_COUNTERS}
+
+
+def _read_port(device: str, number: int, directory: str) -> Port:
+    prefix = directory + "/"
+    state_id, state = parse_state(read_attr(prefix + "state"))
+    phys_state_id, phys_state = parse_state(read_attr(prefix + "phys_state"))
+    rate_gbps, rate_text = parse_rate(read_attr(prefix + "rate"))
+    return Port(
+        device=device, port=number, state_id=state_id, state=state,
+        phys_state_id=phys_state_id, phys_state=phys_state,
+        rate_gbps=rate_gbps, rate_text=rate_text, link_layer=read_attr(prefix + "link_layer"),
+        counters=_read_counters(prefix + "counters"),
+        counters_ext=_read_counters(prefix + "counters_ext"),
+        hw_counters=_read_counters(prefix + "hw_counters"),
+    )
+
+
+def _read_device(name: str, directory: str) -> Device:
+    prefix = directory + "/"
+    ports = tuple(_read_port(name, int(p), prefix + "ports/" + p)
+                  for p in list_dir(prefix + "ports") if p.isascii() and p.isdigit())
+    return Device(
+        name=name, fw_version=read_attr(prefix + "fw_ver"), board_id=read_attr(prefix + "board_id"),
+        hca_type=read_attr(prefix + "hca_type"), node_guid=read_attr(prefix + "node_guid"),
+        ports=tuple(sorted(ports, key=lambda p: p.port)),
+    )
+
+
+def collect(host: HostPaths, cfg: dict) -> InfiniBand:
+    """A device that vanishes mid-walk reads as a device with no ports and None attributes."""
+    root = host.sys("class", "infiniband") + "/"
+    return InfiniBand(tuple(_read_device(name, root + name) for name in list_dir(root)))
+
+
+def counter_key(port: Port, name: str) -> str:
+    """Key of a counters/ counter (or `transmitted_bytes` / `received_bytes`) in counters()."""
+    return f"{port.device}:{port.port}:{name}"
+
+
+def hw_counter_key(port: Port, name: str) -> str:
+    """Key of a hw_counters/ counter in counters(), apart from counters/ names."""
+    return f"{port.device}:{port.port}:hw_counters/{name}"
+
+
+def counters(facts: InfiniBand) -> dict[str, float]:
+    """Monotonic counters for per-second rates; data counters in bytes, not words."""
+    out: dict[str, float] = {}
+    for port in facts.ports:
+        for name, value in port.counters.items():
+            if value is not None and name not in ("port_xmit_data", "port_rcv_data"):
+                out[counter_key(port, name)] = value
+        for name, value in port.hw_counters.items():
+            if value is not None:
+                out[hw_counter_key(port, name)] = value
+        for name, value in (("transmitted_bytes", port.transmitted_bytes), ("received_bytes", port.received_bytes)):
+            if value is not None:
+                out[counter_key(port, name)] = value
+    return out
+
+
+def metrics(facts: InfiniBand) -> list[Metric]:
+    labels = ("device", "port")
+    info = Metric("nodehealth_infiniband_device_info",
+                  "InfiniBand/RoCE device identity; always 1.",
+                  labels=("device", "board_id", "fw_version", "hca_type"))
+    port_info = Metric("nodehealth_infiniband_port_info",
+                       "Link layer of the port (InfiniBand, or Ethernet for RoCE); always 1.",
+                       labels=("device", "port", "link_layer"))
+    state = Metric("nodehealth_infiniband_port_state_id", STATE_HELP, labels=labels)
+    phys = Metric("nodehealth_infiniband_port_physical_state_id", PHYS_STATE_HELP, labels=labels)
+    rate = Metric("nodehealth_infiniband_port_rate_bytes_per_second",
+                  "Signalling rate the port trained to, in bytes per second.", labels=labels)
+    traffic = [(Metric(f"nodehealth_infiniband_port_{suffix}", help_text, "counter", labels), name, legacy, mult)
+               for suffix, name, legacy, mult, help_text in TRAFFIC]
+    errors = [(Metric(f"nodehealth_infiniband_port_{suffix}", help_text, "counter", labels), name)
+              for name, suffix, help_text in ERROR_COUNTERS]
+    hw = Metric("nodehealth_infiniband_port_hw_counter_total",
+                "The driver's own port counters (hw_counters/), one series per counter the driver has.",
+                "counter", labels=("device", "port", "counter"))
+    for device in facts.devices:
+        info.add((device.name, device.board_id or "", device.fw_version or "", device.hca_type or ""), 1)
+        for port in device.ports:
+            key = (device.name, port.port)
+            port_info.add((device.name, port.port, port.link_layer or ""), 1)
+            state.add(key, port.state_id)
+            phys.add(key, port.phys_state_id)
+            rate.add(key, None if port.rate_gbps is None else port.rate_gbps * BYTES_PER_SECOND_PER_GBPS)
+            for metric, name, legacy, mult in traffic:
+                value = port.traffic(name, legacy)
+                metric.add(key, None if value is None else value * mult)
+            for metric, name in errors:
+                metric.add(key, port.counter(name))
+            for name, value in port.hw_counters.items():
+                hw.add((device.name, port.port, name), value)
+    return [info, port_info, state, phys, rate] + [m for m, *_ in traffic] + [m for m, _ in errors] + [hw]

@@ -1,0 +1,229 @@
+"""Transparent huge page settings, compaction and THP counters from /proc/vmstat, and /proc/meminfo.
+
+THP settings decide whether a page fault may stall in direct compaction; the compact_* and thp_*
+counters show whether it does. checks/thp.py judges them; this module only reads.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from nodehealth.collectors import CollectError
+from nodehealth.host import HostPaths, read_attr, read_text
+from nodehealth.model import Metric
+
+NAME = "vm"
+DEFAULTS: dict = {}
+
+THP_DIR = ("kernel", "mm", "transparent_hugepage")
+
+# Modes the kernel documents; the metric carries these plus whatever the host reports as current.
+ENABLED_MODES = ("always", "madvise", "never")
+DEFRAG_MODES = ("always", "defer", "defer+madvise", "madvise", "never")
+SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
+
+_BRACKETED = re.compile(r"\[([^\[\]\s]+)\]")
+_VMSTAT_LINE = re.compile(r"(\S+)\s+(-?[0-9]{1,20})")
+_KEPT_COUNTER = re.compile(r"(compact|thp)_[a-z0-9_]+")
+_MEMINFO_LINE = re.compile(r"([^:\s]+):\s+(-?[0-9]{1,20})(\s+kB)?")
+
+
+@dataclass(frozen=True)
+class ThpSettings:
+    """Current modes under /sys/kernel/mm/transparent_hugepage; None where the file is absent."""
+
+    enabled: Optional[str] = None
+    defrag: Optional[str] = None
+    shmem_enabled: Optional[str] = None
+    khugepaged_defrag: Optional[bool] = None
+
+
+@dataclass(frozen=True)
+class Meminfo:
+    """The /proc/meminfo fields that matter to huge pages, in bytes (hugetlb pool sizes in pages)."""
+
+    mem_total_bytes: Optional[int] = None
+    mem_free_bytes: Optional[int] = None
+    mem_available_bytes: Optional[int] = None  # absent before Linux 3.14
+    anon_hugepages_bytes: Optional[int] = None
+    hugepage_size_bytes: Optional[int] = None
+    hugepages_total: Optional[int] = None
+    hugepages_free: Optional[int] = None
+
+    @property
+    def hugepages_pool_bytes(self) -> Optional[int]:
+        return _times(self.hugepages_total, self.hugepage_size_bytes)
+
+    @property
+    def hugepages_free_bytes(self) -> Optional[int]:
+        return _times(self.hugepages_free, self.hugepage_size_bytes)
+
+
+def _times(count: Optional[int], size: Optional[int]) -> Optional[int]:
+    return None if count is None or size is None else count * size
+
+
+MEMINFO_FIELDS = {
+    "MemTotal": "mem_total_bytes",
+    "MemFree": "mem_free_bytes",
+    "MemAvailable": "mem_available_bytes",
+    "AnonHugePages": "anon_hugepages_bytes",
+    "Hugepagesize": "hugepage_size_bytes",
+    "HugePages_Total": "hugepages_total",
+    "HugePages_Free": "hugepages_free",
+}
+
+
+@dataclass(frozen=True)
+class Vm:
+    thp: ThpSettings
+    # compact_* and thp_* counters as this kernel names them; a counter it lacks is not a key.
+    vmstat: Dict[str, int] = field(default_factory=dict)
+    meminfo: Meminfo = Meminfo()
+
+
+def supported(host: HostPaths, cfg: dict) -> Optional[str]:
+    if not os.path.exists(host.proc("vmstat")):
+        return "no /proc/vmstat (not a Linux procfs)"
+    return None
+
+
+def collect(host: HostPaths, cfg: dict) -> Vm:
+    vmstat = parse_vmstat(read_text(host.proc("vmstat")))
+    try:
+        meminfo = parse_meminfo(read_text(host.proc("meminfo")))
+    except FileNotFoundError:
+        meminfo = Meminfo()
+    return Vm(read_thp(host), vmstat, meminfo)
+
+
+def read_thp(host: HostPaths) -> ThpSettings:
+    """Each file is optional: kernels without THP have none, older ones lack shmem_enabled."""
+
+    def mode(*parts: str) -> Optional[str]:
+        text = read_attr(host.sys(*THP_DIR, *parts))
+        return None if text is None else parse_mode(text, "/".join(parts))
+
+    khugepaged = read_attr(host.sys(*THP_DIR, "khugepaged", "defrag"))
+    return ThpSettings(
+        enabled=mode("enabled"),
+        defrag=mode("defrag"),
+        shmem_enabled=mode("shmem_enabled"),
+        khugepaged_defrag=None if khugepaged is None else parse_flag(khugepaged, "khugepaged/defrag"),
+    )
+
+
+def parse_mode(text: str, name: str) -> str:
+    """The bracketed word of `always [madvise] never`; an unknown word (a future `defer`) is kept."""
+    current = _BRACKETED.findall(text)
+    if len(current) != 1:
+        raise CollectError(f"transparent_hugepage/{name}: expected one [bracketed] mode, got {text.strip()[:80]!r}")
+    return current[0]
+
+
+def parse_flag(text: str, name: str) -> bool:
+    """`0`/`1` on current kernels, `[yes] no` / `yes [no]` on older ones."""
+    value = text.strip()
+    if "[" in value:
+        value = parse_mode(value, name)
+    if value in ("1", "yes"):
+        return True
+    if value in ("0", "no"):
+        return False
+    raise CollectError(f"transparent_hugepage/{name}: expected 0/1 or yes/no, got {text.strip()[:80]!r}")
+
+
+def parse_vmstat(text: str) -> Dict[str, int]:
+    """`name value` lines; keeps the compact_* and thp_* counters."""
+    counters: Dict[str, int] = {}
+    lines = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        match = _VMSTAT_LINE.fullmatch(line.strip())
+        if match is None:
+            raise CollectError(f"/proc/vmstat line {number} is not 'name value': {line[:80]!r}")
+        lines += 1
+        if _KEPT_COUNTER.fullmatch(match.group(1)):
+            counters[match.group(1)] = int(match.group(2))
+    if not lines:
+        raise CollectError("/proc/vmstat is empty")
+    return counters
+
+
+def parse_meminfo(text: str) -> Meminfo:
+    """`Name:   value kB` lines (pool sizes have no unit); kB become bytes."""
+    values: Dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        match = _MEMINFO_LINE.fullmatch(line.strip())
+        if match is None:
+            raise CollectError(f"/proc/meminfo line {number} is not 'Name: value [kB]': {line[:80]!r}")
+        name, value, unit = match.groups()
+        if name in MEMINFO_FIELDS:
+            values[MEMINFO_FIELDS[name]] = int(value) * (1024 if unit else 1)
+    if "mem_total_bytes" not in values:
+        raise CollectError("/proc/meminfo has no MemTotal line")
+    return Meminfo(**values)
+
+
+def counters(facts: Vm) -> Dict[str, float]:
+    return {name: float(value) for name, value in facts.vmstat.items()}
+
+
+def metrics(facts: Vm) -> List[Metric]:
+    thp = facts.thp
+    out = [
+        _mode_metric("nodehealth_thp_enabled", "1 for the current transparent huge page mode, 0 for the others.",
+                     ENABLED_MODES, thp.enabled),
+        _mode_metric("nodehealth_thp_defrag", "1 for the current THP defrag (fault-time compaction) mode, "
+                     "0 for the others.", DEFRAG_MODES, thp.defrag),
+        _mode_metric("nodehealth_thp_shmem_enabled", "1 for the current THP mode of shmem/tmpfs, 0 for the others.",
+                     SHMEM_MODES, thp.shmem_enabled),
+    ]
+    khugepaged = Metric("nodehealth_thp_khugepaged_defrag", "1 if khugepaged may compact memory to collapse huge "
+                        "pages, 0 if not.")
+    khugepaged.add((), None if thp.khugepaged_defrag is None else int(thp.khugepaged_defrag))
+    out.append(khugepaged)
+    for name in sorted(facts.vmstat):
+        counter = Metric(f"nodehealth_vmstat_{name}_total", f"Kernel event counter {name} from /proc/vmstat.",
+                         kind="counter")
+        counter.add((), facts.vmstat[name])
+        out.append(counter)
+    out.extend(_meminfo_metrics(facts.meminfo))
+    return out
+
+
+def _mode_metric(name: str, help: str, known: tuple, current: Optional[str]) -> Metric:
+    """Info-style gauge; no samples when the setting is absent (absent is not zero)."""
+    metric = Metric(name, help, labels=("mode",))
+    if current is not None:
+        for mode in sorted(set(known) | {current}):
+            metric.add((mode,), 1 if mode == current else 0)
+    return metric
+
+
+def _meminfo_metrics(info: Meminfo) -> List[Metric]:
+    rows = (
+        ("nodehealth_memory_total_bytes", "Usable memory of the host (MemTotal).", info.mem_total_bytes),
+        ("nodehealth_memory_free_bytes", "Memory not in use at all (MemFree).", info.mem_free_bytes),
+        ("nodehealth_memory_available_bytes", "Memory the kernel estimates new work can get without swapping "
+         "(MemAvailable).", info.mem_available_bytes),
+        ("nodehealth_memory_anon_hugepages_bytes", "Anonymous memory backed by transparent huge pages "
+         "(AnonHugePages).", info.anon_hugepages_bytes),
+        ("nodehealth_memory_hugepage_size_bytes", "Size of the default hugetlb page (Hugepagesize).",
+         info.hugepage_size_bytes),
+        ("nodehealth_memory_hugepages_pool_bytes", "Memory reserved in the default-size hugetlb pool "
+         "(HugePages_Total times Hugepagesize).", info.hugepages_pool_bytes),
+        ("nodehealth_memory_hugepages_free_bytes", "Unused memory in the default-size hugetlb pool "
+         "(HugePages_Free times Hugepagesize).", info.hugepages_free_bytes),
+    )
+    out = []
+    for name, help, value in rows:
+        metric = Metric(name, help)
+        metric.add((), value)
+        out.append(metric)
+    return out

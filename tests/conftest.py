@@ -1,0 +1,108 @@
+"""Shared test helpers: fixture machines, a real daemon process, free ports."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MACHINES_DIR = os.path.join(HERE, "fixtures", "machines")
+MACHINES = sorted(d for d in os.listdir(MACHINES_DIR) if os.path.isdir(os.path.join(MACHINES_DIR, d)))
+IN_CI = os.environ.get("CI") == "true"
+
+
+def machine(name: str) -> str:
+    return os.path.join(MACHINES_DIR, name)
+
+
+def require_tool(name: str) -> str:
+    """A real part the test needs; under CI a missing one fails instead of skipping."""
+    path = shutil.which(name)
+    if path:
+        return path
+    if IN_CI:
+        pytest.fail(f"{name} is not installed; .ci/run must install it")
+    pytest.skip(f"{name} is not installed")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 5.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class DaemonProcess:
+    """`nodehealth daemon` as a real subprocess on loopback."""
+
+    def __init__(self, root: str, state_dir: str, *extra: str, interval: float = 1.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "nodehealth.cli", "daemon", "--root", root, "--state-dir", state_dir,
+               "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def wait_ready(self, timeout: float = 15.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited {self.proc.returncode}: {self.proc.stdout.read()}")
+            try:
+                code, body = http_get(self.url + "/v1/report", timeout=1.0)
+                if code == 200:
+                    return json.loads(body)
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise AssertionError("daemon did not become ready")
+
+    def get(self, path: str):
+        return http_get(self.url + path)
+
+    def stop(self, timeout: float = 10.0) -> float:
+        """SIGTERM; returns how long it took to exit."""
+        if self.proc.poll() is not None:
+            return 0.0
+        t0 = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        return time.monotonic() - t0
+
+    def output(self) -> str:
+        return self.proc.stdout.read() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def daemon_factory():
+    started = []
+
+    def start(root: str, state_dir: str, *extra: str, interval: float = 1.0) -> DaemonProcess:
+        d = DaemonProcess(root, state_dir, *extra, interval=interval)
+        started.append(d)
+        return d
+    yield start
+    for d in started:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()

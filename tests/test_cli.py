@@ -1,0 +1,43 @@
+import json
+
+import pytest
+
+from nodehealth import cli, registry
+
+
+def test_select_by_check_and_collector_names():
+    collectors, checks = cli.select(["modules"], [])
+    assert [m.NAME for m in collectors] == ["modules"] and [c.NAME for c in checks] == ["modules"]
+    collectors, checks = cli.select([], ["modules"])
+    assert "modules" not in [m.NAME for m in collectors] and "modules" not in [c.NAME for c in checks]
+    all_collectors, all_checks = cli.select([], [])
+    assert len(all_collectors) == len(registry.COLLECTORS) and len(all_checks) == len(registry.CHECKS)
+
+
+def test_unknown_name_is_a_usage_error_with_exit_2(capsys):
+    with pytest.raises(cli.UsageError, match="unknown check or collector: nope"):
+        cli.select(["nope"], [])
+    assert cli.main(["check", "--root", "/nonexistent", "--only", "nope"]) == 2
+    assert "known:" in capsys.readouterr().err
+
+
+def test_bad_config_exits_2(tmp_path, capsys):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("policy: {raise_after_passes: x}\n")
+    assert cli.main(["check", "--config", str(bad)]) == 2
+    assert "policy.raise_after_passes" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("nodehealth ")
+
+
+def test_check_on_this_host_gives_a_json_document(capsys):
+    code = cli.main(["check", "--json", "--state-dir", "/nonexistent-state"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == {"healthy": 0, "unhealthy": 1, "unknown": 2}[doc["status"]]
+    assert set(doc) >= {"node", "status", "findings", "collectors"}
+    assert {c["name"] for c in doc["collectors"]} == {m.NAME for m in registry.COLLECTORS}
+    for c in doc["collectors"]:
+        assert set(c) >= {"name", "success", "duration_seconds", "error"}

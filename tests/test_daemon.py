@@ -1,0 +1,142 @@
+"""The daemon as a real process: HTTP faces, kernel-log streaming, SIGTERM, state across restarts."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import machine
+
+XID79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+@pytest.fixture
+def plain(tmp_path):
+    root = tmp_path / "machine"
+    shutil.copytree(machine("plain-host"), root, symlinks=True)
+    return root
+
+
+def append_kmsg(root, message: str, seq: int, usec: int) -> None:
+    with open(root / "dev" / "kmsg", "a") as f:
+        f.write(f"3,{seq},{usec},-;{message}\n")
+
+
+def last_seq(root) -> int:
+    seqs = [int(line.split(",")[1]) for line in (root / "dev" / "kmsg").read_text().splitlines()
+            if re.match(r"^\d+,\d+,\d+", line)]
+    return max(seqs)
+
+
+def metric_value(text: str, name: str, **labels) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def wait_for(fn, timeout=5.0, step=0.005):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
+def test_faces_and_the_report_match_check(plain, tmp_path, daemon_factory):
+    d = daemon_factory(str(plain), str(tmp_path / "state"))
+    report = d.wait_ready()
+    assert d.get("/healthz")[0] == 200
+    code, body = d.get("/metrics")
+    assert code == 200
+    text = body.decode()
+    assert metric_value(text, "nodehealth_health_status") == {"healthy": 0, "unhealthy": 1, "unknown": 2}[
+        report["status"]]
+    assert metric_value(text, "nodehealth_collector_success", collector="kmsg") == 1
+    assert d.get("/nope")[0] == 404
+    check = subprocess.run([sys.executable, "-m", "nodehealth.cli", "check", "--json", "--root", str(plain)],
+                           capture_output=True, text=True)
+    one_shot = json.loads(check.stdout)
+    # One evaluation path: the daemon and the CLI agree on what is wrong.
+    assert [(f["check"], f["reason"], f["device"]) for f in report["findings"]] == [
+        (f["check"], f["reason"], f["device"]) for f in one_shot["findings"]]
+    assert d.stop() < 2.0
+
+
+def test_new_xid_reaches_metrics_at_once_and_survives_restart_without_double_count(plain, tmp_path,
+                                                                                  daemon_factory):
+    state = tmp_path / "state"
+    d = daemon_factory(str(plain), str(state), interval=60.0)  # no pass will help: the stream must
+    d.wait_ready()
+    records_before = metric_value(d.get("/metrics")[1].decode(), "nodehealth_kernel_log_records_total")
+    seq = last_seq(plain) + 1
+    t0 = time.monotonic()
+    append_kmsg(plain, XID79, seq, 348_000_000)
+
+    def seen():
+        text = d.get("/metrics")[1].decode()
+        return text if 'reason="Xid79FallenOffBus"' in text else None
+    text = wait_for(seen)
+    latency = time.monotonic() - t0
+    assert text is not None, "the Xid never reached /metrics"
+    assert latency < 1.0
+    assert metric_value(text, "nodehealth_health_status") == 1
+    assert metric_value(text, "nodehealth_kernel_log_records_total") == records_before + 1
+    assert metric_value(text, "nodehealth_gpu_xid_events_total", pci_bus_id="0000:1b:00.0", xid="79") == 1
+    assert d.stop() < 2.0
+    assert (state / "state.json").exists()
+
+    again = daemon_factory(str(plain), str(state), interval=60.0)
+    again.wait_ready()
+    text = again.get("/metrics")[1].decode()
+    assert 'reason="Xid79FallenOffBus"' in text
+    assert metric_value(text, "nodehealth_kernel_log_records_total") == records_before + 1
+    assert metric_value(text, "nodehealth_gpu_xid_events_total", pci_bus_id="0000:1b:00.0", xid="79") == 1
+    again.stop()
+
+
+def test_reboot_forgets_the_old_boot(plain, tmp_path, daemon_factory):
+    state = tmp_path / "state"
+    append_kmsg(plain, XID79, last_seq(plain) + 1, 348_000_000)
+    d = daemon_factory(str(plain), str(state))
+    assert any(f["reason"] == "Xid79FallenOffBus" for f in d.wait_ready()["findings"])
+    d.stop()
+    # The node reboots: a new boot id and a fresh ring buffer without the Xid.
+    (plain / "proc" / "sys" / "kernel" / "random" / "boot_id").write_text("00000000-0000-0000-0000-00000000beef\n")
+    lines = (plain / "dev" / "kmsg").read_text().splitlines()
+    (plain / "dev" / "kmsg").write_text("\n".join(line for line in lines if "Xid" not in line) + "\n")
+    again = daemon_factory(str(plain), str(state))
+    assert not any(f["reason"] == "Xid79FallenOffBus" for f in again.wait_ready()["findings"])
+    again.stop()
+
+
+def test_a_stalled_client_does_not_block_others(plain, tmp_path, daemon_factory):
+    d = daemon_factory(str(plain), str(tmp_path / "state"))
+    d.wait_ready()
+    stalled = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(4)]
+    for s in stalled:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")  # never finishes its headers
+    t0 = time.monotonic()
+    assert d.get("/healthz")[0] == 200
+    assert time.monotonic() - t0 < 1.0
+    for s in stalled:
+        s.close()
+    d.stop()
+
+
+def test_unwritable_state_dir_does_not_stop_the_daemon(plain, tmp_path, daemon_factory):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    d = daemon_factory(str(plain), str(blocker / "state"))
+    d.wait_ready()
+    assert d.get("/metrics")[0] == 200
+    assert d.stop() < 2.0
+    assert "cannot write state" in d.output()

@@ -1,0 +1,101 @@
+import threading
+import time
+import types
+from dataclasses import dataclass
+
+from nodehealth import config
+from nodehealth.engine import Engine
+from nodehealth.host import HostPaths
+from nodehealth.model import Finding, Severity
+
+
+@dataclass(frozen=True)
+class Facts:
+    value: int
+
+
+def collector(name, collect, supported=None, counters=None):
+    m = types.SimpleNamespace(NAME=name, DEFAULTS={}, supported=lambda host, cfg: supported,
+                              collect=collect, metrics=lambda facts: [])
+    if counters:
+        m.counters = counters
+    return m
+
+
+def check(name, needs, judge):
+    return types.SimpleNamespace(NAME=name, NEEDS=needs, DEFAULTS={}, DEBOUNCE=False, judge=judge)
+
+
+def engine(collectors, checks, timeout=1.0, clock=time.time):
+    cfg = config.defaults()
+    cfg["collectors"].update({c.NAME: {} for c in collectors})
+    cfg["checks"].update({c.NAME: {} for c in checks})
+    return Engine(collectors, checks, HostPaths("/nonexistent"), cfg, timeout=timeout, clock=clock)
+
+
+def says(check_name):
+    return lambda obs, cfg: [Finding(check_name, Severity.WARNING, "Saw", f"saw {obs.facts}")]
+
+
+def test_a_failing_collector_makes_only_its_checks_unknown():
+    def boom(host, cfg):
+        raise OSError(13, "Permission denied", "/proc/x")
+    e = engine([collector("bad", boom), collector("good", lambda h, c: Facts(1))],
+               [check("b", ("bad",), says("b")), check("g", ("good",), says("g"))])
+    results, findings = e.run()
+    assert not results["bad"].success and results["bad"].error == "Permission denied: /proc/x"
+    assert results["good"].success
+    assert {(f.check, f.severity) for f in findings} == {("b", Severity.UNKNOWN), ("g", Severity.WARNING)}
+
+
+def test_unsupported_collector_skips_its_checks_silently():
+    e = engine([collector("ib", lambda h, c: Facts(1), supported="no InfiniBand devices")],
+               [check("ib", ("ib",), says("ib"))])
+    results, findings = e.run()
+    assert results["ib"].supported is False and results["ib"].error == "no InfiniBand devices"
+    assert findings == []
+
+
+def test_a_collector_that_hangs_times_out_and_is_not_started_again_while_stuck():
+    release = threading.Event()
+    started = []
+
+    def hang(host, cfg):
+        started.append(1)
+        release.wait(10)
+        return Facts(1)
+    e = engine([collector("nfs", hang), collector("fast", lambda h, c: Facts(2))],
+               [check("n", ("nfs",), says("n"))], timeout=0.2)
+    t0 = time.monotonic()
+    results, findings = e.run()
+    assert time.monotonic() - t0 < 1.0
+    assert results["nfs"].error == "timed out after 0.2s" and results["fast"].success
+    assert findings[0].severity is Severity.UNKNOWN
+    results, _ = e.run()
+    assert results["nfs"].error == "still stuck in a read from an earlier pass"
+    assert len(started) == 1
+    release.set()
+    time.sleep(0.05)
+    results, _ = e.run()
+    assert results["nfs"].success and len(started) == 2
+
+
+def test_a_crashing_check_is_unknown_not_an_exception():
+    def crash(obs, cfg):
+        raise KeyError("x")
+    e = engine([collector("c", lambda h, c: Facts(1))], [check("k", ("c",), crash)])
+    _, findings = e.run()
+    assert findings[0].reason == "CheckFailed" and findings[0].severity is Severity.UNKNOWN
+
+
+def test_rates_from_counters_between_passes_and_none_after_a_reset():
+    values = iter([10, 40, 5])
+    now = iter([100.0, 110.0, 120.0])
+    seen = []
+    e = engine([collector("c", lambda h, c: Facts(next(values)), counters=lambda f: {"x": f.value})],
+               [check("k", ("c",), lambda obs, cfg: seen.append(obs.rate("c", "x")) or [])],
+               clock=lambda: next(now))
+    e.run()
+    e.run()
+    e.run()
+    assert seen == [None, 3.0, None]

@@ -1,0 +1,50 @@
+import pytest
+
+from nodehealth.model import Action, Finding, Metric, Severity, Status, sort_findings, verdict
+
+
+def f(sev, check="c", reason="R", device=""):
+    return Finding(check, sev, reason, "m", device)
+
+
+@pytest.mark.parametrize("severities, fail_on_warning, expected", [
+    ([], False, Status.HEALTHY),
+    ([Severity.INFO, Severity.WARNING], False, Status.HEALTHY),
+    ([Severity.WARNING], True, Status.UNHEALTHY),
+    ([Severity.UNKNOWN, Severity.WARNING], False, Status.UNKNOWN),
+    ([Severity.UNKNOWN, Severity.DEGRADED], False, Status.UNHEALTHY),
+    ([Severity.FATAL], False, Status.UNHEALTHY),
+])
+def test_verdict(severities, fail_on_warning, expected):
+    assert verdict([f(s) for s in severities], fail_on_warning) is expected
+
+
+def test_status_codes_are_the_exit_codes():
+    assert [s.code for s in Status] == [0, 1, 2]
+
+
+def test_sort_is_worst_first_then_stable():
+    items = [f(Severity.WARNING, "b"), f(Severity.FATAL, "z"), f(Severity.WARNING, "a", device="x")]
+    assert [(x.severity, x.check) for x in sort_findings(items)] == [
+        (Severity.FATAL, "z"), (Severity.WARNING, "a"), (Severity.WARNING, "b")]
+
+
+def test_finding_round_trips_through_dict():
+    x = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "gone", "0000:3b:00.0", Action.REBOOT,
+                {"count": 2}, 1.0, 2.0)
+    assert Finding.from_dict(x.to_dict()) == x
+    assert Finding.from_dict(x.to_dict()).evidence == {"count": 2}
+
+
+def test_metric_rejects_bad_shapes_and_skips_absent_values():
+    with pytest.raises(ValueError):
+        Metric("x_total", "h", kind="histogram")
+    with pytest.raises(ValueError):
+        Metric("x", "h", kind="counter")
+    m = Metric("x", "h", labels=("a",))
+    m.add(("1",), None)
+    assert m.samples == []
+    with pytest.raises(ValueError):
+        m.add((), 1)
+    m.add((3,), 2)
+    assert m.samples == [(("3",), 2.0)]
