@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from collections.abc import Iterable, Sequence
 
 from nodehealth.collectors.kernel_events import HARD_LOCKUP, HUNG_TASK, SOFT_LOCKUP, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
@@ -28,7 +28,8 @@ LIST_LIMIT = 8  # at most this many pids / cpus in evidence and messages
 # A hung task in the NVIDIA driver: its own threads (nv_queue, nvc:[driver] of the container
 # toolkit), nvidia-smi, or a call trace through the nvidia modules.
 _NVIDIA = re.compile(r"nvidia|nv_queue|\bnvc\b", re.IGNORECASE)
-_STUCK_SECONDS = re.compile(r"stuck for (\d+)s")
+_STUCK_SECONDS = re.compile(r"stuck for ([0-9]{1,10})s")
+_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
 
 
 # Shared by the kernel-log checks.
@@ -64,7 +65,7 @@ def clock(epoch: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
-def seen_range(events: Sequence[KernelEvent]) -> Tuple[Optional[float], Optional[float]]:
+def seen_range(events: Sequence[KernelEvent]) -> tuple[float | None, float | None]:
     """Earliest and latest wall time among the events (None where none has one)."""
     times = [e.wall_time for e in events if e.wall_time is not None]
     return (min(times), max(times)) if times else (None, None)
@@ -76,13 +77,13 @@ def times(count: int) -> str:
 
 # The kernel check itself.
 
-def judge(obs: Observed, cfg: dict) -> List[Finding]:
+def judge(obs: Observed, cfg: dict) -> list[Finding]:
     events = obs.facts["kmsg"].events
     window = cfg.get("window_seconds", DEFAULTS["window_seconds"])
     repeat = cfg.get("hung_task_repeat", DEFAULTS["hung_task_repeat"])
-    hung: Dict[str, List[KernelEvent]] = {}
-    soft: List[KernelEvent] = []
-    hard: List[KernelEvent] = []
+    hung: dict[str, list[KernelEvent]] = {}
+    soft: list[KernelEvent] = []
+    hard: list[KernelEvent] = []
     for e in events:
         if e.kind == HUNG_TASK and still_counts(e, obs.now, window):
             hung.setdefault(e.device, []).append(e)
@@ -99,7 +100,7 @@ def judge(obs: Observed, cfg: dict) -> List[Finding]:
     return findings
 
 
-def _hung_task(task: str, events: List[KernelEvent], window: float, repeat: int) -> Finding:
+def _hung_task(task: str, events: list[KernelEvent], window: float, repeat: int) -> Finding:
     last = events[-1]
     pids = latest_distinct(whole_numbers(e.detail.get("pid") for e in events))
     seconds = whole_numbers(e.detail.get("seconds") for e in events)
@@ -108,7 +109,7 @@ def _hung_task(task: str, events: List[KernelEvent], window: float, repeat: int)
     repeated = len(events) >= repeat
     name = task or "(unnamed)"
     what = (f"Task {name} (pid {', '.join(map(str, pids)) or 'unknown'}) was blocked in the kernel "
-            f"{_blocked_for(longest)}{times(len(events))} in the last {span(window)}")
+            f"{times(len(events))} in the last {span(window)}{_blocked_for(longest)}")
     if in_driver:
         what += ", inside the NVIDIA driver"
     if repeated and in_driver:
@@ -131,7 +132,7 @@ def _hung_task(task: str, events: List[KernelEvent], window: float, repeat: int)
     first, latest = seen_range(events)
     return Finding(
         NAME, severity, "HungTask",
-        f"{what} (last: \"{trim(last.text)}\"): {todo}.",
+        f"{what}, the last report saying \"{trim(last.text)}\": {todo}.",
         device=task, action=action,
         evidence={"count": len(events), "longest_blocked_seconds": longest, "pids": pids,
                   "nvidia_driver": in_driver, "last_text": trim(last.text),
@@ -139,15 +140,15 @@ def _hung_task(task: str, events: List[KernelEvent], window: float, repeat: int)
         first_seen=first, last_seen=latest)
 
 
-def _soft_lockups(events: List[KernelEvent], window: float) -> Finding:
+def _soft_lockups(events: list[KernelEvent], window: float) -> Finding:
     cpus = latest_distinct(e.device for e in events)
     longest = _longest_stuck(events)
     stuck = f" for up to {longest} s" if longest is not None else ""
     first, latest = seen_range(events)
     return Finding(
         NAME, Severity.DEGRADED, "SoftLockup",
-        f"CPU {', '.join(cpus)} hit a soft lockup {times(len(events))} in the last {span(window)}, "
-        f"running kernel code without yielding{stuck} (last: \"{trim(events[-1].text)}\"): work on "
+        f"{_cpus(cpus)} hit a soft lockup {times(len(events))} in the last {span(window)}, "
+        f"running kernel code without yielding{stuck}, the last report saying \"{trim(events[-1].text)}\": work on "
         "those CPUs stalls and timers and network traffic slip; drain the node and reboot it, and look "
         "at the call trace in the kernel log for the driver involved.",
         device="", action=Action.REBOOT,
@@ -156,13 +157,13 @@ def _soft_lockups(events: List[KernelEvent], window: float) -> Finding:
         first_seen=first, last_seen=latest)
 
 
-def _hard_lockups(events: List[KernelEvent]) -> Finding:
+def _hard_lockups(events: list[KernelEvent]) -> Finding:
     cpus = latest_distinct(e.device for e in events)
     first, latest = seen_range(events)
     return Finding(
         NAME, Severity.FATAL, "HardLockup",
-        f"CPU {', '.join(cpus)} hit a hard lockup {times(len(events))} this boot, found by the NMI "
-        f"watchdog not taking interrupts (last: \"{trim(events[-1].text)}\"): the kernel's state can no "
+        f"{_cpus(cpus)} hit a hard lockup {times(len(events))} this boot, found by the NMI watchdog "
+        f"not taking interrupts, the last report saying \"{trim(events[-1].text)}\": the kernel's state can no "
         "longer be trusted; drain the node and reboot it, and have the hardware (CPU, memory, firmware) "
         "inspected if it happens again.",
         device="", action=Action.REBOOT,
@@ -171,11 +172,15 @@ def _hard_lockups(events: List[KernelEvent]) -> Finding:
         first_seen=first, last_seen=latest)
 
 
-def _blocked_for(seconds: Optional[int]) -> str:
-    return f"for more than {seconds} s " if seconds is not None else ""
+def _cpus(cpus: list) -> str:
+    return ", ".join(c for c in cpus if c) or "A CPU"
 
 
-def _longest_stuck(events: List[KernelEvent]) -> Optional[int]:
+def _blocked_for(seconds: int | None) -> str:
+    return f", for more than {seconds} s at the longest" if seconds is not None else ""
+
+
+def _longest_stuck(events: list[KernelEvent]) -> int | None:
     seconds = whole_numbers(e.detail.get("seconds") for e in events)
     for e in events:
         m = _STUCK_SECONDS.search(e.text)
@@ -184,20 +189,20 @@ def _longest_stuck(events: List[KernelEvent]) -> Optional[int]:
     return max(seconds) if seconds else None
 
 
-def whole_numbers(values: Iterable[object]) -> List[int]:
+def whole_numbers(values: Iterable[object]) -> list[int]:
     """The values that are whole numbers (the log may say '<unknown>' or nothing)."""
     out = []
     for v in values:
         if isinstance(v, bool):
             continue
-        if isinstance(v, int) or (isinstance(v, str) and v.isdigit()):
+        if isinstance(v, int) or (isinstance(v, str) and _WHOLE_NUMBER.fullmatch(v)):
             out.append(int(v))
     return out
 
 
 def latest_distinct(values: Iterable[object]) -> list:
     """Distinct values in order of last appearance, keeping the latest LIST_LIMIT (bounded evidence)."""
-    seen: Dict = {}
+    seen: dict = {}
     for v in values:
         seen.pop(v, None)
         seen[v] = True

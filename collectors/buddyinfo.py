@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 from nodehealth.collectors import CollectError
 from nodehealth.host import HostPaths, read_text
@@ -34,7 +33,7 @@ class Zone:
 
     node: int
     name: str
-    free_blocks: Tuple[int, ...]
+    free_blocks: tuple[int, ...]
     page_size: int
 
     def order_for(self, size_bytes: int) -> int:
@@ -89,7 +88,7 @@ class MigrateTypeFree:
     node: int
     zone: str
     type: str
-    free_blocks: Tuple[int, ...]
+    free_blocks: tuple[int, ...]
 
     @property
     def free_pages(self) -> int:
@@ -110,19 +109,19 @@ class MigrateTypeBlocks:
 class PageTypeInfo:
     pageblock_order: int
     pages_per_block: int
-    free: Tuple[MigrateTypeFree, ...]
-    blocks: Tuple[MigrateTypeBlocks, ...]
+    free: tuple[MigrateTypeFree, ...]
+    blocks: tuple[MigrateTypeBlocks, ...]
 
 
 @dataclass(frozen=True)
 class Buddyinfo:
     page_size: int
-    zones: Tuple[Zone, ...]
+    zones: tuple[Zone, ...]
     # None when /proc/pagetypeinfo is absent or unreadable (root-only, mode 0400, on current kernels).
-    pagetypes: Optional[PageTypeInfo]
+    pagetypes: PageTypeInfo | None
 
 
-def supported(host: HostPaths, cfg: dict) -> Optional[str]:
+def supported(host: HostPaths, cfg: dict) -> str | None:
     if not os.path.exists(host.proc("buddyinfo")):
         return "no /proc/buddyinfo (not a Linux procfs)"
     return None
@@ -137,28 +136,28 @@ def collect(host: HostPaths, cfg: dict) -> Buddyinfo:
     size = page_size(host)
     zones = parse_buddyinfo(read_text(host.proc("buddyinfo")), size)
     try:
-        pagetypes: Optional[PageTypeInfo] = parse_pagetypeinfo(read_text(host.proc("pagetypeinfo")))
+        pagetypes: PageTypeInfo | None = parse_pagetypeinfo(read_text(host.proc("pagetypeinfo")))
     except (FileNotFoundError, PermissionError):
         pagetypes = None
     return Buddyinfo(size, zones, pagetypes)
 
 
-def _counts(fields: List[str], where: str) -> Tuple[int, ...]:
+def _counts(fields: list[str], where: str) -> tuple[int, ...]:
     if not fields or not all(_COUNT.fullmatch(f) for f in fields):
         raise CollectError(f"{where}: expected counts, got {' '.join(fields)[:80]!r}")
     return tuple(int(f) for f in fields)
 
 
-def _node_zone(fields: List[str], where: str) -> Tuple[int, str]:
+def _node_zone(fields: list[str], where: str) -> tuple[int, str]:
     """`Node <n>, zone <name>` as split fields (the zone name may end in a comma)."""
     if len(fields) < 4 or fields[0] != "Node" or fields[2] != "zone" or not _COUNT.fullmatch(fields[1].rstrip(",")):
         raise CollectError(f"{where}: expected 'Node <n>, zone <name> ...'")
     return int(fields[1].rstrip(",")), fields[3].rstrip(",")
 
 
-def parse_buddyinfo(text: str, page_size: int) -> Tuple[Zone, ...]:
+def parse_buddyinfo(text: str, page_size: int) -> tuple[Zone, ...]:
     """`Node 0, zone   Normal  356  154 ...` lines; every line must have the first line's bucket count."""
-    zones: List[Zone] = []
+    zones: list[Zone] = []
     seen = set()
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
@@ -180,19 +179,19 @@ def parse_buddyinfo(text: str, page_size: int) -> Tuple[Zone, ...]:
 
 FREE_HEADER = "Free pages count per migrate type at order"
 BLOCKS_HEADER = "Number of blocks type"
-MIXED_HEADER = "Number of mixed blocks"  # CONFIG_PAGE_OWNER kernels only; not used
+MIXED_HEADER = "Number of mixed blocks"  # CONFIG_PAGE_OWNER kernels only; its table is skipped
 
 
 class _PageTypeParser:
     """/proc/pagetypeinfo, section by section. Each node repeats the headers and both tables."""
 
     def __init__(self) -> None:
-        self.header: Dict[str, int] = {}
-        self.orders: Optional[int] = None
-        self.types: Optional[List[str]] = None
-        self.section: Optional[str] = None
-        self.free: Dict[Tuple[int, str, str], MigrateTypeFree] = {}
-        self.blocks: Dict[Tuple[int, str, str], MigrateTypeBlocks] = {}
+        self.header: dict[str, int] = {}
+        self.orders: int | None = None
+        self.types: list[str] | None = None
+        self.section: str | None = None
+        self.free: dict[tuple[int, str, str], MigrateTypeFree] = {}
+        self.blocks: dict[tuple[int, str, str], MigrateTypeBlocks] = {}
 
     def line(self, line: str, where: str) -> None:
         if line.startswith(("Page block order:", "Pages per block:")):
@@ -221,15 +220,15 @@ class _PageTypeParser:
         if self.header.setdefault(key, int(value)) != int(value):
             raise CollectError(f"{where}: {key} {value} differs from the earlier {self.header[key]}")
 
-    def free_header(self, columns: List[str], where: str) -> None:
-        if columns != [str(order) for order in range(len(columns))] or not columns:
+    def free_header(self, columns: list[str], where: str) -> None:
+        if not columns or columns != [str(order) for order in range(len(columns))]:
             raise CollectError(f"{where}: order columns are not 0, 1, 2, ...: {' '.join(columns)[:80]!r}")
         if self.orders is not None and self.orders != len(columns):
             raise CollectError(f"{where}: {len(columns)} orders where an earlier table has {self.orders}")
         self.orders = len(columns)
         self.section = "free"
 
-    def free_line(self, fields: List[str], where: str) -> None:
+    def free_line(self, fields: list[str], where: str) -> None:
         node, zone = _node_zone(fields, where)
         if len(fields) < 6 or fields[4] != "type":
             raise CollectError(f"{where}: expected 'Node <n>, zone <name>, type <type> <counts>'")
@@ -238,10 +237,10 @@ class _PageTypeParser:
             raise CollectError(f"{where}: {len(counts)} counts under {self.orders} order columns")
         self.add(self.free, MigrateTypeFree(node, zone, fields[5], counts), where)
 
-    def blocks_line(self, fields: List[str], where: str) -> None:
+    def blocks_line(self, fields: list[str], where: str) -> None:
         node, zone = _node_zone(fields, where)
         counts = _counts(fields[4:], where)
-        types = self.types or []
+        types = self.types or []  # set by the header that opened this section
         if len(counts) != len(types):
             raise CollectError(f"{where}: {len(counts)} counts under {len(types)} migrate types")
         for migrate_type, count in zip(types, counts):
@@ -274,7 +273,7 @@ def parse_pagetypeinfo(text: str) -> PageTypeInfo:
     return parser.result()
 
 
-def metrics(facts: Buddyinfo) -> List[Metric]:
+def metrics(facts: Buddyinfo) -> list[Metric]:
     blocks = Metric("nodehealth_buddyinfo_free_blocks",
                     "Free blocks of 2^order contiguous pages in the zone's buddy allocator.",
                     labels=("node", "zone", "order"))
@@ -296,7 +295,7 @@ def metrics(facts: Buddyinfo) -> List[Metric]:
     return out
 
 
-def _pagetype_metrics(info: PageTypeInfo) -> List[Metric]:
+def _pagetype_metrics(info: PageTypeInfo) -> list[Metric]:
     free = Metric("nodehealth_pagetype_free_pages", "Free pages of one migrate type in the zone.",
                   labels=("node", "zone", "type"))
     for item in sorted(info.free, key=lambda i: (i.node, i.zone, i.type)):

@@ -1,8 +1,8 @@
 """InfiniBand and RoCE ports from /sys/class/infiniband: state, rate, link layer and counters.
 
-Every attribute is read once with one bounded read (some drivers answer EAGAIN forever to a
-second read), paths are built by string concatenation, and no file is stat()ed before it is
-read: a pass over an 8-rail node costs a few hundred small reads and nothing more.
+Every attribute is read once through read_attr (bounded, non-blocking; some drivers answer EAGAIN
+forever to retries), paths are built by plain concatenation, and no path is checked before it
+is read: a pass over an 8-rail node costs its few hundred small reads and little more.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from nodehealth.host import HostPaths, list_dir, read_attr, read_int_attr
+from nodehealth.host import HostPaths, list_dir, read_attr, read_int_dir
 from nodehealth.model import Metric
 
 NAME = "infiniband"
@@ -179,12 +179,6 @@ def parse_rate(text: str | None) -> tuple[float | None, str | None]:
     return gbps, detail or None
 
 
-def _read_counters(directory: str) -> dict[str, int | None]:
-    """Every file in a counters directory, one read each; a file without a number is None."""
-    prefix = directory + "/"
-    return {name: read_int_attr(prefix + name) for name in list_dir(directory) if name not in NOT_COUNTERS}
-
-
 def _read_port(device: str, number: int, directory: str) -> Port:
     prefix = directory + "/"
     state_id, state = parse_state(read_attr(prefix + "state"))
@@ -194,9 +188,9 @@ def _read_port(device: str, number: int, directory: str) -> Port:
         device=device, port=number, state_id=state_id, state=state,
         phys_state_id=phys_state_id, phys_state=phys_state,
         rate_gbps=rate_gbps, rate_text=rate_text, link_layer=read_attr(prefix + "link_layer"),
-        counters=_read_counters(prefix + "counters"),
-        counters_ext=_read_counters(prefix + "counters_ext"),
-        hw_counters=_read_counters(prefix + "hw_counters"),
+        counters=read_int_dir(prefix + "counters", NOT_COUNTERS),
+        counters_ext=read_int_dir(prefix + "counters_ext", NOT_COUNTERS),
+        hw_counters=read_int_dir(prefix + "hw_counters", NOT_COUNTERS),
     )
 
 
@@ -259,8 +253,8 @@ def metrics(facts: InfiniBand) -> list[Metric]:
                for suffix, name, legacy, mult, help_text in TRAFFIC]
     errors = [(Metric(f"nodehealth_infiniband_port_{suffix}", help_text, "counter", labels), name)
               for name, suffix, help_text in ERROR_COUNTERS]
-    hw = Metric("nodehealth_infiniband_port_hw_counter_total",
-                "The driver's own port counters (hw_counters/), one series per counter the driver has.",
+    hw = Metric("nodehealth_infiniband_port_hw_events_total",
+                "Events counted by the driver's own port counters (hw_counters/), labelled by the counter's name.",
                 "counter", labels=("device", "port", "counter"))
     for device in facts.devices:
         info.add((device.name, device.board_id or "", device.fw_version or "", device.hca_type or ""), 1)

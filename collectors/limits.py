@@ -12,7 +12,6 @@ import os
 from dataclasses import dataclass
 
 from nodehealth.collectors import CollectError
-
 from nodehealth.host import HostPaths, list_dir, read_text
 from nodehealth.model import Metric
 
@@ -89,7 +88,7 @@ def _limit_value(word: str) -> int | None:
 
 def parse_memlock(text: str, path: str) -> MemlockLimit:
     """The `Max locked memory  <soft>  <hard>  bytes` row of a /proc/<pid>/limits file."""
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.startswith(MEMLOCK_ROW):
             continue
         words = line[len(MEMLOCK_ROW):].split()
@@ -103,8 +102,12 @@ def parse_memlock(text: str, path: str) -> MemlockLimit:
 
 
 def parse_cap_ipc_lock(text: str, path: str) -> bool:
-    """Whether CAP_IPC_LOCK is in the effective set (`CapEff:` is a hex bit mask in /proc/<pid>/status)."""
-    for line in text.splitlines():
+    """Whether CAP_IPC_LOCK is in the effective set (`CapEff:` is a hex bit mask in /proc/<pid>/status).
+
+    Only a newline ends a line: the `Name:` line carries the process's own name, which may contain
+    other line breaks (a vertical tab, say) that must not start a line of their own.
+    """
+    for line in text.split("\n"):
         if line.startswith("CapEff:"):
             try:
                 mask = int(line[len("CapEff:"):].strip(), 16)

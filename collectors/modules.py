@@ -5,7 +5,6 @@ import os
 from dataclasses import dataclass
 
 from nodehealth.collectors import CollectError
-
 from nodehealth.host import HostPaths, read_text
 from nodehealth.model import Metric
 

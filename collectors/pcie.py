@@ -19,6 +19,7 @@ NAME = "pcie"
 DEFAULTS: dict = {}
 
 NVIDIA = 0x10DE
+HEX_DIGITS = re.compile(r"[0-9a-fA-F]+\Z")
 PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")
 AER_SEVERITIES = ("fatal", "nonfatal", "correctable")
 KIND_LABELS = {"gpu": "GPU", "nvswitch": "NVSwitch", "nic": "NIC", "nvme": "NVMe"}
@@ -83,12 +84,9 @@ def kind_of(pci_class: int, vendor_id: int | None) -> str | None:
 
 def parse_hex(text: str | None) -> int | None:
     """`0x10de` -> 0x10de; anything else -> None."""
-    if text is None or not text.startswith("0x"):
+    if text is None or not text.startswith("0x") or not HEX_DIGITS.match(text, 2):
         return None
-    try:
-        return int(text[2:], 16)
-    except ValueError:
-        return None
+    return int(text[2:], 16)
 
 
 def parse_speed(text: str | None) -> float | None:

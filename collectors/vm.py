@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from dataclasses import dataclass
 
 from nodehealth.collectors import CollectError
 from nodehealth.host import HostPaths, read_attr, read_text
@@ -34,34 +33,34 @@ _MEMINFO_LINE = re.compile(r"([^:\s]+):\s+(-?[0-9]{1,20})(\s+kB)?")
 class ThpSettings:
     """Current modes under /sys/kernel/mm/transparent_hugepage; None where the file is absent."""
 
-    enabled: Optional[str] = None
-    defrag: Optional[str] = None
-    shmem_enabled: Optional[str] = None
-    khugepaged_defrag: Optional[bool] = None
+    enabled: str | None = None
+    defrag: str | None = None
+    shmem_enabled: str | None = None
+    khugepaged_defrag: bool | None = None
 
 
 @dataclass(frozen=True)
 class Meminfo:
     """The /proc/meminfo fields that matter to huge pages, in bytes (hugetlb pool sizes in pages)."""
 
-    mem_total_bytes: Optional[int] = None
-    mem_free_bytes: Optional[int] = None
-    mem_available_bytes: Optional[int] = None  # absent before Linux 3.14
-    anon_hugepages_bytes: Optional[int] = None
-    hugepage_size_bytes: Optional[int] = None
-    hugepages_total: Optional[int] = None
-    hugepages_free: Optional[int] = None
+    mem_total_bytes: int | None = None
+    mem_free_bytes: int | None = None
+    mem_available_bytes: int | None = None  # absent before Linux 3.14
+    anon_hugepages_bytes: int | None = None
+    hugepage_size_bytes: int | None = None
+    hugepages_total: int | None = None
+    hugepages_free: int | None = None
 
     @property
-    def hugepages_pool_bytes(self) -> Optional[int]:
+    def hugepages_pool_bytes(self) -> int | None:
         return _times(self.hugepages_total, self.hugepage_size_bytes)
 
     @property
-    def hugepages_free_bytes(self) -> Optional[int]:
+    def hugepages_free_bytes(self) -> int | None:
         return _times(self.hugepages_free, self.hugepage_size_bytes)
 
 
-def _times(count: Optional[int], size: Optional[int]) -> Optional[int]:
+def _times(count: int | None, size: int | None) -> int | None:
     return None if count is None or size is None else count * size
 
 
@@ -80,11 +79,11 @@ MEMINFO_FIELDS = {
 class Vm:
     thp: ThpSettings
     # compact_* and thp_* counters as this kernel names them; a counter it lacks is not a key.
-    vmstat: Dict[str, int] = field(default_factory=dict)
-    meminfo: Meminfo = Meminfo()
+    vmstat: dict[str, int]
+    meminfo: Meminfo
 
 
-def supported(host: HostPaths, cfg: dict) -> Optional[str]:
+def supported(host: HostPaths, cfg: dict) -> str | None:
     if not os.path.exists(host.proc("vmstat")):
         return "no /proc/vmstat (not a Linux procfs)"
     return None
@@ -102,7 +101,7 @@ def collect(host: HostPaths, cfg: dict) -> Vm:
 def read_thp(host: HostPaths) -> ThpSettings:
     """Each file is optional: kernels without THP have none, older ones lack shmem_enabled."""
 
-    def mode(*parts: str) -> Optional[str]:
+    def mode(*parts: str) -> str | None:
         text = read_attr(host.sys(*THP_DIR, *parts))
         return None if text is None else parse_mode(text, "/".join(parts))
 
@@ -135,9 +134,9 @@ def parse_flag(text: str, name: str) -> bool:
     raise CollectError(f"transparent_hugepage/{name}: expected 0/1 or yes/no, got {text.strip()[:80]!r}")
 
 
-def parse_vmstat(text: str) -> Dict[str, int]:
+def parse_vmstat(text: str) -> dict[str, int]:
     """`name value` lines; keeps the compact_* and thp_* counters."""
-    counters: Dict[str, int] = {}
+    counters: dict[str, int] = {}
     lines = 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -155,7 +154,7 @@ def parse_vmstat(text: str) -> Dict[str, int]:
 
 def parse_meminfo(text: str) -> Meminfo:
     """`Name:   value kB` lines (pool sizes have no unit); kB become bytes."""
-    values: Dict[str, int] = {}
+    values: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -170,11 +169,11 @@ def parse_meminfo(text: str) -> Meminfo:
     return Meminfo(**values)
 
 
-def counters(facts: Vm) -> Dict[str, float]:
+def counters(facts: Vm) -> dict[str, float]:
     return {name: float(value) for name, value in facts.vmstat.items()}
 
 
-def metrics(facts: Vm) -> List[Metric]:
+def metrics(facts: Vm) -> list[Metric]:
     thp = facts.thp
     out = [
         _mode_metric("nodehealth_thp_enabled", "1 for the current transparent huge page mode, 0 for the others.",
@@ -197,7 +196,7 @@ def metrics(facts: Vm) -> List[Metric]:
     return out
 
 
-def _mode_metric(name: str, help: str, known: tuple, current: Optional[str]) -> Metric:
+def _mode_metric(name: str, help: str, known: tuple, current: str | None) -> Metric:
     """Info-style gauge; no samples when the setting is absent (absent is not zero)."""
     metric = Metric(name, help, labels=("mode",))
     if current is not None:
@@ -206,7 +205,7 @@ def _mode_metric(name: str, help: str, known: tuple, current: Optional[str]) -> 
     return metric
 
 
-def _meminfo_metrics(info: Meminfo) -> List[Metric]:
+def _meminfo_metrics(info: Meminfo) -> list[Metric]:
     rows = (
         ("nodehealth_memory_total_bytes", "Usable memory of the host (MemTotal).", info.mem_total_bytes),
         ("nodehealth_memory_free_bytes", "Memory not in use at all (MemFree).", info.mem_free_bytes),

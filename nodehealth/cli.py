@@ -1,7 +1,7 @@
 """Command line: `nodehealth check`, `nodehealth daemon`, `nodehealth version`.
 
 Subcommands stay thin: they build the pieces and call the core. The daemon's modules (HTTP,
-prometheus_client) are imported only when the daemon runs, so `check` stays fast.
+exposition) are imported only when the daemon runs, so `check` stays fast.
 """
 from __future__ import annotations
 

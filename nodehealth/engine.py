@@ -1,8 +1,11 @@
 """One pass: run every collector (isolated, timed, under a deadline), then every check.
 
-Collectors run in their own threads so that a read stuck in the kernel (a wedged mount, a
-driver that never answers) costs that collector its result, not the pass. A thread still stuck
-from an earlier pass is not started again: the collector reports that it is stuck.
+Collectors run one after another in a worker thread, so that a read stuck in the kernel (a wedged
+mount, a driver that never answers) costs that collector its result, not the pass: when one
+overruns its deadline the worker is abandoned to it, and a fresh worker runs the rest. A
+collector still stuck from an earlier pass is not started again: it reports that it is stuck.
+One worker rather than a thread per collector: concurrent readers fight over the GIL on every
+read() and cost a third more CPU (benchmarks/RESULTS.md).
 """
 from __future__ import annotations
 
@@ -15,23 +18,39 @@ from nodehealth.host import HostPaths
 from nodehealth.model import CollectorResult, Finding, Observed, Severity
 
 
-class _Run(threading.Thread):
-    def __init__(self, module: Any, host: HostPaths, cfg: dict[str, Any]):
-        super().__init__(name=f"collector-{module.NAME}", daemon=True)
-        self.module = module
+class _Worker(threading.Thread):
+    """Runs collectors in order; stops early once abandoned to a stuck collector."""
+
+    def __init__(self, jobs: list, host: HostPaths, cfgs: dict[str, dict[str, Any]]):
+        super().__init__(name="collectors", daemon=True)
+        self.jobs = jobs
         self.host = host
-        self.cfg = cfg
-        self.facts: Any = None
-        self.error: str | None = None
-        self.duration = 0.0
+        self.cfgs = cfgs
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.done: dict[str, tuple[Any, str | None, float]] = {}
+        self.current: Any = None
+        self.started = 0.0
+        self.abandoned = False
 
     def run(self) -> None:
-        start = time.perf_counter()
         try:
-            self.facts = self.module.collect(self.host, self.cfg)
-        except Exception as e:  # isolation: any failure is this collector's, never the pass's
-            self.error = _describe(e)
-        self.duration = time.perf_counter() - start
+            for module in self.jobs:
+                with self.lock:
+                    if self.abandoned:
+                        return
+                    self.current, self.started = module, time.monotonic()
+                facts, error = None, None
+                t0 = time.perf_counter()
+                try:
+                    facts = module.collect(self.host, self.cfgs[module.NAME])
+                except Exception as e:  # isolation: any failure is this collector's, never the pass's
+                    error = _describe(e)
+                with self.lock:
+                    self.done[module.NAME] = (facts, error, time.perf_counter() - t0)
+                    self.current = None
+        finally:
+            self.finished.set()
 
 
 def _describe(e: BaseException) -> str:
@@ -52,42 +71,52 @@ class Engine:
         self.config = config
         self.timeout = timeout
         self.clock = clock
-        self._stuck: dict[str, _Run] = {}
+        self._stuck: dict[str, _Worker] = {}
         self._last_counters: dict[str, dict[str, float]] = {}
         self._last_time: float | None = None
 
     def collect(self) -> dict[str, CollectorResult]:
         results: dict[str, CollectorResult] = {}
-        runs: list[_Run] = []
+        cfgs = {m.NAME: self.config["collectors"].get(m.NAME, {}) for m in self.collectors}
+        queue = []
         for module in self.collectors:
-            cfg = self.config["collectors"].get(module.NAME, {})
-            reason = _supported(module, self.host, cfg)
+            reason = _supported(module, self.host, cfgs[module.NAME])
             if reason is not None:
                 results[module.NAME] = CollectorResult(module.NAME, supported=False, success=False, error=reason)
-                continue
-            stuck = self._stuck.get(module.NAME)
-            if stuck is not None and stuck.is_alive():
-                results[module.NAME] = CollectorResult(
-                    module.NAME, supported=True, success=False,
-                    error="still stuck in a read from an earlier pass")
-                continue
-            self._stuck.pop(module.NAME, None)
-            run = _Run(module, self.host, cfg)
-            run.start()
-            runs.append(run)
-        deadline = time.monotonic() + self.timeout
-        for run in runs:
-            run.join(max(0.0, deadline - time.monotonic()))
-            name = run.module.NAME
-            if run.is_alive():
-                self._stuck[name] = run
-                results[name] = CollectorResult(name, True, False, self.timeout,
-                                                f"timed out after {self.timeout:g}s")
-            elif run.error is not None:
-                results[name] = CollectorResult(name, True, False, run.duration, run.error)
+            elif self._stuck.get(module.NAME) is not None and self._stuck[module.NAME].is_alive():
+                results[module.NAME] = CollectorResult(module.NAME, True, False,
+                                                       error="still stuck in a read from an earlier pass")
             else:
-                results[name] = CollectorResult(name, True, True, run.duration, None, run.facts)
+                self._stuck.pop(module.NAME, None)
+                queue.append(module)
+        while queue:
+            worker = _Worker(queue, self.host, cfgs)
+            worker.start()
+            stuck = self._wait(worker)
+            for name, (facts, error, duration) in worker.done.items():
+                results[name] = CollectorResult(name, True, error is None, duration, error, facts)
+            if stuck is None:
+                break
+            self._stuck[stuck.NAME] = worker
+            results[stuck.NAME] = CollectorResult(stuck.NAME, True, False, self.timeout,
+                                                  f"timed out after {self.timeout:g}s")
+            queue = queue[queue.index(stuck) + 1:]
         return {m.NAME: results[m.NAME] for m in self.collectors}
+
+    def _wait(self, worker: _Worker) -> Any:
+        """Wait for the worker; return the collector that overran its deadline, if one did."""
+        while not worker.finished.is_set():
+            with worker.lock:
+                current, started = worker.current, worker.started
+            remaining = started + self.timeout - time.monotonic() if current is not None else self.timeout
+            if current is not None and remaining <= 0:
+                with worker.lock:
+                    if worker.current is current:
+                        worker.abandoned = True
+                        return current
+                continue
+            worker.finished.wait(remaining)
+        return None
 
     def rates(self, results: dict[str, CollectorResult], now: float) -> dict[str, dict[str, float]]:
         """Per-second rates of every collector's counters since the previous call."""

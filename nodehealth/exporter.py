@@ -1,16 +1,10 @@
-"""Prometheus exposition of a report: the only module that imports prometheus_client.
-
-Families are emitted sorted by name and samples sorted by labels, so the text of a fixture
-machine is byte-for-byte stable (golden files). A private registry, never the default one.
-"""
+"""Prometheus exposition of a report: which families a report becomes, and their text."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Callable
-
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import generate_latest
+from typing import Any
 
 from nodehealth import __version__
 from nodehealth.model import Metric, Report, Severity
@@ -66,35 +60,47 @@ def report_metrics(report: Report, modules: Sequence[Any]) -> list[Metric]:
     return out
 
 
-class _Families:
-    """A prometheus_client collector over a callable that returns our Metric list."""
-
-    def __init__(self, source: Callable[[], Iterable[Metric]]):
-        self.source = source
-
-    def collect(self):
-        seen = set()
-        for m in sorted(self.source(), key=lambda m: m.name):
-            if m.name in seen:
-                log.error("metric family %s emitted twice; keeping the first", m.name)
-                continue
-            seen.add(m.name)
-            if m.kind == "counter":
-                family = CounterMetricFamily(m.name, m.help, labels=m.labels)
-            else:
-                family = GaugeMetricFamily(m.name, m.help, labels=m.labels)
-            for labels, value in sorted(m.samples):
-                family.add_metric(list(labels), value)
-            yield family
-
-
-def registry_for(source: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(source))
-    return registry
-
-
 def render(metrics: Iterable[Metric]) -> bytes:
-    """Exposition text of a fixed list of families (used for golden files and one-shot output)."""
-    items = list(metrics)
-    return generate_latest(registry_for(lambda: items))
+    """Prometheus text exposition (format 0.0.4) of our metric families.
+
+    Written directly rather than through prometheus_client: its generic path cost as much CPU as
+    the whole collect-and-judge pass on the H100 fixture (benchmarks/RESULTS.md). Families are
+    sorted by name and samples by labels, so the text is byte-stable; tests parse it back with
+    prometheus_client's parser and with promtool.
+    """
+    out: list[str] = []
+    seen = set()
+    for m in sorted(metrics, key=lambda m: m.name):
+        if m.name in seen:
+            log.error("metric family %s emitted twice; keeping the first", m.name)
+            continue
+        seen.add(m.name)
+        out.append(f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.kind}\n")
+        if m.labels:
+            line = m.name + "{" + ",".join(k + '="%s"' for k in m.labels) + "} %s\n"
+        else:
+            line = m.name + " %s\n"
+        for labels, value in sorted(m.samples):
+            joined = "".join(labels)
+            if "\\" in joined or "\n" in joined or '"' in joined:
+                labels = tuple(map(_escape_label, labels))
+            out.append(line % (*labels, _number(value)))
+    return "".join(out).encode("utf-8")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value.is_integer() and -1e15 < value < 1e15:
+        return str(int(value))
+    if value != value:
+        return "NaN"
+    if value in (math.inf, -math.inf):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)

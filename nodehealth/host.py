@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import time
 from collections.abc import Iterator
 
@@ -73,17 +72,16 @@ def _number(text: str) -> float | None:
         return None
 
 
-def read_bytes(path: str, limit: int = DEFAULT_READ_LIMIT) -> bytes:
+def read_bytes(path: str, limit: int = DEFAULT_READ_LIMIT, single: bool = False) -> bytes:
     """Read a file with bounded, non-blocking reads.
 
-    O_NONBLOCK keeps a FIFO with no writer from blocking the open; a FIFO or socket is refused
-    outright. Reads stop at EOF or at `limit` bytes. Raises OSError with the path in it.
+    O_NONBLOCK keeps a FIFO with no writer (or a driver file that never answers) from blocking:
+    it reads as empty or fails with EAGAIN. Reads stop at EOF or at `limit` bytes. `single` does
+    one read, which is how sysfs attributes are meant to be read (and saves a syscall per file).
+    Raises OSError with the path in it.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISDIR(mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
         chunks = []
         total = 0
         while total < limit:
@@ -91,18 +89,22 @@ def read_bytes(path: str, limit: int = DEFAULT_READ_LIMIT) -> bytes:
                 chunk = os.read(fd, min(65536, limit - total))
             except BlockingIOError:
                 raise OSError(errno.EAGAIN, "read would block", path) from None
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, path) from None
             if not chunk:
                 break
             chunks.append(chunk)
             total += len(chunk)
+            if single:
+                break
         return b"".join(chunks)
     finally:
         os.close(fd)
 
 
-def read_text(path: str, limit: int = DEFAULT_READ_LIMIT) -> str:
+def read_text(path: str, limit: int = DEFAULT_READ_LIMIT, single: bool = False) -> str:
     """read_bytes decoded leniently: kernel files are ASCII, but garbage must not raise."""
-    return read_bytes(path, limit).decode("utf-8", "replace")
+    return read_bytes(path, limit, single).decode("utf-8", "replace")
 
 
 def read_attr(path: str) -> str | None:
@@ -112,7 +114,7 @@ def read_attr(path: str) -> str | None:
     refuses to produce (EINVAL, EOPNOTSUPP, EAGAIN, ...) also read as None.
     """
     try:
-        return read_text(path, 65536).strip()
+        return read_text(path, 65536, single=True).strip()
     except OSError:
         return None
 
@@ -126,6 +128,38 @@ def read_int_attr(path: str) -> int | None:
         return int(value, 0) if value.startswith("0x") else int(value)
     except ValueError:
         return None
+
+
+def read_int_dir(directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:
+    """Every file of a directory of integer attributes (e.g. IB counters/), one read each.
+
+    Files are opened relative to the directory's descriptor, which saves a path walk per file on
+    the hottest read path. A file that does not hold a decimal number (`N/A (no PMA)`) or cannot
+    be read is None; an absent or vanished directory is an empty dict.
+    """
+    out: dict[str, int | None] = {}
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return out
+    try:
+        for name in sorted(os.listdir(dir_fd)):
+            if name in skip:
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+            except OSError:
+                out[name] = None
+                continue
+            try:
+                out[name] = int(os.read(fd, 4096))
+            except (OSError, ValueError):
+                out[name] = None
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dir_fd)
+    return out
 
 
 def list_dir(path: str) -> Iterator[str]:

@@ -1,7 +1,7 @@
 """The shared vocabulary: severities, actions, findings, metric families and the pass report.
 
 Everything here is plain data so that collectors, checks and faces can exchange it without
-importing each other (and without importing prometheus_client on the `check` path).
+importing each other.
 """
 from __future__ import annotations
 
@@ -129,9 +129,10 @@ class Metric:
         """Add one sample; a None value (absent fact) adds nothing: absent is not zero."""
         if value is None:
             return
-        if len(label_values) != len(self.labels):
-            raise ValueError(f"{self.name}: expected labels {self.labels}, got {tuple(label_values)}")
-        self.samples.append((tuple(str(v) for v in label_values), float(value)))
+        labels = tuple(map(str, label_values))
+        if len(labels) != len(self.labels):
+            raise ValueError(f"{self.name}: expected labels {self.labels}, got {labels}")
+        self.samples.append((labels, float(value)))
 
 
 @dataclass

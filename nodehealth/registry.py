@@ -1,13 +1,33 @@
 """The one explicit list of collectors and checks. Read it to see everything nodehealth does."""
 from __future__ import annotations
 
+from nodehealth.checks import infiniband as infiniband_check
+from nodehealth.checks import kernel, link_events, memlock, memory, thp, xid
 from nodehealth.checks import modules as modules_check
-from nodehealth.collectors import modules
+from nodehealth.checks import mounts as mounts_check
+from nodehealth.checks import pcie as pcie_check
+from nodehealth.collectors import buddyinfo, infiniband, kmsg, limits, modules, mounts, pcie, vm
 
 COLLECTORS = (
+    kmsg,
+    buddyinfo,
+    vm,
+    limits,
     modules,
+    mounts,
+    pcie,
+    infiniband,
 )
 
 CHECKS = (
+    xid,
+    kernel,
+    link_events,
+    memory,
+    thp,
+    memlock,
     modules_check,
+    mounts_check,
+    pcie_check,
+    infiniband_check,
 )

@@ -1,0 +1,197 @@
+"""InfiniBand/RoCE ports: down or disabled rails, links that trained to a lower rate, error counters.
+
+Severities, and why:
+- A down InfiniBand port is fatal. On a rail-optimised training node every GPU has its own rail:
+  with one rail down, multi-node jobs either fail at NCCL init or route that GPU's traffic through
+  another rail and run at the pace of the slowest link (gpud and aznhc fail the node for it too).
+  A down Ethernet (RoCE) port is degraded unless listed in required_ports: on GPU nodes these are
+  often storage or front-end ports; a fleet that runs its compute fabric over RoCE lists them.
+  The finding uses no sticky action: it clears when the port comes back (flaps are counted by
+  the link_downed rule), so switch maintenance does not quarantine nodes until their next reboot.
+- An uncabled or administratively disabled port is not a fault: ignore_ports skips ports, and a
+  Disabled port is info unless required.
+- Counter thresholds are NVSentinel's (network.md section 3). Its fatal tier becomes degraded here:
+  those counters describe a link that still carries traffic, only worse (retransmits, stalls), so
+  the node should be drained of new work and inspected (PreferNoSchedule), not declared unusable;
+  a link that actually drops is caught by the state rule. Its non-fatal tier becomes warning.
+"""
+from __future__ import annotations
+
+from nodehealth.collectors.infiniband import (
+    PHYS_STATE_DISABLED,
+    PHYS_STATE_LINK_UP,
+    STATE_ACTIVE,
+    Port,
+    counter_key,
+    hw_counter_key,
+)
+from nodehealth.model import Action, Finding, Observed, Severity
+
+NAME = "infiniband"
+NEEDS = ("infiniband",)
+DEBOUNCE = True
+
+DEFAULTS: dict = {
+    # "dev" or "dev:port" names that are never judged (e.g. the uncabled second port of a card).
+    "ignore_ports": [],
+    # "dev" or "dev:port" names that must exist and be up: a missing one is fatal, and a Disabled
+    # or Ethernet one is judged like a down InfiniBand port.
+    "required_ports": [],
+    # Expected rate per link layer, e.g. {"InfiniBand": 400, "Ethernet": 200}. A link layer not
+    # listed expects the highest rate among the node's ACTIVE ports of that layer, so one rail that
+    # trained to HDR on an NDR node stands out.
+    "expected_rate_gbps": {},
+    # NVSentinel fatal tier (degraded here): symbol errors above 120 per hour exceed the 1e-12
+    # bit error rate the link is specified for. Its non-fatal tier (> 10 per second) lies inside it.
+    "symbol_errors_per_hour": 120.0,
+    # NVSentinel non-fatal tier (warning here).
+    "link_error_recoveries_per_minute": 5.0,
+    "receive_errors_per_second": 10.0,
+    "transmit_discards_per_second": 100.0,
+    "local_ack_timeouts_per_second": 1.0,
+}
+
+# Counters that NVSentinel treats as fatal at any increase (degraded here, see the module doc).
+ANY_INCREASE = (
+    ("link_downed", "LinkDowned",
+     "went down and came back ({rate} per hour): the jobs using this rail saw errors or timeouts; "
+     "check the cable, transceiver and switch port"),
+    ("excessive_buffer_overrun_errors", "ExcessiveBufferOverrun",
+     "overran its receive buffers ({rate} per hour), so packets were dropped and retransmitted; "
+     "check the link partner's flow-control (credit) configuration, then the cable"),
+    ("local_link_integrity_errors", "LocalLinkIntegrityErrors",
+     "exceeded its physical error threshold ({rate} per hour): the link is unreliable; "
+     "check the cable and transceiver and reseat them"),
+)
+
+
+def judge(obs: Observed, cfg: dict) -> list[Finding]:
+    ports = obs.facts["infiniband"].ports
+    ignored = set(cfg["ignore_ports"])
+    required = set(cfg["required_ports"])
+    judged = [p for p in ports if not _listed(p, ignored)]
+    findings = _missing(ports, required)
+    for port in judged:
+        findings.extend(_state(port, _listed(port, required)))
+    findings.extend(_rates(judged, cfg["expected_rate_gbps"]))
+    for port in judged:
+        findings.extend(_counters(port, obs, cfg))
+    return findings
+
+
+def _listed(port: Port, names: set[str]) -> bool:
+    return port.device in names or port.name in names
+
+
+def _missing(ports: tuple[Port, ...], required: set[str]) -> list[Finding]:
+    present = {p.name for p in ports} | {p.device for p in ports}
+    return [Finding(
+        NAME, Severity.FATAL, "PortMissing",
+        f"Required port {name} does not exist on this node: the HCA is missing from /sys/class/infiniband "
+        "(driver not loaded, card failed or not seated); check 'dmesg' for mlx5 errors and the card.",
+        device=name, action=Action.NONE) for name in sorted(required - present)]
+
+
+def _state(port: Port, required: bool) -> list[Finding]:
+    if port.state_id is None or port.phys_state_id is None:
+        return [Finding(
+            NAME, Severity.UNKNOWN, "PortStateUnknown",
+            f"Could not read the state of {port.name} (state {port.state!r}, physical state {port.phys_state!r}).",
+            device=port.name)]
+    if port.state_id == STATE_ACTIVE and port.phys_state_id == PHYS_STATE_LINK_UP:
+        return []
+    evidence = {"state": port.state, "state_id": port.state_id, "phys_state": port.phys_state,
+                "phys_state_id": port.phys_state_id, "link_layer": port.link_layer}
+    if port.phys_state_id == PHYS_STATE_DISABLED and not required:
+        return [Finding(
+            NAME, Severity.INFO, "PortDisabled",
+            f"{port.name} is administratively disabled (state {port.state}); list it in required_ports "
+            "if this node needs it.", device=port.name, evidence=evidence)]
+    fatal = required or port.link_layer == "InfiniBand"
+    return [Finding(
+        NAME, Severity.FATAL if fatal else Severity.DEGRADED, "PortDown",
+        f"{port.name} ({port.link_layer or 'unknown link layer'}) is {port.state} with physical state "
+        f"{port.phys_state}: {_why_down(port)}",
+        device=port.name, action=Action.NONE, evidence=evidence)]
+
+
+def _why_down(port: Port) -> str:
+    if port.phys_state_id == PHYS_STATE_LINK_UP:
+        return ("the link is up but no subnet manager activated the port, so it carries no traffic; "
+                "check the subnet manager and the switch port's partition.")
+    return ("the rail carries no traffic, so multi-node jobs on this node fail or slow down; "
+            "check the cable, transceiver and switch port (ignore_ports if it is meant to be unused).")
+
+
+def _rates(ports: list[Port], expected: dict) -> list[Finding]:
+    active = [p for p in ports if p.state_id == STATE_ACTIVE and p.rate_gbps is not None]
+    best: dict[str | None, float] = {}
+    for p in active:
+        best[p.link_layer] = max(best.get(p.link_layer, 0.0), p.rate_gbps)
+    findings = []
+    for p in active:
+        want = expected.get(p.link_layer)
+        want = best[p.link_layer] if want is None else float(want)
+        if p.rate_gbps < want:
+            findings.append(Finding(
+                NAME, Severity.DEGRADED, "PortRateDegraded",
+                f"{p.name} runs at {p.rate_gbps:g} Gb/s ({p.rate_text or 'unknown width'}) instead of {want:g} Gb/s: "
+                f"collectives that use this rail run at {p.rate_gbps / want:.0%} of its speed; check the cable and "
+                "transceiver and reseat them, then the switch port's speed setting.",
+                device=p.name, action=Action.HW_INSPECTION,
+                evidence={"rate_gbps": p.rate_gbps, "expected_gbps": want, "rate": p.rate_text}))
+    return findings
+
+
+def _counters(port: Port, obs: Observed, cfg: dict) -> list[Finding]:
+    def rate(name: str) -> float | None:
+        return obs.rate("infiniband", counter_key(port, name))
+
+    findings = []
+    for counter, reason, what in ANY_INCREASE:
+        per_second = rate(counter)
+        if per_second:
+            findings.append(_finding(port, Severity.DEGRADED, reason, what.format(rate=f"{per_second * 3600:.3g}"),
+                                     counter, per_second))
+    symbols = rate("symbol_error")
+    if symbols and symbols * 3600 > cfg["symbol_errors_per_hour"]:
+        findings.append(_finding(
+            port, Severity.DEGRADED, "SymbolErrors",
+            f"sees {symbols * 3600:.3g} symbol errors per hour, above {cfg['symbol_errors_per_hour']:g} (a bit "
+            "error rate above the 1e-12 the link is specified for): packets are corrupted and retransmitted; "
+            "check the cable and transceiver and reseat them", "symbol_error", symbols))
+    recoveries = rate("link_error_recovery")
+    if recoveries and recoveries * 60 > cfg["link_error_recoveries_per_minute"]:
+        findings.append(_finding(
+            port, Severity.WARNING, "LinkErrorRecovery",
+            f"retrained {recoveries * 60:.3g} times per minute, above {cfg['link_error_recoveries_per_minute']:g}: "
+            "each retrain stalls traffic briefly; check the cable and transceiver", "link_error_recovery", recoveries))
+    findings.extend(_per_second(port, Severity.WARNING, "ReceiveErrors", rate("port_rcv_errors"),
+                                cfg["receive_errors_per_second"], "port_rcv_errors",
+                                "received {rate} bad packets per second, above {limit:g}: they are dropped and "
+                                "resent; check the cable, transceiver and the link partner"))
+    findings.extend(_per_second(port, Severity.WARNING, "TransmitDiscards", rate("port_xmit_discards"),
+                                cfg["transmit_discards_per_second"], "port_xmit_discards",
+                                "discarded {rate} outbound packets per second, above {limit:g}: the fabric is "
+                                "congested or the link went down under traffic; check the switch port"))
+    # The NVSentinel hw counters. rnr_nak_retry_err is fatal there, but it counts a peer whose
+    # application did not post receive buffers in time, an application fault more often than
+    # this node's, so it is not judged here. local_ack_timeout_err is transport retries.
+    findings.extend(_per_second(port, Severity.WARNING, "LocalAckTimeouts",
+                                obs.rate("infiniband", hw_counter_key(port, "local_ack_timeout_err")),
+                                cfg["local_ack_timeouts_per_second"], "local_ack_timeout_err",
+                                "timed out waiting for {rate} acknowledgements per second, above {limit:g}: "
+                                "transfers are retried and slow down; check the path to the peers"))
+    return findings
+
+
+def _per_second(port: Port, severity: Severity, reason: str, per_second: float | None, limit: float,
+                counter: str, what: str) -> list[Finding]:
+    if not per_second or per_second <= limit:
+        return []
+    return [_finding(port, severity, reason, what.format(rate=f"{per_second:.3g}", limit=limit), counter, per_second)]
+
+
+def _finding(port: Port, severity: Severity, reason: str, what: str, counter: str, per_second: float) -> Finding:
+    return Finding(NAME, severity, reason, f"{port.name} {what}.", device=port.name, action=Action.HW_INSPECTION,
+                   evidence={"counter": counter, "per_second": per_second})

@@ -1,0 +1,91 @@
+"""Network and FUSE mounts that hang, fail, or are missing.
+
+A hung mount puts every process that touches it in uninterruptible sleep: the job stalls in its
+data loader or checkpoint with no error of its own. A stale or dead mount fails every access.
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+from nodehealth.model import Action, Finding, Observed, Severity
+
+NAME = "mounts"
+NEEDS = ("mounts",)
+DEFAULTS: dict = {}
+DEBOUNCE = True
+
+# The remedy is an operator's action on the node's mounts (remount, restore the server or the
+# FUSE daemon, fix fstab/autofs), not on a GPU or the application: fix-config is the closest
+# action. Rebooting a node whose processes are stuck in D state is the operator's last resort.
+ACTION = Action.FIX_CONFIG
+
+# The file system answered, it just refuses us (e.g. a FUSE mount without allow_other refuses root).
+ANSWERED = frozenset(("EACCES", "EPERM"))
+HINTS = {
+    "ESTALE": "the server no longer knows this export, after a re-export, a failover or a deletion",
+    "ENOTCONN": "the FUSE daemon or network session serving it is gone",
+    "EIO": "the client gave up on the server (a soft mount timing out, or a failed server)",
+}
+
+
+def judge(obs: Observed, cfg: dict) -> list[Finding]:
+    findings = []
+    for m in obs.facts["mounts"].mounts:
+        finding = _judge_mount(m)
+        if finding is not None:
+            findings.append(finding)
+    return findings
+
+
+def _judge_mount(m) -> Finding | None:
+    if m.responsive is None:  # not probed this pass: every probe slot is held by a stuck stat
+        return None
+    if not m.responsive:
+        return _unresponsive(m)
+    if m.configured and not m.mounted:
+        return _missing(m)
+    if m.error is not None and m.error not in ANSWERED:
+        return _broken(m)
+    return None
+
+
+def _what(m) -> str:
+    if not m.mounted:
+        return f"path {m.mountpoint}"
+    return f"{m.fstype} mount {m.mountpoint} (from {m.source})"
+
+
+def _unresponsive(m) -> Finding:
+    return Finding(
+        NAME, Severity.DEGRADED, "MountUnresponsive",
+        f"The {_what(m)} has not answered a stat for {m.latency_seconds:.1f} s: every process that touches it "
+        f"hangs in uninterruptible sleep (D state), so jobs reading data or writing checkpoints there stall; "
+        f"check the server and the network path to it, then remount it (umount -l {m.mountpoint}; "
+        f"mount {m.mountpoint}).",
+        device=m.mountpoint, action=ACTION,
+        evidence={"fstype": m.fstype, "source": m.source, "waited_seconds": round(m.latency_seconds, 3)})
+
+
+def _broken(m) -> Finding:
+    number = getattr(errno, m.error, None)
+    reason_text = os.strerror(number) if isinstance(number, int) else m.error
+    hint = HINTS.get(m.error)
+    return Finding(
+        NAME, Severity.DEGRADED, "MountBroken",
+        f"The {_what(m)} fails a stat with {m.error} ({reason_text}"
+        f"{': ' + hint if hint else ''}), so every access to it fails; restore the server or the daemon "
+        f"behind it and remount it (umount -l {m.mountpoint}; mount {m.mountpoint}).",
+        device=m.mountpoint, action=ACTION,
+        evidence={"fstype": m.fstype, "source": m.source, "error": m.error})
+
+
+def _missing(m) -> Finding:
+    state = "does not even exist" if m.error == "ENOENT" else "is not mounted"
+    return Finding(
+        NAME, Severity.WARNING, "MountMissing",
+        f"{m.mountpoint} is a required mount (mounts paths setting) but {state}: jobs that expect shared data "
+        f"there fail or fill the local disk instead; mount it (mount {m.mountpoint}) and find out why it was "
+        f"not (its fstab entry, autofs map or systemd mount unit).",
+        device=m.mountpoint, action=ACTION,
+        evidence={"error": m.error})

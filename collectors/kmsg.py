@@ -1,0 +1,578 @@
+"""The kernel log: /dev/kmsg (or saved logs from a dead node) read into records, then events.
+
+/dev/kmsg hands out one record per read(2) and never blocks with O_NONBLOCK; EPIPE means the
+ring buffer overwrote records before we read them, which is counted, never fatal. Saved logs
+come in many framings (dmesg, dmesg -T, journalctl, syslog, Talos, pstore); each line is
+recognised on its own, so a file that mixes them still reads.
+"""
+from __future__ import annotations
+
+import calendar
+import errno
+import os
+import re
+import select
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from nodehealth.collectors import CollectError
+from nodehealth.collectors.kernel_events import (
+    KINDS,
+    SXID,
+    XID,
+    EventParser,
+    KernelEvent,
+    KernelRecord,
+)
+from nodehealth.host import HostPaths, boot_id, parse_key_values, read_text
+from nodehealth.model import Metric
+
+NAME = "kmsg"
+DEFAULTS: dict = {
+    # Saved kernel logs to read instead of /dev/kmsg (CLI --kernel-log), e.g. from a sosreport.
+    "files": [],
+}
+
+MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going forever
+MAX_LINE_BYTES = 64 * 1024  # longer lines keep their head; the rest is skipped
+KMSG_READ_SIZE = 16384  # above the kernel's 8 KiB record limit; a smaller buffer gets EINVAL
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    source: str  # /dev/kmsg, or the saved log files read
+    boot_id: str | None  # None for saved logs (their boot is not this one)
+    records: int
+    overwritten: int  # records the ring buffer overwrote before they were read
+    malformed: int  # lines that were not text (binary, garbled) and were skipped
+    last_seq: int | None  # highest kmsg sequence number read
+    events: tuple[KernelEvent, ...]  # in log order
+    unframed: int = 0  # lines in no known framing, kept as plain messages
+
+
+def supported(host: HostPaths, cfg: dict) -> str | None:
+    if cfg.get("files") or os.path.exists(host.dev("kmsg")):
+        return None
+    return f"no kernel log: {host.dev('kmsg')} does not exist and no saved log was given"
+
+
+def collect(host: HostPaths, cfg: dict) -> KernelLog:
+    files = list(cfg.get("files") or [])
+    if files:
+        return _collect_files(files)
+    path = host.dev("kmsg")
+    try:
+        follower = KmsgFollower(host, cfg)
+    except OSError as e:
+        raise CollectError(f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        records, overwritten, last_seq, events = follower.read_new()
+    except OSError as e:
+        raise CollectError(f"cannot read {path}: {e.strerror or e}") from None
+    finally:
+        follower.close()
+    return KernelLog(source=path, boot_id=boot_id(host), records=records, overwritten=overwritten,
+                     malformed=follower.malformed, last_seq=last_seq, events=tuple(events),
+                     unframed=follower.unframed)
+
+
+def metrics(facts: KernelLog) -> list[Metric]:
+    records = Metric("nodehealth_kernel_log_records_total",
+                     "Kernel log records read from the ring buffer or the saved logs.", "counter")
+    records.add((), facts.records)
+    overwritten = Metric("nodehealth_kernel_log_overwritten_records_total",
+                         "Kernel log records the ring buffer overwrote before they could be read.", "counter")
+    overwritten.add((), facts.overwritten)
+    malformed = Metric("nodehealth_kernel_log_malformed_lines_total",
+                       "Kernel log lines skipped because they were not text.", "counter")
+    malformed.add((), facts.malformed)
+    unframed = Metric("nodehealth_kernel_log_unframed_lines_total",
+                      "Saved kernel log lines in no known framing, read as plain messages.", "counter")
+    unframed.add((), facts.unframed)
+    by_kind = Metric("nodehealth_kernel_events_total", "Kernel log events found, by kind.", "counter",
+                     labels=("kind",))
+    counts = {kind: 0 for kind in KINDS}
+    xids: dict[tuple[str, str], int] = {}
+    sxids: dict[tuple[str, str], int] = {}
+    for e in facts.events:
+        counts[e.kind] = counts.get(e.kind, 0) + 1
+        if e.kind == XID:
+            key = (e.device, str(e.code))
+            xids[key] = xids.get(key, 0) + 1
+        elif e.kind == SXID:
+            key = (e.device, str(e.code))
+            sxids[key] = sxids.get(key, 0) + 1
+    for kind in sorted(counts):
+        by_kind.add((kind,), counts[kind])
+    xid = Metric("nodehealth_gpu_xid_events_total",
+                 "NVIDIA GPU Xid errors in the kernel log, by GPU PCI bus id and Xid code.", "counter",
+                 labels=("pci_bus_id", "xid"))
+    for key in sorted(xids, key=_code_order):
+        xid.add(key, xids[key])
+    sxid = Metric("nodehealth_nvswitch_sxid_events_total",
+                  "NVSwitch SXid errors in the kernel log, by NVSwitch PCI bus id and SXid code.", "counter",
+                  labels=("pci_bus_id", "sxid"))
+    for key in sorted(sxids, key=_code_order):
+        sxid.add(key, sxids[key])
+    return [records, overwritten, malformed, unframed, by_kind, xid, sxid]
+
+
+def _code_order(key: tuple[str, str]) -> tuple[str, int]:
+    return key[0], int(key[1]) if key[1].isdigit() else -1
+
+
+# Reading /dev/kmsg --------------------------------------------------------------------------
+
+_SEQ = re.compile(rb"\d{1,10},(\d{1,20}),")
+
+
+def read_kmsg(read: Callable[[int], bytes], limit: int = MAX_RECORDS_PER_READ,
+              last_seq: int | None = None) -> tuple[list[bytes], int]:
+    """Raw records from /dev/kmsg until none is left (EAGAIN) or `limit` were read.
+
+    `read` is os.read on the open descriptor (a seam for tests). Returns the records and how
+    many were overwritten: after EPIPE the gap in sequence numbers, at least one per EPIPE.
+    """
+    records: list[bytes] = []
+    overwritten = 0
+    lost = False
+    for _ in range(2 * limit + 1):  # EPIPE answers count too: a broken reader cannot spin forever
+        if len(records) >= limit:
+            break
+        try:
+            data = read(KMSG_READ_SIZE)
+        except BlockingIOError:
+            break
+        except BrokenPipeError:
+            if lost:
+                overwritten += 1
+            lost = True
+            continue
+        if not data:
+            break
+        m = _SEQ.match(data)
+        seq = int(m.group(1)) if m else None
+        if lost:
+            gap = seq - last_seq - 1 if seq is not None and last_seq is not None else 0
+            overwritten += max(gap, 1)
+            lost = False
+        if seq is not None:
+            last_seq = seq
+        records.append(data)
+    if lost:
+        overwritten += 1
+    return records, overwritten
+
+
+class KmsgFollower:
+    """Reads what the kernel log gained since the last call; the daemon's stream.
+
+    On /dev/kmsg it starts at the oldest record still in the ring; on a regular file (fixture
+    machines) at its first byte, restarting at 0 when the file shrinks. Records at or below
+    `after_seq` are skipped, so a restarted daemon never counts a record twice.
+    """
+
+    def __init__(self, host: HostPaths, cfg: dict, after_seq: int | None = None):
+        self.path = host.dev("kmsg")
+        self.last_seq = after_seq
+        self._after_seq = after_seq
+        self._lines = LogLines(btime=boot_time(host))
+        self._events = EventParser()
+        self._device = stat.S_ISCHR(os.stat(self.path).st_mode)
+        self._fd: int | None = None
+        self._poll = None
+        self._read_seq: int | None = None  # last sequence read from the device, skipped or not
+        self._offset = 0
+        if self._device:
+            self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self._poll = select.poll()
+            self._poll.register(self._fd, select.POLLIN)
+
+    @property
+    def malformed(self) -> int:
+        return self._lines.malformed
+
+    @property
+    def unframed(self) -> int:
+        return self._lines.unframed
+
+    def wait(self, timeout: float) -> None:
+        """Until a record may be there, or `timeout` seconds; a regular file gives no signal."""
+        if self._poll is not None:
+            self._poll.poll(max(0.0, timeout) * 1000)
+        elif timeout > 0:
+            time.sleep(min(timeout, 0.01))
+
+    def read_new(self) -> tuple[int, int, int | None, list[KernelEvent]]:
+        """(records, overwritten, last_seq, events) for what arrived since the previous call."""
+        if self._device:
+            records, overwritten = self._device_records()
+        else:
+            records, overwritten = self._file_records(), 0
+        count = 0
+        events: list[KernelEvent] = []
+        for record in records:
+            if record.seq is not None:
+                if self._after_seq is not None and record.seq <= self._after_seq:
+                    continue
+                self.last_seq = record.seq if self.last_seq is None else max(self.last_seq, record.seq)
+            count += 1
+            events.extend(self._events.feed(record))
+        events.extend(self._events.flush())
+        if self.last_seq is not None:
+            self._after_seq = self.last_seq
+        return count, overwritten, self.last_seq, events
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._poll = None
+
+    def _device_records(self) -> tuple[list[KernelRecord], int]:
+        fd = self._fd
+        if fd is None:
+            raise OSError(errno.EBADF, "kernel log follower is closed", self.path)
+        raw, overwritten = read_kmsg(lambda n: os.read(fd, n), MAX_RECORDS_PER_READ, self._read_seq)
+        records: list[KernelRecord] = []
+        for data in raw:
+            for line in data.decode("utf-8", "replace").split("\n"):
+                records.extend(self._lines.feed(line))
+            m = _SEQ.match(data)
+            if m:
+                self._read_seq = int(m.group(1))
+        records.extend(self._lines.flush())
+        return records, overwritten
+
+    def _file_records(self) -> list[KernelRecord]:
+        size = os.stat(self.path).st_size
+        if size < self._offset:
+            self._offset = 0  # truncated or replaced: read it again from the start
+        if size == self._offset:
+            return []
+        records: list[KernelRecord] = []
+        with _open_log(self.path) as f:
+            f.seek(self._offset)
+            for line, end in bounded_lines(f, final=False):
+                records.extend(self._lines.feed(line.decode("utf-8", "replace")))
+                self._offset = end
+                if len(records) >= MAX_RECORDS_PER_READ:
+                    break
+        records.extend(self._lines.flush())
+        return records
+
+
+def boot_time(host: HostPaths) -> float | None:
+    """Boot time (epoch seconds) from /proc/stat `btime`; None when it cannot be read."""
+    try:
+        value = parse_key_values(read_text(host.proc("stat"))).get("btime")
+    except OSError:
+        return None
+    return float(value) if value is not None else None
+
+
+# Saved logs ----------------------------------------------------------------------------------
+
+def _collect_files(paths: list[str]) -> KernelLog:
+    lines = LogLines()
+    parser = EventParser()
+    events: list[KernelEvent] = []
+    records = 0
+    last_seq: int | None = None
+    for path in paths:
+        for record in _saved_records(path, lines):
+            records += 1
+            if record.seq is not None:
+                last_seq = record.seq if last_seq is None else max(last_seq, record.seq)
+            events.extend(parser.feed(record))
+        events.extend(parser.flush())
+    return KernelLog(source=", ".join(paths), boot_id=None, records=records, overwritten=0,
+                     malformed=lines.malformed, last_seq=last_seq, events=tuple(events), unframed=lines.unframed)
+
+
+def _saved_records(path: str, lines: LogLines) -> Iterator[KernelRecord]:
+    """One saved log's records, streamed line by line."""
+    try:
+        with _open_log(path) as f:
+            for line, _ in bounded_lines(f, final=True):
+                yield from lines.feed(line.decode("utf-8", "replace"))
+    except OSError as e:
+        raise CollectError(f"cannot read kernel log {path}: {e.strerror or e}") from None
+    yield from lines.flush()
+
+
+def _open_log(path: str) -> BinaryIO:
+    """A regular file opened without blocking (a FIFO with no writer must not hang us)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return os.fdopen(fd, "rb")
+
+
+def bounded_lines(f: BinaryIO, final: bool) -> Iterator[tuple[bytes, int]]:
+    """Lines from the file's position, each at most MAX_LINE_BYTES, with the offset after each.
+
+    Without `final`, a last line that lacks its newline is left for a later read (it may still
+    be being written); with it, a file need not end in a newline.
+    """
+    offset = f.tell()
+    while True:
+        line = f.readline(MAX_LINE_BYTES)
+        if not line:
+            return
+        if line.endswith(b"\n"):
+            offset += len(line)
+            yield line, offset
+            continue
+        if len(line) < MAX_LINE_BYTES:
+            if final:
+                yield line, offset + len(line)
+            return
+        offset += len(line)
+        while True:  # an over-long line: skip its rest
+            rest = f.readline(MAX_LINE_BYTES)
+            offset += len(rest)
+            if not rest or rest.endswith(b"\n"):
+                break
+        yield line, offset
+
+
+# Framings ------------------------------------------------------------------------------------
+
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
+                                       "Nov", "Dec"), 1)}
+_MONTH = "(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "error": 3, "warn": 4, "warning": 4, "notice": 5,
+           "info": 6, "debug": 7}
+_FACILITIES = ("kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|res[0-3]|local[0-7]")
+
+# 6,3964,206764307,-;message  (flags, then optional ",caller=T12" style fields)
+_KMSG = re.compile(r"(?P<prio>\d{1,10}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;,]{0,8}(?:,[^;]{0,512})?;"
+                   r"(?P<msg>.*)", re.S)
+_DICTIONARY = re.compile(r"(?P<key>[A-Za-z0-9_]{1,64})=(?P<value>.*)", re.S)
+# Message from syslogd@host at Dec 10 05:25:44 ...   (the wall message's first line)
+_WALL = re.compile(rf"Message from syslogd@\S+ at {_MONTH} +(?P<day>\d{{1,2}}) "
+                   r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
+# 192.168.11.119: kern: warning: [2026-04-22T21:27:51.288830314Z]: message   (talosctl dmesg)
+_TALOS = re.compile(rf"\S+: (?P<fac>{_FACILITIES}): +(?P<lvl>[a-z]{{3,7}}): \[(?P<ts>[^\]]{{1,40}})\]: ?"
+                    r"(?P<msg>.*)", re.S)
+# kern  :warn  : rest   (dmesg --decode)
+_DECODE = re.compile(rf"(?P<fac>{_FACILITIES}) *: *(?P<lvl>emerg|alert|crit|err|warn|notice|info|debug) *: ?"
+                     r"(?P<rest>.*)", re.S)
+_ISO_TIME = (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
+_ZONE = r"(?:Z|[+-]\d\d:?\d\d)"
+# 2024-11-15T05:39:15,491363+00:00 message   (dmesg --time-format iso: comma before the fraction)
+_DMESG_ISO = re.compile(rf"(?P<ts>{_ISO_TIME},\d{{1,9}}{_ZONE}?) (?P<msg>.*)", re.S)
+# Mon DD HH:MM:SS host tag[pid]: message   or   2025-01-02T15:20:12+0800 host tag: message
+_SYSLOG = re.compile(rf"(?:(?P<iso>{_ISO_TIME}(?:\.\d{{1,9}})?{_ZONE}?)|{_MONTH} +(?P<day>\d{{1,2}}) "
+                     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))?) \S{1,255} "
+                     r"(?P<tag>[^\s:\[]{1,64})(?:\[\d{1,10}\])?:(?: |$)(?P<msg>.*)", re.S)
+# kernel: message   (syslogd wall message's second line, or a log whose time and host were cut)
+_KERNEL_TAG = re.compile(r"kernel: ?(?P<msg>.*)", re.S)
+# <6>[  201.650687] message   (pstore / ERST / console)
+_PSTORE = re.compile(r"<(?P<prio>\d{1,4})>\[ *(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\] ?(?P<msg>.*)", re.S)
+# [  123.456789] message
+_STAMP = re.compile(r"\[ *(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\] ?(?P<msg>.*)", re.S)
+# [  +0.000049] message  /  [Sep26 00:30] message  /  [<    0.000045>] message   (--reltime, --delta)
+_RELATIVE = re.compile(rf"\[(?: *[+-]?\d{{1,12}}\.\d{{1,9}}|{_MONTH}\d{{1,2}} \d\d:\d\d|< *\d{{1,12}}\.\d{{1,9}}>)\] ?"
+                       r"(?P<msg>.*)", re.S)
+# [Fri Aug 30 11:43:14 2024] message   (dmesg -T)
+_CTIME = re.compile(rf"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) {_MONTH} +(?P<day>\d{{1,2}}) "
+                    r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d) (?P<year>\d{4})\] ?(?P<msg>.*)", re.S)
+# [ T1946] or [    C3]: the printk caller id (CONFIG_PRINTK_CALLER)
+_CALLER = re.compile(r"\[ *[TC]\d{1,10}\] ?")
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
+_GARBAGE = re.compile("[\x00-\x08\x0a-\x1f\x7f\ufffd]")
+
+
+@dataclass
+class _Draft:
+    """A record still open to continuation lines (dmesg's indented lines, kmsg's dictionary)."""
+
+    parts: list[str]
+    seq: int | None = None
+    monotonic_us: int | None = None
+    wall_time: float | None = None
+    priority: int | None = None
+    kmsg: bool = False
+    dictionary: dict[str, str] = field(default_factory=dict)
+
+    def record(self) -> KernelRecord:
+        return KernelRecord("\n".join(self.parts), self.seq, self.monotonic_us, self.wall_time, self.priority,
+                            self.dictionary)
+
+
+_SKIP = _Draft([])  # a line that is no record: a comment, a wall message header, a non-kernel syslog line
+
+
+class LogLines:
+    """Lines of a kernel log in any framing, to KernelRecords; counts the lines it could not frame.
+
+    A record is returned once the next one starts (or on flush()), because the lines after it
+    may still belong to it. `btime` turns kmsg's microseconds since boot into wall time; `now`
+    supplies the year that syslog time stamps leave out.
+    """
+
+    def __init__(self, btime: float | None = None, now: float | None = None):
+        self.btime = btime
+        self.now = time.time() if now is None else now
+        self.unframed = 0
+        self.malformed = 0
+        self._draft: _Draft | None = None
+        self._wall_time: float | None = None  # from a syslogd wall header, for the line after it
+
+    def feed(self, line: str) -> list[KernelRecord]:
+        line = line.rstrip("\r\n")
+        body = line.lstrip()
+        if not body:
+            return []
+        indented = len(body) != len(line)
+        draft = self._frame(body)
+        if draft is _SKIP:
+            return []
+        if draft is None:
+            if _GARBAGE.search(line):
+                self.malformed += 1
+                return []
+            if indented and self._draft is not None:
+                self._continue(body)
+                return []
+            self.unframed += 1
+            draft = _Draft([body])
+        out = self.flush()
+        self._draft = draft
+        return out
+
+    def flush(self) -> list[KernelRecord]:
+        draft, self._draft = self._draft, None
+        return [draft.record()] if draft is not None else []
+
+    def _continue(self, body: str) -> None:
+        draft = self._draft
+        if draft is None:
+            return
+        m = _DICTIONARY.fullmatch(body) if draft.kmsg else None
+        if m:
+            draft.dictionary[m.group("key")] = m.group("value")
+        else:
+            draft.parts.append(body)
+
+    def _frame(self, body: str) -> _Draft | None:
+        """The record a line starts, _SKIP for a line that is no record, None when no framing fits."""
+        wall, self._wall_time = self._wall_time, None
+        if body.startswith("#"):
+            return _SKIP
+        m = _KMSG.fullmatch(body)
+        if m:
+            usec = int(m.group("usec"))
+            return _Draft([m.group("msg")], seq=int(m.group("seq")), monotonic_us=usec, kmsg=True,
+                          wall_time=self.btime + usec / 1e6 if self.btime is not None else None,
+                          priority=int(m.group("prio")) & 7)
+        m = _WALL.match(body)
+        if m:
+            self._wall_time = self._syslog_time(m)
+            return _SKIP
+        m = _TALOS.fullmatch(body)
+        if m:
+            if m.group("fac") != "kern":
+                return _SKIP
+            return _timed(m.group("msg"), wall_time=iso_time(m.group("ts")), priority=_LEVELS.get(m.group("lvl")))
+        m = _DECODE.fullmatch(body)
+        if m:
+            draft = self._frame_time(m.group("rest"))
+            if draft is None:
+                draft = _timed(m.group("rest"))
+            draft.priority = _LEVELS[m.group("lvl")]
+            return draft
+        m = _SYSLOG.fullmatch(body)
+        if m:
+            if m.group("tag") != "kernel":
+                return _SKIP
+            wall = iso_time(m.group("iso")) if m.group("iso") else self._syslog_time(m)
+            return _stamped(m.group("msg"), wall)
+        m = _KERNEL_TAG.fullmatch(body)
+        if m:
+            return _stamped(m.group("msg"), wall)
+        return self._frame_time(body)
+
+    def _frame_time(self, body: str) -> _Draft | None:
+        """dmesg's own time framings: iso, [uptime], <level>[uptime], relative, ctime."""
+        m = _DMESG_ISO.fullmatch(body)
+        if m:
+            return _timed(m.group("msg"), wall_time=iso_time(m.group("ts")))
+        m = _PSTORE.fullmatch(body)
+        if m:
+            return _timed(m.group("msg"), monotonic_us=_micros(m.group("sec"), m.group("frac")),
+                          priority=int(m.group("prio")) & 7)
+        m = _STAMP.fullmatch(body)
+        if m:
+            return _timed(m.group("msg"), monotonic_us=_micros(m.group("sec"), m.group("frac")))
+        m = _RELATIVE.fullmatch(body)
+        if m:
+            return _timed(m.group("msg"))
+        m = _CTIME.fullmatch(body)
+        if m:
+            return _timed(m.group("msg"), wall_time=_utc(int(m.group("year")), _MONTHS[m.group("mon")],
+                                                         int(m.group("day")), m))
+        return None
+
+    def _syslog_time(self, m: re.Match) -> float | None:
+        """Syslog leaves out the year: take this year's date, or last year's if that is in the future."""
+        year = time.gmtime(self.now).tm_year
+        when = _utc(year, _MONTHS[m.group("mon")], int(m.group("day")), m)
+        if when is not None and when > self.now + 86400:
+            when = _utc(year - 1, _MONTHS[m.group("mon")], int(m.group("day")), m)
+        fraction = m.groupdict().get("frac")
+        return when + int(fraction) / 10 ** len(fraction) if when is not None and fraction else when
+
+
+def _timed(message: str, monotonic_us: int | None = None, wall_time: float | None = None,
+           priority: int | None = None) -> _Draft:
+    caller = _CALLER.match(message)
+    return _Draft([message[caller.end():] if caller else message], monotonic_us=monotonic_us,
+                  wall_time=wall_time, priority=priority)
+
+
+def _stamped(message: str, wall_time: float | None) -> _Draft:
+    """A syslog `kernel:` message, which may still carry dmesg's [uptime] stamp."""
+    m = _STAMP.fullmatch(message)
+    if m:
+        return _timed(m.group("msg"), monotonic_us=_micros(m.group("sec"), m.group("frac")), wall_time=wall_time)
+    return _timed(message, wall_time=wall_time)
+
+
+def _micros(seconds: str, fraction: str) -> int:
+    return int(seconds) * 1000000 + int((fraction + "000000")[:6])
+
+
+def _utc(year: int, month: int, day: int, m: re.Match) -> float | None:
+    """Epoch seconds of a date and the match's h/m/s groups, as UTC; None when it is no date."""
+    try:
+        return float(calendar.timegm((year, month, day, int(m.group("h")), int(m.group("m")), int(m.group("s")))))
+    except (ValueError, OverflowError):
+        return None
+
+
+def iso_time(text: str) -> float | None:
+    """Epoch seconds of an ISO 8601 time (`,` or `.` before the fraction, any zone; UTC if none)."""
+    m = _ISO.match(text)
+    if not m:
+        return None
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    if not (1 <= month <= 12 and 1 <= day <= 31 and hour < 24 and minute < 60 and second <= 60):
+        return None
+    try:
+        when = float(calendar.timegm((year, month, day, hour, minute, second)))
+    except (ValueError, OverflowError):
+        return None
+    if m.group(7):
+        when += int(m.group(7)) / 10 ** len(m.group(7))
+    zone = m.group(8)
+    if zone and zone != "Z":
+        sign = -1 if zone[0] == "+" else 1
+        when += sign * (int(zone[1:3]) * 3600 + int(zone[-2:]) * 60)
+    return when
