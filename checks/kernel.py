@@ -1,14 +1,18 @@
-"""Kernel trouble from the kernel log: hung tasks, soft lockups and hard lockups.
-
-Also home to the few rules every kernel-log check shares (which events still count, how an
-event's text and time are shown), so that xid and link_events judge time the same way.
-"""
+"""Kernel trouble from the kernel log: hung tasks, soft lockups and hard lockups."""
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Iterable, Sequence
 
+from nodehealth.checks.kernel_log import (
+    latest_distinct,
+    reference_time,
+    seen_range,
+    span,
+    still_counts,
+    times,
+    trim,
+    whole_numbers,
+)
 from nodehealth.collectors.kernel_events import HARD_LOCKUP, HUNG_TASK, SOFT_LOCKUP, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -22,72 +26,25 @@ DEFAULTS: dict = {
     "hung_task_repeat": 3,
 }
 
-TEXT_LIMIT = 160
-LIST_LIMIT = 8  # at most this many pids / cpus in evidence and messages
 
 # A hung task in the NVIDIA driver: its own threads (nv_queue, nvc:[driver] of the container
 # toolkit), nvidia-smi, or a call trace through the nvidia modules.
 _NVIDIA = re.compile(r"nvidia|nv_queue|\bnvc\b", re.IGNORECASE)
 _STUCK_SECONDS = re.compile(r"stuck for ([0-9]{1,10})s")
-_WHOLE_NUMBER = re.compile(r"[0-9]{1,18}")
 
-
-# Shared by the kernel-log checks.
-
-def still_counts(event: KernelEvent, now: float, window_seconds: float, whole_boot: bool = False) -> bool:
-    """Whether an event counts in this pass.
-
-    The collector hands over the current boot only, so whole-boot events always count; so do
-    events without a wall time (a saved log replayed after the fact has no 'now' to age from).
-    """
-    if whole_boot or event.wall_time is None:
-        return True
-    return event.wall_time >= now - window_seconds
-
-
-def trim(text: str, limit: int = TEXT_LIMIT) -> str:
-    """One line of at most `limit` characters, for messages and evidence."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
-
-
-def span(seconds: float) -> str:
-    """A window in words: 86400 -> '24 h', 3600 -> '1 h', 600 -> '10 min', 30 -> '30 s'."""
-    if seconds >= 3600 and seconds % 3600 == 0:
-        return f"{seconds / 3600:g} h"
-    if seconds >= 60 and seconds % 60 == 0:
-        return f"{seconds / 60:g} min"
-    return f"{seconds:g} s"
-
-
-def clock(epoch: float) -> str:
-    """An epoch time as UTC wall-clock text; deterministic, unlike local time."""
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
-
-
-def seen_range(events: Sequence[KernelEvent]) -> tuple[float | None, float | None]:
-    """Earliest and latest wall time among the events (None where none has one)."""
-    times = [e.wall_time for e in events if e.wall_time is not None]
-    return (min(times), max(times)) if times else (None, None)
-
-
-def times(count: int) -> str:
-    return "once" if count == 1 else f"{count} times"
-
-
-# The kernel check itself.
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     events = obs.facts["kmsg"].events
+    now = reference_time(obs)
     window = cfg.get("window_seconds", DEFAULTS["window_seconds"])
     repeat = cfg.get("hung_task_repeat", DEFAULTS["hung_task_repeat"])
     hung: dict[str, list[KernelEvent]] = {}
     soft: list[KernelEvent] = []
     hard: list[KernelEvent] = []
     for e in events:
-        if e.kind == HUNG_TASK and still_counts(e, obs.now, window):
+        if e.kind == HUNG_TASK and still_counts(e, now, window):
             hung.setdefault(e.device, []).append(e)
-        elif e.kind == SOFT_LOCKUP and still_counts(e, obs.now, window):
+        elif e.kind == SOFT_LOCKUP and still_counts(e, now, window):
             soft.append(e)
         elif e.kind == HARD_LOCKUP:
             # The CPU stopped taking interrupts: nothing in this boot is trustworthy after it.
@@ -187,23 +144,3 @@ def _longest_stuck(events: list[KernelEvent]) -> int | None:
         if m:
             seconds.append(int(m.group(1)))
     return max(seconds) if seconds else None
-
-
-def whole_numbers(values: Iterable[object]) -> list[int]:
-    """The values that are whole numbers (the log may say '<unknown>' or nothing)."""
-    out = []
-    for v in values:
-        if isinstance(v, bool):
-            continue
-        if isinstance(v, int) or (isinstance(v, str) and _WHOLE_NUMBER.fullmatch(v)):
-            out.append(int(v))
-    return out
-
-
-def latest_distinct(values: Iterable[object]) -> list:
-    """Distinct values in order of last appearance, keeping the latest LIST_LIMIT (bounded evidence)."""
-    seen: dict = {}
-    for v in values:
-        seen.pop(v, None)
-        seen[v] = True
-    return list(seen)[-LIST_LIMIT:]

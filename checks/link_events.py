@@ -10,7 +10,7 @@ first records, a port's first drop after that is missed; its later ones still co
 """
 from __future__ import annotations
 
-from nodehealth.checks.kernel import clock, seen_range, span, still_counts, times, trim
+from nodehealth.checks.kernel_log import clock, reference_time, seen_range, span, still_counts, times, trim
 from nodehealth.collectors.kernel_events import LINK_DOWN, LINK_UP, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -42,7 +42,7 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
             by_port.setdefault(port_name(e), []).append(e)
     findings = []
     for port, events in sorted(by_port.items()):
-        findings += judge_port(port, events, obs.now, window, flap_count, flap_window)
+        findings += judge_port(port, events, reference_time(obs), window, flap_count, flap_window)
     return findings
 
 

@@ -9,7 +9,16 @@ import re
 from dataclasses import dataclass
 
 from nodehealth.checks import xid_catalog as catalog
-from nodehealth.checks.kernel import latest_distinct, seen_range, span, still_counts, times, trim, whole_numbers
+from nodehealth.checks.kernel_log import (
+    latest_distinct,
+    reference_time,
+    seen_range,
+    span,
+    still_counts,
+    times,
+    trim,
+    whole_numbers,
+)
 from nodehealth.collectors.kernel_events import GPU_FALLEN_OFF_BUS, SXID, XID, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -79,7 +88,7 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
         else:
             continue
         groups.setdefault((_family(e), e.device, verdict.reason), []).append((e, verdict))
-    counted = {key: _counting(key, items, obs.now, window) for key, items in groups.items()}
+    counted = {key: _counting(key, items, reference_time(obs), window) for key, items in groups.items()}
     fallen_off = any(fam == XID and _code(items[0][0]) == catalog.FALLEN_OFF_BUS_XID
                      for (fam, _, _), items in counted.items() if items)
     link_fault = any(fam == SXID and items[0][0].code == catalog.LINK_FAULT_SXID

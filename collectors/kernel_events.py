@@ -34,6 +34,9 @@ class KernelRecord:
     priority: int | None = None  # syslog level 0 (emerg) .. 7 (debug)
     # kmsg dictionary lines (` SUBSYSTEM=pci`, ` DEVICE=+pci:0000:3b:00.0`), when the record has them
     dictionary: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    # syslog facility where the framing has it (raw kmsg): 0 is the kernel; userspace writes to
+    # /dev/kmsg never get 0, so only facility 0 (or unknown) records become events.
+    facility: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class EventParser:
         self._hung: tuple[int, int] | None = None  # pid, records left to see its task: line
 
     def feed(self, record: KernelRecord) -> list[KernelEvent]:
+        if record.facility:  # written by a userspace process, not the kernel: it cannot fake an Xid
+            return []
         out: list[KernelEvent] = []
         message = record.message
         if self._sxid is not None and not self._sxid_continues(message):

@@ -400,10 +400,11 @@ class _Draft:
     priority: int | None = None
     kmsg: bool = False
     dictionary: dict[str, str] = field(default_factory=dict)
+    facility: int | None = None
 
     def record(self) -> KernelRecord:
         return KernelRecord("\n".join(self.parts), self.seq, self.monotonic_us, self.wall_time, self.priority,
-                            self.dictionary)
+                            self.dictionary, self.facility)
 
 
 _SKIP = _Draft([])  # a line that is no record: a comment, a wall message header, a non-kernel syslog line
@@ -469,9 +470,10 @@ class LogLines:
         m = _KMSG.fullmatch(body)
         if m:
             usec = int(m.group("usec"))
+            prio = int(m.group("prio"))
             return _Draft([m.group("msg")], seq=int(m.group("seq")), monotonic_us=usec, kmsg=True,
                           wall_time=self.btime + usec / 1e6 if self.btime is not None else None,
-                          priority=int(m.group("prio")) & 7)
+                          priority=prio & 7, facility=prio >> 3)
         m = _WALL.match(body)
         if m:
             self._wall_time = self._syslog_time(m)

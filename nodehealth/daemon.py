@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,6 +34,18 @@ REQUEST_TIMEOUT_SECONDS = 5.0
 STOP_GRACE_SECONDS = 1.5
 
 
+@dataclass
+class Batch:
+    """What one read of the kernel log brought."""
+
+    records: int
+    overwritten: int
+    last_seq: int | None
+    events: list[KernelEvent]
+    malformed: int = 0
+    unframed: int = 0
+
+
 class KernelEvents:
     """The current boot's kernel events and counters, restored from and saved to the state file.
 
@@ -47,6 +60,7 @@ class KernelEvents:
         self.records = 0
         self.overwritten = 0
         self.malformed = 0
+        self.unframed = 0
         self.last_seq: int | None = None
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -55,6 +69,7 @@ class KernelEvents:
         self.records = int(saved.get("records", 0))
         self.overwritten = int(saved.get("overwritten", 0))
         self.malformed = int(saved.get("malformed", 0))
+        self.unframed = int(saved.get("unframed", 0))
         self.last_seq = saved.get("last_seq")
         fields = {f.name for f in dataclasses.fields(KernelEvent)}
         for d in saved.get("events", []):
@@ -63,9 +78,12 @@ class KernelEvents:
             except TypeError:
                 continue
 
-    def add(self, records: int, overwritten: int, last_seq: int | None, events: list[KernelEvent]) -> None:
+    def add(self, batch: Batch) -> None:
+        records, overwritten, last_seq, events = batch.records, batch.overwritten, batch.last_seq, batch.events
         self.records += records
         self.overwritten += overwritten
+        self.malformed += batch.malformed
+        self.unframed += batch.unframed
         if last_seq is not None:
             self.last_seq = last_seq
         self.events.extend(events)
@@ -75,11 +93,11 @@ class KernelEvents:
     def facts(self) -> kmsg.KernelLog:
         return kmsg.KernelLog(source=self.source, boot_id=self.boot_id, records=self.records,
                               overwritten=self.overwritten, malformed=self.malformed,
-                              last_seq=self.last_seq, events=tuple(self.events))
+                              last_seq=self.last_seq, events=tuple(self.events), unframed=self.unframed)
 
     def dump(self) -> dict[str, Any]:
         return {"boot_id": self.boot_id, "records": self.records, "overwritten": self.overwritten,
-                "malformed": self.malformed, "last_seq": self.last_seq,
+                "malformed": self.malformed, "unframed": self.unframed, "last_seq": self.last_seq,
                 "events": [dataclasses.asdict(e) for e in self.events]}
 
 
@@ -172,9 +190,9 @@ class Daemon:
             self.pass_duration = time.monotonic() - start
         self.save_state()
 
-    def on_kernel(self, records: int, overwritten: int, last_seq: int | None, events: list[KernelEvent]) -> None:
+    def on_kernel(self, batch: Batch) -> None:
         with self.lock:
-            self.kernel.add(records, overwritten, last_seq, events)
+            self.kernel.add(batch)
             if self.report is not None:
                 self._publish(self.results, self.kernel_checks, self.engine.clock())
         self.save_state()
@@ -201,11 +219,14 @@ class Daemon:
                 continue
             self.kernel_error = None
             self.follower_alive = True
+            malformed, unframed = 0, 0
             try:
                 while not self.stop.is_set():
                     records, overwritten, last_seq, events = follower.read_new()
-                    if records or overwritten:
-                        self.on_kernel(records, overwritten, last_seq, list(events))
+                    if records or overwritten or follower.malformed > malformed or follower.unframed > unframed:
+                        self.on_kernel(Batch(records, overwritten, last_seq, list(events),
+                                             follower.malformed - malformed, follower.unframed - unframed))
+                        malformed, unframed = follower.malformed, follower.unframed
                     follower.wait(0.2)
             except Exception as e:
                 log.exception("kernel log follower failed; restarting in 5 s")

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodehealth.checks import kernel
+from nodehealth.checks import kernel, kernel_log
 from nodehealth.collectors.kernel_events import HARD_LOCKUP, HUNG_TASK, KINDS, SOFT_LOCKUP, KernelEvent
 from nodehealth.model import Action, Observed, Severity
 
@@ -21,6 +21,7 @@ DAY = 86400.0
 @dataclass(frozen=True)
 class KmsgFacts:
     events: tuple
+    boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
 def judge(events, now=NOW, **cfg):
@@ -146,26 +147,26 @@ def test_repeats_only_count_inside_the_window():
 @pytest.mark.parametrize("seconds,words", [(86400.0, "24 h"), (3600.0, "1 h"), (7200, "2 h"), (600.0, "10 min"),
                                            (90.0, "90 s"), (5400.0, "90 min"), (0.5, "0.5 s")])
 def test_span(seconds, words):
-    assert kernel.span(seconds) == words
+    assert kernel_log.span(seconds) == words
 
 
 def test_trim_flattens_and_bounds():
-    assert kernel.trim("a\n  b\tc") == "a b c"
-    assert kernel.trim("x" * 500) == "x" * 157 + "..."
-    assert kernel.trim("y" * 160) == "y" * 160
+    assert kernel_log.trim("a\n  b\tc") == "a b c"
+    assert kernel_log.trim("x" * 500) == "x" * 157 + "..."
+    assert kernel_log.trim("y" * 160) == "y" * 160
 
 
 def test_clock_is_utc():
-    assert kernel.clock(0) == "1970-01-01 00:00:00 UTC"
+    assert kernel_log.clock(0) == "1970-01-01 00:00:00 UTC"
 
 
 def test_latest_distinct_keeps_the_latest_in_order():
-    assert kernel.latest_distinct([1, 2, 1, 3]) == [2, 1, 3]
-    assert kernel.latest_distinct(range(20)) == list(range(12, 20))
+    assert kernel_log.latest_distinct([1, 2, 1, 3]) == [2, 1, 3]
+    assert kernel_log.latest_distinct(range(20)) == list(range(12, 20))
 
 
 def test_whole_numbers_skips_what_is_not_one():
-    assert kernel.whole_numbers([1, "2", "<unknown>", None, True, 3.5, "-4", "²", "9" * 5000]) == [1, 2]
+    assert kernel_log.whole_numbers([1, "2", "<unknown>", None, True, 3.5, "-4", "²", "9" * 5000]) == [1, 2]
 
 
 @settings(max_examples=200, deadline=None)
@@ -184,3 +185,14 @@ def test_never_raises_and_findings_are_valid(events, repeat):
         assert f.severity in (Severity.WARNING, Severity.DEGRADED, Severity.FATAL)
         assert isinstance(f.action, Action) and re.match(r"^[A-Z][A-Za-z]+$", f.reason)
         assert f.message.endswith(".") and f.evidence["count"] >= 1
+
+
+def test_a_saved_log_is_judged_as_of_its_last_event():
+    """`check --kernel-log` on a dead node's log, days later: the window ends where the log ends."""
+    old = [hung("python3", 7, age=3 * DAY), soft(2, 23, age=3 * DAY - 60)]
+    live = kernel.judge(Observed({"kmsg": KmsgFacts(tuple(old))}, now=NOW), kernel.DEFAULTS)
+    assert live == []  # on a live node these are three days old
+    replay = kernel.judge(Observed({"kmsg": KmsgFacts(tuple(old), boot_id=None)}, now=NOW), kernel.DEFAULTS)
+    assert {f.reason for f in replay} == {"HungTask", "SoftLockup"}
+    assert kernel_log.reference_time(Observed({"kmsg": KmsgFacts(tuple(old), boot_id=None)}, now=NOW)) == \
+        NOW - 3 * DAY + 60

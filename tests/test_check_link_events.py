@@ -21,6 +21,7 @@ DAY = 86400.0
 @dataclass(frozen=True)
 class KmsgFacts:
     events: tuple
+    boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
 def judge(events, now=NOW, **cfg):

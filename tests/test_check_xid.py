@@ -26,6 +26,7 @@ CAMEL = re.compile(r"^[A-Z][a-z0-9]*(?:[A-Z][a-z0-9]*)*$")
 @dataclass(frozen=True)
 class KmsgFacts:
     events: tuple
+    boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
 def judge(events, now=NOW, **cfg):

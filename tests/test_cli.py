@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -41,3 +42,28 @@ def test_check_on_this_host_gives_a_json_document(capsys):
     assert {c["name"] for c in doc["collectors"]} == {m.NAME for m in registry.COLLECTORS}
     for c in doc["collectors"]:
         assert set(c) >= {"name", "success", "duration_seconds", "error"}
+
+
+@pytest.mark.parametrize("log, reason, device, severity", [
+    ("gpud/dmesg-with-xid-119.log", "Xid119GspRpcTimeout", "0000:9b:00.0", "fatal"),  # dmesg -T
+    ("issues/nvsentinel-155.fallen-off-bus-multiline-no-xid.txt", "Xid79FallenOffBus", "0000:b3:00.0", "fatal"),
+    ("m4-logs/jean-zay-iam06.a100.dmesg-T.hung-tasks.txt", "HungTask", "python", "degraded"),
+    ("issues/ironfish-701.syslogd-wall.soft-and-hard-lockup.txt", "HardLockup", "", "fatal"),
+    ("gpud/kmsg.1.log", None, None, None),  # raw kmsg records with nothing wrong in them
+])
+def test_post_mortem_from_a_saved_kernel_log(log, reason, device, severity, capsys):
+    path = os.path.join(os.path.dirname(__file__), "fixtures", "kmsg", log)
+    code = cli.main(["check", "--kernel-log", path, "--only", "kmsg", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    found = {(f["reason"], f["device"], f["severity"]) for f in doc["findings"]}
+    if reason is None:
+        assert code == 0 and found == set()
+    else:
+        assert code == 1 and (reason, device, severity) in found
+
+
+def test_kernel_log_that_cannot_be_read_is_unknown(tmp_path, capsys):
+    code = cli.main(["check", "--kernel-log", str(tmp_path / "absent.log"), "--only", "kmsg", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and {f["reason"] for f in doc["findings"]} == {"CollectorFailed"}
+    assert "absent.log" in doc["findings"][0]["message"]

@@ -387,3 +387,14 @@ def test_fuzz_events_from_records(messages):
     events = list(events_from_records(KernelRecord(m, seq=i) for i, m in enumerate(messages)))
     assert len(events) <= len(messages)
     assert all(e.kind in KINDS and isinstance(e.device, str) for e in events)
+
+
+def test_a_userspace_write_to_kmsg_cannot_fake_an_xid():
+    """Anything root writes to /dev/kmsg gets facility user (1), never kernel (0)."""
+    from nodehealth.collectors.kmsg import LogLines
+    lines = LogLines()
+    text = "NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    records = lines.feed(f"12,900,1000,-;{text}") + lines.feed(f"4,901,2000,-;{text}") + lines.flush()
+    assert [r.facility for r in records] == [1, 0]
+    events = list(events_from_records(records))
+    assert [(e.kind, e.seq) for e in events] == [("xid", 901)]
