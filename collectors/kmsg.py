@@ -56,7 +56,7 @@ class KernelLog:
 def supported(host: HostPaths, cfg: dict) -> str | None:
     if cfg.get("files") or os.path.exists(host.dev("kmsg")):
         return None
-    return f"no kernel log: {host.dev('kmsg')} does not exist and no saved log was given"
+    return "no kernel log: /dev/kmsg does not exist and no saved log was given"
 
 
 def collect(host: HostPaths, cfg: dict) -> KernelLog:
