@@ -23,10 +23,9 @@ SELF_DEVICE = "nodehealth"
 MAX_PIDS_SHOWN = 8
 BREAKS = ("RDMA memory registration (ibv_reg_mr, NCCL over InfiniBand/RoCE) fails with ENOMEM "
           "(\"Couldn't allocate MR with error=12\") once more than that is pinned")
-FIXES = ("raise it to unlimited (docker/podman --ulimit memlock=-1, LimitMEMLOCK=infinity in the systemd or "
-         "containerd unit, a memlock line in /etc/security/limits.conf) or, for a process running as root, "
-         "grant CAP_IPC_LOCK (Kubernetes securityContext capabilities.add: [IPC_LOCK]); non-root processes "
-         "get no effective capabilities, so only a raised limit helps them")
+FIXES = ("raise it to unlimited (--ulimit memlock=-1, LimitMEMLOCK=infinity in the systemd or containerd "
+         "unit, /etc/security/limits.conf) or grant a root process CAP_IPC_LOCK (Kubernetes capabilities.add: "
+         "[IPC_LOCK]; non-root processes get no effective capabilities, so only the limit helps them)")
 
 _UNITS = ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
 
@@ -41,6 +40,10 @@ def human_bytes(n: int) -> str:
 def _limit_words(soft: int) -> str:
     """The limit in human units and as `ulimit -l` shows it (KiB), so nobody mixes the two up."""
     return f"{human_bytes(soft)} (ulimit -l {soft // 1024})"
+
+
+def _devices(count: int) -> str:
+    return "1 RDMA device" if count == 1 else f"{count} RDMA devices"
 
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
@@ -68,7 +71,7 @@ def _own_limit(facts, cfg: dict) -> list[Finding]:
         return [Finding(
             NAME, Severity.WARNING, "MemlockLimitLow",
             f"nodehealth runs with a locked-memory limit of {_limit_words(limit.soft)}, under "
-            f"{human_bytes(cfg['min_bytes'])}, on a node with {devices} RDMA devices, and processes started the "
+            f"{human_bytes(cfg['min_bytes'])}, on a node with {_devices(devices)}, and processes started the "
             f"same way inherit it: {BREAKS}; {FIXES}.",
             device=SELF_DEVICE, action=Action.FIX_CONFIG, evidence=evidence)]
     if not cfg["expect_unlimited_on_rdma"]:
@@ -76,7 +79,7 @@ def _own_limit(facts, cfg: dict) -> list[Finding]:
     return [Finding(
         NAME, Severity.INFO, "MemlockLimitFinite",
         f"nodehealth runs with a locked-memory limit of {_limit_words(limit.soft)} rather than unlimited on a "
-        f"node with {devices} RDMA devices: {BREAKS}; set it to unlimited (--ulimit memlock=-1, "
+        f"node with {_devices(devices)}: {BREAKS}; set it to unlimited (--ulimit memlock=-1, "
         f"LimitMEMLOCK=infinity) unless the limit is deliberate.",
         device=SELF_DEVICE, action=Action.FIX_CONFIG, evidence=evidence)]
 
