@@ -33,7 +33,7 @@ def main() -> None:
             wait_http(url)
             samples = {}
             t0 = time.monotonic()
-            for mark in (100, args.passes // 2, args.passes):
+            for mark in sorted({100, args.passes // 4, args.passes // 2, 3 * args.passes // 4, args.passes}):
                 while passes(url) < mark:
                     time.sleep(0.05)
                 samples[mark] = rss_bytes(proc.pid)

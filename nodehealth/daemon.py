@@ -11,10 +11,12 @@ import dataclasses
 import json
 import logging
 import signal
+import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 from nodehealth import exporter
@@ -304,27 +306,46 @@ class Daemon:
         return 0
 
 
-def make_server(daemon: Daemon, listen: str) -> ThreadingHTTPServer:
+class _PooledHTTPServer(HTTPServer):
+    """Requests run on a fixed pool of threads: bounded concurrency, and no thread (nor thread
+    stack) created per request. Past the bound a connection is closed at once, not queued."""
+
+    def __init__(self, address, handler, workers: int):
+        super().__init__(address, handler)
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="http")
+        self.slots = threading.BoundedSemaphore(workers)
+
+    def process_request(self, request, client_address) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        self.pool.submit(self._handle, request, client_address)
+
+    def _handle(self, request, client_address) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
+            self.slots.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.pool.shutdown(wait=False)
+
+
+def make_server(daemon: Daemon, listen: str) -> HTTPServer:
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     if not port.isdigit():
         raise ValueError(f"--listen must be ADDR:PORT, not {listen!r}")
-    slots = threading.BoundedSemaphore(MAX_CONCURRENT_REQUESTS)
 
     class Handler(BaseHTTPRequestHandler):
         timeout = REQUEST_TIMEOUT_SECONDS  # a client that stalls mid-request is dropped
         server_version = "nodehealth"
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-            if not slots.acquire(blocking=False):
-                self._send(503, b"too many concurrent requests\n", "text/plain")
-                return
-            try:
-                self._route()
-            finally:
-                slots.release()
-
-        def _route(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 body = exporter.render(daemon.metrics())
@@ -356,17 +377,9 @@ def make_server(daemon: Daemon, listen: str) -> ThreadingHTTPServer:
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), fmt % args)
 
-    class Server(ThreadingHTTPServer):
-        daemon_threads = True
+    class Server(_PooledHTTPServer):
         allow_reuse_address = True
         request_queue_size = 64
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    server_class = Server
-    if ":" in host:
-        import socket
-
-        class Server6(Server):
-            address_family = socket.AF_INET6
-
-        server_class = Server6
-    return server_class((host, int(port)), Handler)
+    return Server((host, int(port)), Handler, MAX_CONCURRENT_REQUESTS)

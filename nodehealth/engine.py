@@ -2,7 +2,8 @@
 
 Collectors run one after another in a worker thread, so that a read stuck in the kernel (a wedged
 mount, a driver that never answers) costs that collector its result, not the pass: when one
-overruns its deadline the worker is abandoned to it, and a fresh worker runs the rest. A
+overruns its deadline the worker is abandoned to it, and a fresh worker runs the rest (and the
+passes after). A
 collector still stuck from an earlier pass is not started again: it reports that it is stuck.
 One worker rather than a thread per collector: concurrent readers fight over the GIL on every
 read() and cost a third more CPU (benchmarks/RESULTS.md).
@@ -19,22 +20,35 @@ from nodehealth.model import CollectorResult, Finding, Observed, Severity
 
 
 class _Worker(threading.Thread):
-    """Runs collectors in order; stops early once abandoned to a stuck collector."""
+    """Runs batches of collectors in order, pass after pass; retired once abandoned to a stuck one.
 
-    def __init__(self, jobs: list, host: HostPaths, cfgs: dict[str, dict[str, Any]]):
+    One long-lived thread, not one per pass: a new thread per pass costs a thread start and, with
+    glibc, slowly spreads the heap over more malloc arenas (resident memory creeps up).
+    """
+
+    def __init__(self, host: HostPaths, cfgs: dict[str, dict[str, Any]]):
         super().__init__(name="collectors", daemon=True)
-        self.jobs = jobs
         self.host = host
         self.cfgs = cfgs
         self.lock = threading.Lock()
+        self.ready = threading.Event()
         self.finished = threading.Event()
+        self.jobs: list = []
         self.done: dict[str, tuple[Any, str | None, float]] = {}
         self.current: Any = None
         self.started = 0.0
         self.abandoned = False
 
+    def submit(self, jobs: list) -> None:
+        with self.lock:
+            self.jobs, self.done = list(jobs), {}
+            self.finished.clear()
+        self.ready.set()
+
     def run(self) -> None:
-        try:
+        while True:
+            self.ready.wait()
+            self.ready.clear()
             for module in self.jobs:
                 with self.lock:
                     if self.abandoned:
@@ -49,7 +63,6 @@ class _Worker(threading.Thread):
                 with self.lock:
                     self.done[module.NAME] = (facts, error, time.perf_counter() - t0)
                     self.current = None
-        finally:
             self.finished.set()
 
 
@@ -72,6 +85,7 @@ class Engine:
         self.timeout = timeout
         self.clock = clock
         self._stuck: dict[str, _Worker] = {}
+        self._worker: _Worker | None = None
         self._last_counters: dict[str, dict[str, float]] = {}
         self._last_time: float | None = None
 
@@ -90,14 +104,19 @@ class Engine:
                 self._stuck.pop(module.NAME, None)
                 queue.append(module)
         while queue:
-            worker = _Worker(queue, self.host, cfgs)
-            worker.start()
+            if self._worker is None:
+                self._worker = _Worker(self.host, cfgs)
+                self._worker.start()
+            worker = self._worker
+            worker.cfgs = cfgs
+            worker.submit(queue)
             stuck = self._wait(worker)
             for name, (facts, error, duration) in worker.done.items():
                 results[name] = CollectorResult(name, True, error is None, duration, error, facts)
             if stuck is None:
                 break
             self._stuck[stuck.NAME] = worker
+            self._worker = None  # left to the stuck collector; the rest run on a fresh one
             results[stuck.NAME] = CollectorResult(stuck.NAME, True, False, self.timeout,
                                                   f"timed out after {self.timeout:g}s")
             queue = queue[queue.index(stuck) + 1:]

@@ -140,3 +140,28 @@ def test_unwritable_state_dir_does_not_stop_the_daemon(plain, tmp_path, daemon_f
     assert d.get("/metrics")[0] == 200
     assert d.stop() < 2.0
     assert "cannot write state" in d.output()
+
+
+def test_connections_beyond_the_bound_are_refused_at_once_then_service_resumes(plain, tmp_path, daemon_factory):
+    from nodehealth.daemon import MAX_CONCURRENT_REQUESTS
+    d = daemon_factory(str(plain), str(tmp_path / "state"))
+    d.wait_ready()
+    stalled = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(MAX_CONCURRENT_REQUESTS)]
+    for s in stalled:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    with pytest.raises(OSError):  # closed without an answer
+        d.get("/healthz")
+    assert time.monotonic() - t0 < 1.0
+    for s in stalled:
+        s.close()
+    assert wait_for(lambda: _answers(d), timeout=5.0, step=0.05)
+    d.stop()
+
+
+def _answers(d) -> bool:
+    try:
+        return d.get("/healthz")[0] == 200
+    except OSError:
+        return False
