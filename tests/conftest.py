@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 
 import pytest
 
@@ -18,6 +19,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MACHINES_DIR = os.path.join(HERE, "fixtures", "machines")
 MACHINES = sorted(d for d in os.listdir(MACHINES_DIR) if os.path.isdir(os.path.join(MACHINES_DIR, d)))
 IN_CI = os.environ.get("CI") == "true"
+
+
+@dataclass(frozen=True)
+class KmsgFacts:
+    """Stand-in for the kernel-log collector's facts in table-driven check tests."""
+
+    events: tuple
+    boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
 def machine(name: str) -> str:

@@ -3,9 +3,9 @@ Texts are real kernel lines from /work/shared/fixtures/kmsg as the collector han
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import pytest
+from conftest import KmsgFacts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,12 +16,6 @@ from nodehealth.model import Action, Observed, Severity
 NOW = 1_700_000_000.0
 HOUR = 3600.0
 DAY = 86400.0
-
-
-@dataclass(frozen=True)
-class KmsgFacts:
-    events: tuple
-    boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
 def judge(events, now=NOW, **cfg):

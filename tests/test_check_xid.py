@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import pytest
+from conftest import KmsgFacts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,12 +21,6 @@ GPU = "0000:3b:00.0"
 GPU2 = "0000:5d:00.0"
 SWITCH = "0000:06:00.0"
 CAMEL = re.compile(r"^[A-Z][a-z0-9]*(?:[A-Z][a-z0-9]*)*$")
-
-
-@dataclass(frozen=True)
-class KmsgFacts:
-    events: tuple
-    boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
 def judge(events, now=NOW, **cfg):
