@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
@@ -67,6 +66,8 @@ class StateFile:
             return {}
 
     def save(self, data: dict[str, Any]) -> None:
+        import tempfile  # only the daemon saves; `check` does not pay for it
+
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         data = dict(data, version=STATE_VERSION)
         fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.directory)
