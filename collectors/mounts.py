@@ -182,14 +182,13 @@ def _start(path: str, stat: Callable[[str], object], deadline: float) -> _Probe 
         stuck = _STUCK.get(path)
     if stuck is not None and not stuck.done.is_set():
         return stuck
-    slots = _SLOTS
-    if not slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+    if not _SLOTS.acquire(timeout=max(0.0, deadline - time.monotonic())):
         return None
-    probe = _Probe(path, stat, slots)
+    probe = _Probe(path, stat, _SLOTS)
     try:
         probe.thread.start()
     except RuntimeError:  # the process is out of threads
-        slots.release()
+        _SLOTS.release()
         return None
     return probe
 

@@ -210,7 +210,7 @@ def test_unreadable_attributes_are_none(h100_copy):
     (counters / "symbol_error").unlink()
     (counters / "symbol_error").mkdir()  # a directory where a file is expected: EINVAL
     (counters / "link_downed").unlink()
-    os.mkfifo(counters / "link_downed")  # a FIFO would block a naive reader; read_attr refuses it
+    os.mkfifo(counters / "link_downed")  # a FIFO would block a naive reader; read_attr reads it as empty
     rate = counters.parent / "rate"
     rate.unlink()
     rate.mkdir()

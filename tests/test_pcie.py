@@ -185,7 +185,7 @@ def test_unreadable_attributes_are_none(tmp_path):
     path = make_device(tmp_path, "0000:3b:00.0", {k: v for k, v in GPU_FILES.items() if k != "max_link_width"})
     (path / "max_link_width").mkdir()  # a directory where a file is expected
     (path / "current_link_speed").unlink()
-    os.mkfifo(path / "current_link_speed")  # read_attr refuses FIFOs instead of blocking
+    os.mkfifo(path / "current_link_speed")  # read_attr reads a FIFO as empty instead of blocking
     d = collect(tmp_path).devices[0]
     assert (d.max_width, d.current_speed_gts, d.current_width, d.max_speed_gts) == (None, None, 16, 32.0)
 
