@@ -23,13 +23,24 @@ DEFAULTS: dict = {
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     ignored = set(cfg["ignore_devices"])
+    judged_by_nvml = _gpus_with_nvml_link(obs)
     findings: list[Finding] = []
     for device in obs.facts["pcie"].devices:
         if device.address in ignored:
             continue
-        findings.extend(_link(device))
+        if device.address not in judged_by_nvml:
+            findings.extend(_link(device))
         findings.extend(_aer(device, obs, cfg))
     return findings
+
+
+def _gpus_with_nvml_link(obs: Observed) -> set[str]:
+    """GPUs whose link the gpu_pcie check judges from NVML, knowing whether the GPU is busy (an idle
+    GPU drops its link speed on purpose); judging them here too would report one link twice."""
+    facts = obs.facts.get("nvml")
+    if facts is None:
+        return set()
+    return {g.pci_bus_id for g in facts.gpus if g.pci_bus_id and g.pcie is not None and g.pcie.current_width}
 
 
 def _effective_max(device_max, slot_max):

@@ -21,8 +21,9 @@ from typing import Any
 
 from nodehealth import exporter
 from nodehealth import report as render
-from nodehealth.collectors import kmsg
-from nodehealth.collectors.kernel_events import KernelEvent
+from nodehealth.collectors import kmsg, nvml
+from nodehealth.collectors.gpu_facts import NvmlError
+from nodehealth.collectors.kernel_events import XID, KernelEvent
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id
 from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
@@ -31,6 +32,8 @@ from nodehealth.policy import Policy, StateFile
 log = logging.getLogger("nodehealth.daemon")
 
 MAX_EVENTS = 10000  # kernel events kept for the current boot; the oldest go first
+XID_MERGE_SECONDS = 2.0  # an NVML Xid event and its kernel line are one Xid (xid.md 4.5)
+NVML_EVENT_WAIT_SECONDS = 0.5
 MAX_CONCURRENT_REQUESTS = 16
 REQUEST_TIMEOUT_SECONDS = 5.0
 STOP_GRACE_SECONDS = 1.5
@@ -88,9 +91,30 @@ class KernelEvents:
         self.unframed += batch.unframed
         if last_seq is not None:
             self.last_seq = last_seq
-        self.events.extend(events)
+        for event in events:
+            self._merge(event)
         if len(self.events) > MAX_EVENTS:
             del self.events[: len(self.events) - MAX_EVENTS]
+
+    def _merge(self, event: KernelEvent) -> None:
+        """Add an event, unless it is an Xid the other source already reported.
+
+        NVML events and kernel lines report the same Xid: one is kept when the bus id (or an
+        unknown one), the Xid and the time within XID_MERGE_SECONDS agree. The kernel line wins,
+        since it carries the text, pid and process.
+        """
+        if event.kind == XID and event.wall_time is not None:
+            source = event.detail.get("source", "kmsg")
+            for i in range(len(self.events) - 1, max(-1, len(self.events) - 200), -1):
+                old = self.events[i]
+                if (old.kind == XID and old.code == event.code and old.wall_time is not None
+                        and abs(old.wall_time - event.wall_time) <= XID_MERGE_SECONDS
+                        and old.detail.get("source", "kmsg") != source
+                        and (not old.device or not event.device or old.device == event.device)):
+                    if source == "kmsg":
+                        self.events[i] = event
+                    return
+        self.events.append(event)
 
     def facts(self) -> kmsg.KernelLog:
         return kmsg.KernelLog(source=self.source, boot_id=self.boot_id, records=self.records,
@@ -112,6 +136,7 @@ class Daemon:
         self.boot_id = boot_id(self.host)
         self.state = StateFile(cfg["daemon"]["state_dir"])
         self.kmsg_module = next((m for m in engine.collectors if m.NAME == kmsg.NAME), None)
+        self.nvml_supported = any(m is nvml for m in engine.collectors) and nvml.supported(self.host, {}) is None
         # Passes poll every collector but the kernel log, which the follower streams.
         self.engine = Engine([m for m in engine.collectors if m is not self.kmsg_module], engine.checks,
                              engine.host, cfg, engine.timeout, engine.clock)
@@ -238,6 +263,24 @@ class Daemon:
                 follower.close()
             self.stop.wait(5.0)
 
+    def _nvml_events(self) -> None:
+        """Xids from NVML's event set as they happen; the kernel log gives their text."""
+        while not self.stop.is_set():
+            try:
+                raw = nvml.backend_for(self.host).wait_events(NVML_EVENT_WAIT_SECONDS)
+            except (NvmlError, OSError, ValueError) as e:
+                log.info("NVML events unavailable (%s); trying again in 5 s", e)
+                self.stop.wait(5.0)
+                continue
+            events = [self._gpu_event(e) for e in raw if e.get("kind") == "xid" and isinstance(e.get("data"), int)]
+            if events:
+                self.on_kernel(Batch(0, 0, None, events))
+
+    def _gpu_event(self, raw: dict[str, Any]) -> KernelEvent:
+        bus_id = nvml.known_bus_id(raw.get("gpu"))
+        return KernelEvent(XID, bus_id or "", raw["data"], "(reported by NVML; see the kernel log for the text)",
+                           wall_time=self.engine.clock(), detail={"source": "nvml", "gpu": raw.get("gpu")})
+
     # -- faces ---------------------------------------------------------------------------------
     def metrics(self) -> list[Metric]:
         with self.lock:
@@ -291,6 +334,8 @@ class Daemon:
                    threading.Thread(target=self._pass_loop, name="passes", daemon=True)]
         if self.kmsg_module is not None and self.kernel_supported is None:
             threads.append(threading.Thread(target=self._follow, name="kmsg", daemon=True))
+        if self.nvml_supported:
+            threads.append(threading.Thread(target=self._nvml_events, name="nvml-events", daemon=True))
         for t in threads:
             t.start()
         host, port = server.server_address[:2]
@@ -299,6 +344,8 @@ class Daemon:
         self.stop.wait()
         log.info("stopping")
         server.shutdown()
+        if self.nvml_supported:
+            nvml.reset_backend()  # wakes the event waiter
         server.server_close()
         for t in threads[1:]:
             t.join(STOP_GRACE_SECONDS / len(threads))

@@ -71,6 +71,8 @@ def render(metrics: Iterable[Metric]) -> bytes:
     out: list[str] = []
     seen = set()
     for m in sorted(metrics, key=lambda m: m.name):
+        if not m.samples:
+            continue  # a family with nothing to say is left out, as node_exporter does
         if m.name in seen:
             log.error("metric family %s emitted twice; keeping the first", m.name)
             continue

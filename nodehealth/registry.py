@@ -1,12 +1,25 @@
 """The one explicit list of collectors and checks. Read it to see everything nodehealth does."""
 from __future__ import annotations
 
+from nodehealth.checks import (
+    clocks,
+    gpu_driver,
+    gpu_memory,
+    gpu_pcie,
+    kernel,
+    link_events,
+    memlock,
+    memory,
+    nvlink,
+    nvlink_errors,
+    thp,
+    xid,
+)
 from nodehealth.checks import infiniband as infiniband_check
-from nodehealth.checks import kernel, link_events, memlock, memory, thp, xid
 from nodehealth.checks import modules as modules_check
 from nodehealth.checks import mounts as mounts_check
 from nodehealth.checks import pcie as pcie_check
-from nodehealth.collectors import buddyinfo, infiniband, kmsg, limits, modules, mounts, pcie, vm
+from nodehealth.collectors import buddyinfo, infiniband, kmsg, limits, modules, mounts, nvml, pcie, vm
 
 COLLECTORS = (
     kmsg,
@@ -17,6 +30,7 @@ COLLECTORS = (
     mounts,
     pcie,
     infiniband,
+    nvml,
 )
 
 CHECKS = (
@@ -30,4 +44,10 @@ CHECKS = (
     mounts_check,
     pcie_check,
     infiniband_check,
+    gpu_driver,
+    gpu_memory,
+    nvlink,
+    nvlink_errors,
+    gpu_pcie,
+    clocks,
 )

@@ -121,3 +121,12 @@ def test_ignored_devices_are_not_judged():
 
 def test_module_contract():
     assert check.NAME == "pcie" and check.NEEDS == ("pcie",) and check.DEBOUNCE is True
+
+
+def test_gpus_that_nvml_reports_are_left_to_the_gpu_pcie_check():
+    from nodehealth.collectors.gpu_facts import Gpu, NvmlFacts
+    from nodehealth.collectors.gpu_facts import Pcie as GpuPcie
+    narrow = dev(current_width=8)
+    nvml = NvmlFacts("fake", "535", "12.2", 1, (Gpu(0, pci_bus_id=A, pcie=GpuPcie(current_width=8)),))
+    both = check.judge(Observed({"pcie": Pcie((narrow,)), "nvml": nvml}), check.DEFAULTS)
+    assert summary(judge(narrow)) == [("PCIeLinkWidthDegraded", DEGRADED, A)] and both == []

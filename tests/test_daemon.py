@@ -165,3 +165,26 @@ def _answers(d) -> bool:
         return d.get("/healthz")[0] == 200
     except OSError:
         return False
+
+
+def _xid(source, device="0000:5d:00.0", code=79, t=1000.0):
+    from nodehealth.collectors.kernel_events import XID, KernelEvent
+    detail = {"source": "nvml"} if source == "nvml" else {}
+    return KernelEvent(XID, device, code, f"from {source}", wall_time=t, detail=detail)
+
+
+@pytest.mark.parametrize("first, second, kept", [
+    (_xid("nvml"), _xid("kmsg", t=1000.5), ["from kmsg"]),  # the kernel line replaces the bare event
+    (_xid("kmsg"), _xid("nvml", t=1001.9), ["from kmsg"]),  # the event after its line adds nothing
+    (_xid("nvml", device=""), _xid("kmsg", t=1001.0), ["from kmsg"]),  # a lost GPU's event has no bus id
+    (_xid("nvml"), _xid("kmsg", t=1003.0), ["from nvml", "from kmsg"]),  # too far apart: two Xids
+    (_xid("nvml"), _xid("kmsg", device="0000:3b:00.0"), ["from nvml", "from kmsg"]),  # other GPU
+    (_xid("nvml"), _xid("kmsg", code=48), ["from nvml", "from kmsg"]),  # other Xid
+    (_xid("kmsg"), _xid("kmsg", t=1000.1), ["from kmsg", "from kmsg"]),  # the log repeats itself: two
+])
+def test_an_xid_from_nvml_and_the_kernel_log_counts_once(first, second, kept):
+    from nodehealth.daemon import Batch, KernelEvents
+    store = KernelEvents("boot", "/dev/kmsg")
+    store.add(Batch(0, 0, None, [first]))
+    store.add(Batch(0, 0, None, [second]))
+    assert [e.text for e in store.events] == kept
