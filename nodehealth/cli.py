@@ -91,6 +91,20 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return Daemon(engine, cfg, node_name(args, engine.host)).serve()
 
 
+def cmd_clear(args: argparse.Namespace) -> int:
+    """Clear sticky faults after a repair: the daemon on this node applies it at its next pass."""
+    cfg = config.load(args.config)
+    from nodehealth.daemon import request_clear
+
+    try:
+        path = request_clear(config.state_dir(cfg, args.state_dir), args.reason)
+    except OSError as e:
+        print(f"nodehealth: cannot write the clear request: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    print(f"clear requested ({path}); the daemon applies it at its next pass")
+    return 0
+
+
 def cmd_version(args: argparse.Namespace) -> int:
     print(f"nodehealth {__version__}")
     return 0
@@ -124,6 +138,12 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--listen", metavar="ADDR:PORT", help="HTTP listen address (default 0.0.0.0:9456)")
     d.add_argument("--interval", type=float, metavar="S", help="seconds between passes (default 30)")
     d.set_defaults(func=cmd_daemon)
+
+    c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
+    c.add_argument("--reason", default="cleared by an operator", help="why (logged, and recorded in an Event)")
+    c.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default /var/lib/nodehealth)")
+    c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
+    c.set_defaults(func=cmd_clear)
 
     v = sub.add_parser("version", help="print the version")
     v.set_defaults(func=cmd_version)

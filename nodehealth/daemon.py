@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import socket
 import threading
@@ -116,6 +117,12 @@ class KernelEvents:
                     return
         self.events.append(event)
 
+    def clear(self) -> int:
+        """An operator's clear: the events so far no longer count (counters restart from zero)."""
+        cleared = len(self.events)
+        self.events.clear()
+        return cleared
+
     def facts(self) -> kmsg.KernelLog:
         return kmsg.KernelLog(source=self.source, boot_id=self.boot_id, records=self.records,
                               overwritten=self.overwritten, malformed=self.malformed,
@@ -204,7 +211,25 @@ class Daemon:
             mods.insert(0, self.kmsg_module)
         return mods
 
+    def clear(self, reason: str) -> None:
+        """Forget sticky faults and this boot's kernel events, as an operator asked after a repair.
+        What is still wrong comes back at the next pass."""
+        with self.lock:
+            sticky = self.policy.clear_sticky()
+            events = self.kernel.clear()
+            if self.report is not None:
+                self._publish(self.results, self.kernel_checks, self.engine.clock())
+        log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
+                    len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
+        self.save_state()
+
+    def _take_clear_request(self) -> None:
+        request = take_clear_request(self.state.directory)
+        if request is not None:
+            self.clear(request)
+
     def run_pass(self) -> None:
+        self._take_clear_request()
         start = time.monotonic()
         results = self.engine.collect()
         now = self.engine.clock()
@@ -380,6 +405,34 @@ class _PooledHTTPServer(HTTPServer):
     def server_close(self) -> None:
         super().server_close()
         self.pool.shutdown(wait=False)
+
+
+CLEAR_REQUEST = "clear-request.json"
+MAX_REASON = 500
+
+
+def request_clear(state_dir: str, reason: str) -> str:
+    """Ask the daemon to clear sticky faults (`nodehealth clear`); it acts at its next pass."""
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, CLEAR_REQUEST)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"reason": reason[:MAX_REASON], "time": time.time()}, f)
+    os.replace(tmp, path)
+    return path
+
+
+def take_clear_request(state_dir: str) -> str | None:
+    """The reason of a pending clear request, removing it; None when there is none (or it is garbage)."""
+    path = os.path.join(state_dir, CLEAR_REQUEST)
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.loads(f.read(4096))
+        os.unlink(path)
+    except (OSError, ValueError):
+        return None
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return str(reason)[:MAX_REASON] if reason else "no reason given"
 
 
 def make_server(daemon: Daemon, listen: str) -> HTTPServer:

@@ -188,3 +188,26 @@ def test_an_xid_from_nvml_and_the_kernel_log_counts_once(first, second, kept):
     store.add(Batch(0, 0, None, [first]))
     store.add(Batch(0, 0, None, [second]))
     assert [e.text for e in store.events] == kept
+
+
+def test_an_operator_clear_forgets_sticky_faults_until_they_happen_again(plain, tmp_path, daemon_factory):
+    state = tmp_path / "state"
+    append_kmsg(plain, XID79, last_seq(plain) + 1, 348_000_000)
+    d = daemon_factory(str(plain), str(state), interval=0.3)
+    assert any(f["reason"] == "Xid79FallenOffBus" for f in d.wait_ready()["findings"])
+    done = subprocess.run([sys.executable, "-m", "nodehealth.cli", "clear", "--state-dir", str(state),
+                           "--reason", "GPU replaced"], capture_output=True, text=True)
+    assert done.returncode == 0 and "clear requested" in done.stdout
+
+    def lost(daemon) -> bool:
+        report = json.loads(daemon.get("/v1/report")[1])
+        return any(f["reason"] == "Xid79FallenOffBus" for f in report["findings"])
+    assert wait_for(lambda: not lost(d), timeout=5.0, step=0.05)
+    d.stop()
+    assert "GPU replaced" in d.output()
+    again = daemon_factory(str(plain), str(state), interval=0.3)  # the clear survives a restart
+    again.wait_ready()
+    assert not lost(again)
+    append_kmsg(plain, XID79, last_seq(plain) + 1, 348_500_000)  # and a new Xid is seen again
+    assert wait_for(lambda: lost(again), timeout=5.0, step=0.02)
+    again.stop()
