@@ -55,7 +55,7 @@ def _link(d: PciDevice) -> list[Finding]:
     max_width = _effective_max(d.max_width, d.parent_max_width)
     max_speed = _effective_max(d.max_speed_gts, d.parent_max_speed_gts)
     runs = f"{d.label} runs at {_versus(d.current_width, max_width, d.current_speed_gts, max_speed)}"
-    evidence = {"current_width": d.current_width, "max_width": max_width,
+    evidence = {"kind": d.kind, "current_width": d.current_width, "max_width": max_width,
                 "current_speed_gts": d.current_speed_gts, "max_speed_gts": max_speed}
     if d.current_width is not None and max_width is not None and d.current_width < max_width:
         out.append(Finding(
@@ -110,7 +110,7 @@ def _slot_limit(d: PciDevice) -> Finding | None:
         f"{d.parent_address} offers only {_describe_link(d.parent_max_width, d.parent_max_speed_gts)}: "
         "the link is judged against the slot; move the card to a full slot to get its full bandwidth.",
         device=d.address,
-        evidence={"slot_max_width": d.parent_max_width, "slot_max_speed_gts": d.parent_max_speed_gts})
+        evidence={"kind": d.kind, "slot_max_width": d.parent_max_width, "slot_max_speed_gts": d.parent_max_speed_gts})
 
 
 def _aer(d: PciDevice, obs: Observed, cfg: dict) -> list[Finding]:
@@ -127,7 +127,7 @@ def _aer(d: PciDevice, obs: Observed, cfg: dict) -> list[Finding]:
             f"({_types(d, 'fatal')}): the link was reset and work using the device failed; "
             "drain the node, reseat the device and check the riser or cable, and replace it if it recurs.",
             device=d.address, action=Action.HW_INSPECTION,
-            evidence={"fatal_total": fatal, "by_type": dict(d.aer["fatal"].by_type)}))
+            evidence={"kind": d.kind, "fatal_total": fatal, "by_type": dict(d.aer["fatal"].by_type)}))
     nonfatal_rate = obs.rate("pcie", aer_key(d, "nonfatal"))
     if nonfatal_rate:
         # Non-fatal uncorrectable errors are counted since boot and a few are common during boot
@@ -138,7 +138,7 @@ def _aer(d: PciDevice, obs: Observed, cfg: dict) -> list[Finding]:
             f"{d.aer_total('nonfatal')} since boot; {_types(d, 'nonfatal')}): transactions are lost and retried "
             "by the driver; check the riser or cable and reseat the device.",
             device=d.address, action=Action.HW_INSPECTION,
-            evidence={"per_second": nonfatal_rate, "nonfatal_total": d.aer_total("nonfatal")}))
+            evidence={"kind": d.kind, "per_second": nonfatal_rate, "nonfatal_total": d.aer_total("nonfatal")}))
     correctable = _correctable(d, obs, cfg)
     if correctable is not None:
         out.append(correctable)
@@ -161,7 +161,7 @@ def _correctable(d: PciDevice, obs: Observed, cfg: dict) -> Finding | None:
         f"a bit error rate of {cfg['correctable_error_ber']:g} allows at x{width} {speed:.1f} GT/s: the link is "
         "replaying packets and may degrade further; check the riser or cable at the next maintenance.",
         device=d.address, action=Action.HW_INSPECTION,
-        evidence={"per_minute": per_minute, "allowed_per_minute": allowed})
+        evidence={"kind": d.kind, "per_minute": per_minute, "allowed_per_minute": allowed})
 
 
 def _describe_link(width: int | None, speed: float | None) -> str:

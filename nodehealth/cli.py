@@ -85,6 +85,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     if args.interval is not None:
         cfg["daemon"]["interval_seconds"] = args.interval
     cfg["daemon"]["state_dir"] = config.state_dir(cfg, args.state_dir)
+    if args.kube:
+        cfg["kube"]["enabled"] = True
+    if args.dry_run:
+        cfg["kube"]["dry_run"] = True
     engine = build_engine(args, cfg)
     from nodehealth.daemon import Daemon
 
@@ -102,6 +106,19 @@ def cmd_clear(args: argparse.Namespace) -> int:
         print(f"nodehealth: cannot write the clear request: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
     print(f"clear requested ({path}); the daemon applies it at its next pass")
+    return 0
+
+
+def cmd_breaker_reset(args: argparse.Namespace) -> int:
+    """Reset the cluster-wide quarantine circuit breaker after the operator has looked."""
+    cfg = config.load(args.config)
+    from nodehealth import kube
+
+    try:
+        print(kube.reset_breaker(cfg["kube"]))
+    except kube.KubeError as e:
+        print(f"nodehealth: cannot reset the breaker: {e}", file=sys.stderr)
+        return EXIT_UNKNOWN
     return 0
 
 
@@ -137,6 +154,8 @@ def parser() -> argparse.ArgumentParser:
     _common(d)
     d.add_argument("--listen", metavar="ADDR:PORT", help="HTTP listen address (default 0.0.0.0:9456)")
     d.add_argument("--interval", type=float, metavar="S", help="seconds between passes (default 30)")
+    d.add_argument("--kube", action="store_true", help="publish taints, conditions and events on this Node")
+    d.add_argument("--dry-run", action="store_true", help="compute and export what would be published; write nothing")
     d.set_defaults(func=cmd_daemon)
 
     c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
@@ -144,6 +163,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default /var/lib/nodehealth)")
     c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
     c.set_defaults(func=cmd_clear)
+
+    b = sub.add_parser("breaker", help="the cluster-wide quarantine circuit breaker")
+    bsub = b.add_subparsers(dest="breaker_command", required=True)
+    r = bsub.add_parser("reset", help="let nodehealth quarantine nodes again after the breaker tripped")
+    r.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
+    r.set_defaults(func=cmd_breaker_reset)
 
     v = sub.add_parser("version", help="print the version")
     v.set_defaults(func=cmd_version)

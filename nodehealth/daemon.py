@@ -163,6 +163,8 @@ class Daemon:
         self.last_pass: float | None = None
         self.pass_duration = 0.0
         self.follower_alive = False
+        self.follower_thread: threading.Thread | None = None
+        self.publisher: Any = None  # nodehealth.kube.Publisher when kube.enabled
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -219,9 +221,12 @@ class Daemon:
             events = self.kernel.clear()
             if self.report is not None:
                 self._publish(self.results, self.kernel_checks, self.engine.clock())
+            report = self.report if self.passes else None
         log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
                     len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
         self.save_state()
+        if self.publisher is not None and report is not None:
+            self.publisher.publish(report)
 
     def _take_clear_request(self) -> None:
         request = take_clear_request(self.state.directory)
@@ -240,14 +245,20 @@ class Daemon:
             self.passes += 1
             self.last_pass = now
             self.pass_duration = time.monotonic() - start
+            report = self.report
         self.save_state()
+        if self.publisher is not None:
+            self.publisher.publish(report)
 
     def on_kernel(self, batch: Batch) -> None:
         with self.lock:
             self.kernel.add(batch)
             if self.report is not None:
                 self._publish(self.results, self.kernel_checks, self.engine.clock())
+            report = self.report if self.passes else None  # nothing goes out before a full pass
         self.save_state()
+        if self.publisher is not None and report is not None:
+            self.publisher.publish(report)
 
     # -- threads -------------------------------------------------------------------------------
     def _pass_loop(self) -> None:
@@ -327,6 +338,8 @@ class Daemon:
             m = Metric("nodehealth_kernel_log_follower_up", "1 while the kernel log follower is reading, else 0.")
             m.add((), 1 if self.follower_alive else 0)
             out.append(m)
+        if self.publisher is not None:
+            out.extend(self.publisher.metrics())
         return out
 
     def health(self) -> tuple[bool, str]:
@@ -337,9 +350,11 @@ class Daemon:
         age = self.engine.clock() - last
         if age > 3 * self.interval + self.engine.timeout:
             return False, f"last pass was {age:.0f}s ago"
-        if self.kmsg_module is not None and self.kernel_supported is None and not self.follower_alive:
-            return False, "kernel log follower is not running"
-        return True, "ok"
+        # A kernel log the daemon may not open (an unprivileged pod) makes the kernel checks unknown
+        # and the follower-up metric 0; only a follower thread that died makes the daemon unhealthy.
+        if self.follower_thread is not None and not self.follower_thread.is_alive():
+            return False, "kernel log follower thread died"
+        return True, "ok" if self.follower_alive or self.follower_thread is None else f"ok ({self.kernel_error})"
 
     def report_json(self) -> str | None:
         with self.lock:
@@ -358,7 +373,13 @@ class Daemon:
                                     name="http", daemon=True),
                    threading.Thread(target=self._pass_loop, name="passes", daemon=True)]
         if self.kmsg_module is not None and self.kernel_supported is None:
-            threads.append(threading.Thread(target=self._follow, name="kmsg", daemon=True))
+            self.follower_thread = threading.Thread(target=self._follow, name="kmsg", daemon=True)
+            threads.append(self.follower_thread)
+        if self.cfg["kube"]["enabled"]:
+            from nodehealth.kube import Publisher  # only the daemon with kube.enabled pays for it
+
+            self.publisher = Publisher(self.node, self.cfg["kube"], on_clear=self.clear)
+            self.publisher.start()
         if self.nvml_supported:
             threads.append(threading.Thread(target=self._nvml_events, name="nvml-events", daemon=True))
         for t in threads:
@@ -369,6 +390,8 @@ class Daemon:
         self.stop.wait()
         log.info("stopping")
         server.shutdown()
+        if self.publisher is not None:
+            self.publisher.stop(0.5)
         if self.nvml_supported:
             nvml.reset_backend()  # wakes the event waiter
         server.server_close()

@@ -1,0 +1,426 @@
+"""The Kubernetes face, driven through the real `kubernetes` client against a fake API server."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from fake_kube_apiserver import FakeApiServer
+
+from nodehealth import kube
+from nodehealth.model import Action, Finding, Report, Severity, verdict
+
+GPU_LABELS = {"nvidia.com/gpu.present": "true"}
+FOREIGN = {"key": "dedicated", "value": "training", "effect": "NoSchedule"}
+FAST = {"retry_initial_seconds": 0.01, "retry_max_seconds": 0.05, "request_timeout_seconds": 0.5,
+        "resync_seconds": 3600.0, "heartbeat_seconds": 3600.0}
+
+
+def finding(check: str, severity: Severity, reason: str, **kw) -> Finding:
+    return Finding(check, severity, reason, f"{reason} happened.", kw.pop("device", "dev0"), **kw)
+
+
+XID79 = finding("xid", Severity.FATAL, "Xid79FallenOffBus", action=Action.REBOOT)
+IB_SLOW = finding("infiniband", Severity.DEGRADED, "PortRateDegraded")
+
+
+def report(*findings: Finding) -> Report:
+    return Report("node", verdict(findings), list(findings), [], 0.0)
+
+
+def wait_for(predicate, timeout: float = 5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def server():
+    s = FakeApiServer().start()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def make(server, tmp_path):
+    """Publishers for node names on the fake server, each through its own real client."""
+    made = []
+    config = server.kubeconfig(str(tmp_path / "kubeconfig"))
+
+    def _make(node: str = "gpu-1", on_clear=None, **cfg) -> kube.Publisher:
+        if node not in server.nodes:
+            server.add_node(node, labels=GPU_LABELS, taints=[dict(FOREIGN)])
+        p = kube.Publisher(node, dict(FAST, kubeconfig=config, **cfg), on_clear=on_clear)
+        made.append(p)
+        return p
+
+    yield _make
+    for p in made:
+        p.stop(1.0)
+
+
+def taints(server, node="gpu-1"):
+    return [(t["key"], t.get("value"), t["effect"]) for t in server.node(node)["spec"].get("taints") or []]
+
+
+def condition(server, ctype, node="gpu-1"):
+    return next(c for c in server.node(node)["status"]["conditions"] if c["type"] == ctype)
+
+
+def samples(publisher, name):
+    return {labels: value for m in publisher.metrics() if m.name == name for labels, value in m.samples}
+
+
+# -- the verdict as taints and conditions ---------------------------------------------------------
+
+@pytest.mark.parametrize("findings, cfg, want", [
+    ([XID79], {}, {"gpu": ("True", "Xid79FallenOffBus", "NoSchedule")}),
+    ([XID79], {"noexecute_subsystems": ["gpu"]}, {"gpu": ("True", "Xid79FallenOffBus", "NoExecute")}),
+    ([IB_SLOW], {}, {"network": ("True", "PortRateDegraded", "PreferNoSchedule")}),
+    ([finding("memlock", Severity.WARNING, "MemlockLow")], {}, {"memory": ("False", "NoProblem", None)}),
+    ([finding("mounts", Severity.UNKNOWN, "MountsUnreadable")], {}, {"storage": ("Unknown", "MountsUnreadable", None)}),
+    ([finding("pcie", Severity.DEGRADED, "PCIeLinkWidthDegraded", evidence={"kind": "nic"})], {},
+     {"network": ("True", "PCIeLinkWidthDegraded", "PreferNoSchedule")}),
+    ([finding("pcie", Severity.DEGRADED, "PCIeLinkWidthDegraded")], {},
+     {"kernel": ("True", "PCIeLinkWidthDegraded", "PreferNoSchedule")}),
+    ([finding("thp", Severity.DEGRADED, "ThpDefragAlways"), finding("memory", Severity.FATAL, "ZoneExhausted")], {},
+     {"memory": ("True", "ZoneExhausted", "NoSchedule")}),
+])
+def test_desired_state_per_subsystem(findings, cfg, want):
+    state = kube.desired_state(report(*findings), dict(kube.DEFAULTS, **cfg))
+    assert set(state) == set(kube.SUBSYSTEMS)
+    for subsystem in kube.SUBSYSTEMS:
+        got = state[subsystem]
+        assert (got.status, got.reason, got.effect) == want.get(subsystem, ("False", "NoProblem", None))
+
+
+def test_condition_message_counts_the_other_findings():
+    state = kube.desired_state(report(XID79, finding("nvlink", Severity.DEGRADED, "NvlinkDown")), kube.DEFAULTS)
+    assert state["gpu"].message == "Xid79FallenOffBus happened. (1 more GPU findings in the nodehealth report.)"
+
+
+@pytest.mark.parametrize("reason, value", [("Xid79FallenOffBus", "Xid79FallenOffBus"),
+                                           ("Bad reason!/x", "Badreasonx"), ("A" * 80, "A" * 63)])
+def test_taint_value_is_a_valid_label_value(reason, value):
+    assert kube.taint_value(reason) == value
+
+
+def test_nothing_is_written_before_the_first_publish(server, make):
+    p = make()
+    p.start()
+    time.sleep(0.2)
+    assert server.requests == []
+    assert samples(p, "nodehealth_kube_last_sync_timestamp_seconds") == {}
+
+
+def test_taints_conditions_and_events_follow_the_verdict(server, make):
+    p = make()
+    p.publish(report(XID79, IB_SLOW))
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule"),
+                              ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule"),
+                              ("nodehealth.io/network", "PortRateDegraded", "PreferNoSchedule")]
+    gpu = condition(server, "NodeHealthGPUProblem")
+    assert (gpu["status"], gpu["reason"]) == ("True", "Xid79FallenOffBus")
+    assert gpu["message"] == "Xid79FallenOffBus happened."
+    assert condition(server, "NodeHealthKernelProblem")["status"] == "False"
+    assert condition(server, "Ready")["lastHeartbeatTime"] == "2024-01-01T00:00:00Z"  # the kubelet's, untouched
+    assert sorted((e["type"], e["reason"]) for e in server.events) == [("Warning", "PortRateDegraded"),
+                                                                      ("Warning", "Xid79FallenOffBus")]
+    assert all(e["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "gpu-1", "uid": "uid-gpu-1"}
+               for e in server.events)
+    assert samples(p, "nodehealth_kube_taint_applied") == {("gpu", "NoSchedule"): 1, ("network", "PreferNoSchedule"): 1}
+    assert samples(p, "nodehealth_kube_taint_desired") == samples(p, "nodehealth_kube_taint_applied")
+
+    p.publish(report())
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule")]
+    assert json.loads(server.node("gpu-1")["metadata"]["annotations"]["nodehealth.io/applied-taints"]) == []
+    assert condition(server, "NodeHealthGPUProblem")["status"] == "False"
+    assert sorted(e["reason"] for e in server.events[2:]) == ["NodeHealthGPURecovered", "NodeHealthNetworkRecovered"]
+    assert samples(p, "nodehealth_kube_taint_applied") == {}
+
+
+def test_a_changed_severity_swaps_the_effect(server, make):
+    p = make()
+    p.publish(report(XID79))
+    p.sync_once()
+    p.publish(report(finding("xid", Severity.DEGRADED, "Xid13GraphicsException")))
+    p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule"),
+                              ("nodehealth.io/gpu", "Xid13GraphicsException", "PreferNoSchedule")]
+
+
+def test_no_execute_taint_gets_time_added_from_the_server(server, make):
+    p = make(noexecute_subsystems=["gpu"])
+    p.publish(report(XID79))
+    p.sync_once()
+    taint = server.node("gpu-1")["spec"]["taints"][1]
+    assert (taint["effect"], bool(taint.get("timeAdded"))) == ("NoExecute", True)
+
+
+def test_a_taint_another_writer_adds_during_our_write_survives(server, make):
+    p = make()
+
+    def other_controller(srv, name):
+        srv.edit_node(name, lambda n: n["spec"]["taints"].append({"key": "example.com/maintenance",
+                                                                   "effect": "NoSchedule"}))
+
+    server.before_node_write = other_controller
+    p.publish(report(XID79))
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule"),
+                              ("example.com/maintenance", None, "NoSchedule"),
+                              ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule")]
+    assert p.errors == {}  # the 409 was answered by a fresh read, not counted as a failure
+
+    p.publish(report())
+    p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule"), ("example.com/maintenance", None, "NoSchedule")]
+
+
+def test_a_node_that_keeps_changing_is_a_conflict_error_then_converges(server, make):
+    p = make(conflict_retries=2)
+    p.publish(report(XID79))
+    server.fail(409, times=2, method="PATCH", path_end="/nodes/gpu-1")
+    assert not p.sync_once()
+    assert p.errors == {"conflict": 1}
+    assert p.sync_once()
+    assert ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") in taints(server)
+
+
+def test_a_foreign_taint_with_our_key_is_neither_duplicated_nor_removed(server, make):
+    server.add_node("gpu-1", taints=[{"key": "nodehealth.io/gpu", "value": "ByHand", "effect": "NoSchedule"}])
+    p = make()
+    p.publish(report(XID79))
+    assert p.sync_once()
+    assert taints(server) == [("nodehealth.io/gpu", "ByHand", "NoSchedule")]
+    p.publish(report())
+    assert p.sync_once()
+    assert taints(server) == [("nodehealth.io/gpu", "ByHand", "NoSchedule")]
+
+
+# -- API trouble ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("trouble, kind", [
+    (lambda s: s.fail(403), "forbidden"),
+    (lambda s: s.fail(500), "server_error"),
+    (lambda s: s.fail(503), "server_error"),
+    (lambda s: s.fail(429), "throttled"),
+    (lambda s: setattr(s, "down", True), "unreachable"),
+    (lambda s: setattr(s, "delay", 0.8), "timeout"),
+])
+def test_api_trouble_is_counted_retried_and_converges(server, make, trouble, kind):
+    p = make(request_timeout_seconds=0.3)
+    trouble(server)
+    p.start()
+    started = time.monotonic()
+    p.publish(report(XID79))
+    assert time.monotonic() - started < 0.1  # publish never waits for the API
+    wait_for(lambda: p.errors.get(kind, 0) >= 2)
+    assert samples(p, "nodehealth_kube_publish_errors_total")[(kind,)] >= 2
+    assert samples(p, "nodehealth_kube_taint_desired") == {("gpu", "NoSchedule"): 1}
+    assert samples(p, "nodehealth_kube_taint_applied") == {}
+    server.heal()
+    wait_for(lambda: ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") in taints(server))
+    wait_for(lambda: samples(p, "nodehealth_kube_last_sync_timestamp_seconds"))
+    assert samples(p, "nodehealth_kube_taint_applied") == {("gpu", "NoSchedule"): 1}
+
+
+def test_no_api_server_at_all_never_raises(tmp_path):
+    s = FakeApiServer()
+    config = s.kubeconfig(str(tmp_path / "kubeconfig"))
+    s.httpd.server_close()  # nothing listens on that port
+    p = kube.Publisher("gpu-1", dict(FAST, kubeconfig=config))
+    p.publish(report(XID79))
+    assert not p.sync_once()
+    assert p.errors == {"unreachable": 1}
+
+
+def test_a_missing_client_configuration_is_a_config_error(tmp_path):
+    p = kube.Publisher("gpu-1", dict(FAST, kubeconfig=str(tmp_path / "absent")))
+    p.publish(report(XID79))
+    assert not p.sync_once()
+    assert p.errors == {"config": 1}
+
+
+# -- safeguards -----------------------------------------------------------------------------------
+
+def test_dry_run_writes_nothing_and_exports_what_it_would_write(server, make):
+    server.add_node("gpu-1", taints=[dict(FOREIGN)], annotations={"nodehealth.io/clear": "replaced the GPU"})
+    cleared = []
+    p = make(dry_run=True, on_clear=cleared.append)
+    p.publish(report(XID79))
+    assert p.sync_once()
+    assert server.writes() == []
+    assert cleared == []
+    assert samples(p, "nodehealth_kube_dry_run") == {(): 1}
+    assert samples(p, "nodehealth_kube_taint_desired") == {("gpu", "NoSchedule"): 1}
+    assert samples(p, "nodehealth_kube_taint_applied") == {}
+
+
+def test_hold_keeps_our_taints_until_it_is_lifted(server, make):
+    p = make()
+    p.publish(report(XID79))
+    p.sync_once()
+    server.edit_node("gpu-1", lambda n: n["metadata"]["annotations"].update({"nodehealth.io/hold": "ticket 42"}))
+    p.publish(report())
+    assert p.sync_once()
+    assert ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") in taints(server)
+    assert condition(server, "NodeHealthGPUProblem")["status"] == "False"  # conditions still tell the truth
+    assert samples(p, "nodehealth_kube_hold") == {(): 1}
+    server.edit_node("gpu-1", lambda n: n["metadata"]["annotations"].pop("nodehealth.io/hold"))
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule")]
+
+
+def test_a_node_someone_cordoned_stays_cordoned_and_keeps_our_taints(server, make):
+    p = make()
+    p.publish(report(XID79))
+    p.sync_once()
+    server.edit_node("gpu-1", lambda n: n["spec"].update({"unschedulable": True}))
+    p.publish(report(IB_SLOW))
+    assert p.sync_once()
+    node = server.node("gpu-1")
+    assert node["spec"]["unschedulable"] is True
+    assert ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") in taints(server)
+    assert ("nodehealth.io/network", "PortRateDegraded", "PreferNoSchedule") in taints(server)
+
+
+def test_breaker_caps_quarantines_and_stays_tripped_until_reset(server, make):
+    for i in range(4, 21):  # 20 managed nodes: a cap of 2
+        server.add_node(f"gpu-{i}", labels=GPU_LABELS)
+    server.add_node("cpu-1")  # not managed: not counted
+    publishers = [make(f"gpu-{i}") for i in (1, 2, 3)]
+    for p in publishers:
+        p.publish(report(XID79))
+        assert p.sync_once()
+    quarantined = [("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") in taints(server, f"gpu-{i}")
+                   for i in (1, 2, 3)]
+    assert quarantined == [True, True, False]
+    third = publishers[2]
+    assert condition(server, "NodeHealthGPUProblem", "gpu-3")["status"] == "True"  # still told
+    assert "NodeHealthTaintWithheld" in [e["reason"] for e in server.events if e["involvedObject"]["name"] == "gpu-3"]
+    assert samples(third, "nodehealth_kube_taint_withheld") == {("gpu",): 1}
+    assert samples(third, "nodehealth_kube_breaker_tripped") == {(): 1}
+    assert samples(third, "nodehealth_kube_breaker_cap_nodes") == {(): 2}
+    assert samples(third, "nodehealth_kube_breaker_quarantined_nodes") == {(): 2}
+
+    publishers[0].publish(report())  # gpu-1 recovers and gives its slot back ...
+    assert publishers[0].sync_once()
+    lease = server.lease("nodehealth", "nodehealth-quarantine")
+    assert json.loads(lease["metadata"]["annotations"]["nodehealth.io/quarantined"]) == ["gpu-2"]
+    assert third.sync_once()  # ... but the breaker stays tripped
+    assert ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") not in taints(server, "gpu-3")
+
+    server.edit_lease("nodehealth", "nodehealth-quarantine",
+                      lambda lease: lease["metadata"]["annotations"].update({"nodehealth.io/breaker-reset": "alice"}))
+    third.publish(report(XID79))
+    assert third.sync_once()
+    assert ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") in taints(server, "gpu-3")
+    annotations = server.lease("nodehealth", "nodehealth-quarantine")["metadata"]["annotations"]
+    assert "nodehealth.io/breaker-tripped" not in annotations and "nodehealth.io/breaker-reset" not in annotations
+    assert samples(third, "nodehealth_kube_taint_withheld") == {}
+
+
+def test_degraded_taints_need_no_quarantine_slot(server, make):
+    server.add_node("gpu-9", labels=GPU_LABELS)
+    first, second = make("gpu-1"), make("gpu-2")  # 3 managed nodes: a cap of 1
+    first.publish(report(XID79))
+    first.sync_once()
+    second.publish(report(IB_SLOW))
+    second.sync_once()
+    assert ("nodehealth.io/network", "PortRateDegraded", "PreferNoSchedule") in taints(server, "gpu-2")
+    assert samples(second, "nodehealth_kube_taint_withheld") == {}
+
+
+def test_breaker_reset_helper(server, make, tmp_path):
+    for node in ("gpu-1", "gpu-2"):
+        p = make(node)
+        p.publish(report(XID79))
+        p.sync_once()
+    annotations = server.lease("nodehealth", "nodehealth-quarantine")["metadata"]["annotations"]
+    assert annotations["nodehealth.io/breaker-tripped"]
+    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")), 1.0)
+    assert kube.reset_breaker({}, api) == "breaker reset; 1 node(s) still hold quarantine slots: gpu-1"
+    assert "nodehealth.io/breaker-tripped" not in server.lease("nodehealth", "nodehealth-quarantine")["metadata"][
+        "annotations"]
+
+
+def test_concurrent_slot_claims_never_exceed_the_cap(server, make):
+    # Two agents claim the last slot from the same read: the CAS lets exactly one win.
+    server.add_node("gpu-9", labels=GPU_LABELS)
+    first, second = make("gpu-1"), make("gpu-2")
+    api = first._client()
+    real_get = api.get_lease
+    raced = []
+
+    def get_lease_then_race(namespace, name):
+        lease = real_get(namespace, name)
+        if not raced and lease is not None:
+            raced.append(True)
+            second.publish(report(XID79))
+            assert second.sync_once()  # takes the only slot between first's read and write
+        return lease
+
+    api.create_lease("nodehealth", {"metadata": {"name": "nodehealth-quarantine"}})
+    api.get_lease = get_lease_then_race
+    first.publish(report(XID79))
+    assert first.sync_once()
+    members = json.loads(server.lease("nodehealth", "nodehealth-quarantine")["metadata"]["annotations"][
+        "nodehealth.io/quarantined"])
+    assert members == ["gpu-2"]
+    assert ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule") not in taints(server, "gpu-1")
+
+
+# -- conditions, heartbeats, restarts, clears ------------------------------------------------------
+
+def test_conditions_heartbeat_and_transition_times(server, make):
+    p = make(heartbeat_seconds=0.0)
+    p.publish(report(XID79))
+    p.sync_once()
+    first = condition(server, "NodeHealthGPUProblem")
+    server.edit_node("gpu-1", lambda n: [c.update({"lastHeartbeatTime": "2000-01-01T00:00:00Z"})
+                                         for c in n["status"]["conditions"] if c["type"] == "NodeHealthGPUProblem"])
+    assert p.sync_once()
+    again = condition(server, "NodeHealthGPUProblem")
+    assert again["lastHeartbeatTime"] != "2000-01-01T00:00:00Z"  # refreshed on the heartbeat
+    assert again["lastTransitionTime"] == first["lastTransitionTime"]
+    assert len(server.events) == 1  # a heartbeat is no transition
+
+
+def test_no_status_write_between_heartbeats_when_nothing_changed(server, make):
+    p = make()
+    p.publish(report(XID79))
+    p.sync_once()
+    before = len([r for r in server.writes() if r[1].endswith("/status")])
+    p.publish(report(XID79))
+    p.sync_once()
+    assert len([r for r in server.writes() if r[1].endswith("/status")]) == before
+
+
+def test_a_restarted_agent_repeats_no_events(server, make):
+    first = make()
+    first.publish(report(XID79))
+    first.sync_once()
+    restarted = make()
+    restarted.publish(report(XID79))
+    assert restarted.sync_once()
+    assert [e["reason"] for e in server.events] == ["Xid79FallenOffBus"]
+
+
+def test_clear_annotation_calls_back_is_removed_and_recorded(server, make):
+    cleared = []
+    p = make(on_clear=cleared.append)
+    p.publish(report(XID79))
+    p.sync_once()
+    server.edit_node("gpu-1", lambda n: n["metadata"]["annotations"].update({"nodehealth.io/clear": "GPU reseated"}))
+    assert p.sync_once()
+    assert cleared == ["GPU reseated"]
+    assert "nodehealth.io/clear" not in server.node("gpu-1")["metadata"]["annotations"]
+    assert server.events[-1]["reason"] == "NodeHealthCleared"
+    assert "GPU reseated" in server.events[-1]["message"]
