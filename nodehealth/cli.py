@@ -87,6 +87,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     cfg["daemon"]["state_dir"] = config.state_dir(cfg, args.state_dir)
     if args.kube:
         cfg["kube"]["enabled"] = True
+    if args.hang_dir:
+        cfg["hang"]["enabled"] = True
+        cfg["hang"]["directory"] = args.hang_dir
     if args.dry_run:
         cfg["kube"]["dry_run"] = True
     engine = build_engine(args, cfg)
@@ -156,6 +159,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--interval", type=float, metavar="S", help="seconds between passes (default 30)")
     d.add_argument("--kube", action="store_true", help="publish taints, conditions and events on this Node")
     d.add_argument("--dry-run", action="store_true", help="compute and export what would be published; write nothing")
+    d.add_argument("--hang-dir", metavar="DIR", help="watch training ranks' hang records in DIR ($NODEHEALTH_HANG_DIR)")
     d.set_defaults(func=cmd_daemon)
 
     c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
@@ -163,6 +167,10 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default /var/lib/nodehealth)")
     c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
     c.set_defaults(func=cmd_clear)
+
+    from nodehealth.hang.cli import add_subcommands as add_hang_subcommands
+
+    add_hang_subcommands(sub)
 
     b = sub.add_parser("breaker", help="the cluster-wide quarantine circuit breaker")
     bsub = b.add_subparsers(dest="breaker_command", required=True)

@@ -55,6 +55,29 @@ KUBE_DEFAULTS: dict[str, Any] = {
 }
 
 
+# Hang detection for distributed training (nodehealth/hang/detector.py).
+HANG_DEFAULTS: dict[str, Any] = {
+    "enabled": False,  # the daemon watches `directory` for hung ranks
+    # Where training processes publish their records ($NODEHEALTH_HANG_DIR of the ranks).
+    "directory": "/run/nodehealth/hang",
+    # Where bundles go; empty: <state_dir>/hang in the daemon, DIR/bundles for `hang watch DIR`.
+    "bundle_dir": "",
+    # A pending op is hung when older than max(floor, factor x its p99); below the PG timeout
+    # (10 min NCCL, 30 min gloo) with room for the dumps.
+    "floor_seconds": 180.0,
+    "p99_factor": 10.0,
+    "min_samples": 20,  # fewer completed ops than this: the floor alone decides
+    "heartbeat_timeout_seconds": 60.0,
+    "scan_interval_seconds": 1.0,
+    "py_spy": "py-spy",
+    "stack_timeout_seconds": 10.0,
+    "native_stacks": True,
+    "native_timeout_seconds": 30.0,
+    "parallel_dumps": 8,
+    "flight_recorder_timeout_seconds": 15.0,
+}
+
+
 class ConfigError(Exception):
     pass
 
@@ -66,6 +89,7 @@ def defaults() -> dict[str, Any]:
         "policy": copy.deepcopy(POLICY_DEFAULTS),
         "daemon": copy.deepcopy(DAEMON_DEFAULTS),
         "kube": copy.deepcopy(KUBE_DEFAULTS),
+        "hang": copy.deepcopy(HANG_DEFAULTS),
     }
 
 

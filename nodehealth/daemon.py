@@ -165,6 +165,7 @@ class Daemon:
         self.follower_alive = False
         self.follower_thread: threading.Thread | None = None
         self.publisher: Any = None  # nodehealth.kube.Publisher when kube.enabled
+        self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -204,6 +205,8 @@ class Daemon:
         for f in current:
             self.current.setdefault(f.check, []).append(f)
         shown = [f for fs in self.current.values() for f in fs] + self.policy.sticky_findings()
+        if self.hang is not None:
+            shown += self.hang.findings()
         ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
         self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now)
 
@@ -340,6 +343,8 @@ class Daemon:
             out.append(m)
         if self.publisher is not None:
             out.extend(self.publisher.metrics())
+        if self.hang is not None:
+            out.extend(self.hang.metrics())
         return out
 
     def health(self) -> tuple[bool, str]:
@@ -375,6 +380,13 @@ class Daemon:
         if self.kmsg_module is not None and self.kernel_supported is None:
             self.follower_thread = threading.Thread(target=self._follow, name="kmsg", daemon=True)
             threads.append(self.follower_thread)
+        if self.cfg["hang"]["enabled"]:
+            from nodehealth.hang.detector import Detector  # only a daemon watching training pays for it
+
+            hang = self.cfg["hang"]
+            bundles = hang["bundle_dir"] or os.path.join(self.state.directory, "hang")
+            self.hang = Detector(hang["directory"], bundles, hang, node=self.node)
+            threads.append(threading.Thread(target=self.hang.run, args=(self.stop,), name="hang", daemon=True))
         if self.cfg["kube"]["enabled"]:
             from nodehealth.kube import Publisher  # only the daemon with kube.enabled pays for it
 

@@ -26,10 +26,15 @@ class HostPaths:
         self.procfs = procfs or os.path.join(self.root, "proc")
         self.sysfs = sysfs or os.path.join(self.root, "sys")
         self.devfs = devfs or os.path.join(self.root, "dev")
+        self._live: bool | None = None
 
     @property
     def is_live(self) -> bool:
-        return self.root == "/"
+        """A running host: "/" itself, or the host's filesystems mounted under a root (the DaemonSet
+        mounts them at /host), told apart from a fixture folder by a real procfs at root/proc."""
+        if self._live is None:
+            self._live = self.root == "/" or _is_procfs_mount(self.procfs)
+        return self._live
 
     def proc(self, *parts: str) -> str:
         return os.path.join(self.procfs, *parts)
@@ -63,6 +68,19 @@ class HostPaths:
 
     def __repr__(self) -> str:
         return f"HostPaths(root={self.root!r})"
+
+
+def _is_procfs_mount(path: str) -> bool:
+    """Whether a procfs is mounted at `path` (this process's mount table says so)."""
+    try:
+        text = read_text("/proc/self/mountinfo")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        fields = line.split(" ")
+        if len(fields) > 4 and fields[4] == path and " - proc " in line:
+            return True
+    return False
 
 
 def _number(text: str) -> float | None:

@@ -211,3 +211,15 @@ def test_an_operator_clear_forgets_sticky_faults_until_they_happen_again(plain, 
     append_kmsg(plain, XID79, last_seq(plain) + 1, 348_500_000)  # and a new Xid is seen again
     assert wait_for(lambda: lost(again), timeout=5.0, step=0.02)
     again.stop()
+
+
+def test_the_daemon_watches_hang_records_when_asked(plain, tmp_path, daemon_factory):
+    records = tmp_path / "hang"
+    records.mkdir()
+    (records / "job1.0.rank.json").write_text("{torn")  # a record cut short must not stop anything
+    d = daemon_factory(str(plain), str(tmp_path / "state"), "--hang-dir", str(records))
+    d.wait_ready()
+    text = d.get("/metrics")[1].decode()
+    assert metric_value(text, "nodehealth_hang_bundles_total") == 0
+    assert d.get("/healthz")[0] == 200
+    assert d.stop() < 2.0

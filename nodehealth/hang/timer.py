@@ -1,0 +1,480 @@
+"""In-process collective timer: imported by training code, so only the standard library at import.
+
+`enable()` wraps the torch.distributed functions that talk to peers. Each call gets a sequence
+number in its process group, an enqueue time, its tensor sizes and dtype, and is pending until it
+completes. Completion on CPU (gloo) is the call returning, or for `async_op=True` its Work handle
+completing; on GPU it is a CUDA event recorded after the call, queried by the watchdog thread
+through the driver with ctypes (which releases the GIL, where `torch.cuda.Event.query()` holds it
+and can wait behind the CUDA context lock). The watchdog thread also publishes the state record
+every `interval` seconds; its timestamp is the heartbeat the detector watches.
+
+The timer only records; the daemon decides what is a hang.
+"""
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import ctypes
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from nodehealth.hang import record
+
+ENV_DIR = "NODEHEALTH_HANG_DIR"
+ENV_INTERVAL = "NODEHEALTH_HANG_INTERVAL"
+ENV_JOB = "NODEHEALTH_HANG_JOB"
+DEFAULT_INTERVAL = 0.5
+POLL_SECONDS = 0.05
+DURATIONS_KEPT = 256
+RECENT_KEPT = 8
+PENDING_PUBLISHED = 8
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "barrier", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter")
+P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+_timer: Timer | None = None
+_enable_lock = threading.Lock()
+
+
+def enable(directory: str | None = None, interval: float | None = None) -> Timer:
+    """Start timing collectives and publishing this rank's record under `directory`.
+
+    The directory defaults to $NODEHEALTH_HANG_DIR. Call it before or after
+    init_process_group; the record is written once the default group exists. Idempotent.
+    """
+    global _timer
+    with _enable_lock:
+        if _timer is not None:
+            return _timer
+        directory = directory or os.environ.get(ENV_DIR)
+        if not directory:
+            raise ValueError(f"hang timer: no directory given and ${ENV_DIR} is not set")
+        if interval is None:
+            interval = float(os.environ.get(ENV_INTERVAL) or DEFAULT_INTERVAL)
+        timer = Timer(directory, interval)
+        timer.install()
+        _timer = timer
+        return timer
+
+
+def enable_from_env() -> Timer | None:
+    """enable() when $NODEHEALTH_HANG_DIR is set, else nothing: for launch wrappers."""
+    return enable() if os.environ.get(ENV_DIR) else None
+
+
+@contextlib.contextmanager
+def region(name: str) -> Iterator[None]:
+    """Mark a stretch of user code; leaving a region named "step" counts a step."""
+    timer = _timer
+    if timer is None:
+        yield
+        return
+    timer.enter_region(name)
+    try:
+        yield
+    finally:
+        timer.leave_region(name)
+
+
+class _Stream:
+    """Sequence state of one process group (collectives) or its point-to-point traffic."""
+
+    __slots__ = ("ranks", "enqueued", "pending", "recent", "durations")
+
+    def __init__(self, ranks: list[int] | None):
+        self.ranks = ranks
+        self.enqueued = 0
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.recent: collections.deque = collections.deque(maxlen=RECENT_KEPT)
+        self.durations: dict[str, collections.deque] = {}
+
+    def snapshot(self) -> dict[str, Any]:
+        pending = list(self.pending.values())
+        completed = min(self.pending) - 1 if self.pending else self.enqueued
+        return {"ranks": self.ranks, "enqueued": self.enqueued, "completed": completed,
+                "pending": [_public(op) for op in pending[:PENDING_PUBLISHED]], "pending_count": len(pending),
+                "recent": [_public(op) for op in self.recent],
+                "p99": {op: {"seconds": _p99(d), "samples": len(d)} for op, d in self.durations.items() if d}}
+
+
+def _public(op: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in op.items() if k[0] != "_"}
+
+
+def _p99(values: collections.deque) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+class Timer:
+    def __init__(self, directory: str, interval: float):
+        self.directory = directory
+        self.interval = interval
+        self.lock = threading.Lock()
+        self.streams: dict[str, _Stream] = {}
+        self.groups: dict[int, tuple[str, list[int] | None]] = {}
+        self.works: list[tuple[Any, dict[str, Any], _Stream]] = []  # async handles the watchdog polls
+        self.events: list[tuple[Any, dict[str, Any], _Stream]] = []  # CUDA events, oldest first
+        self.regions: list[tuple[str, float]] = []
+        self.step = 0
+        self.last_error: str | None = None
+        self.originals: dict[str, Any] = {}
+        self.dist: Any = None
+        self.cuda = _CudaQuery()
+        self.path: str | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._watchdog, name="nodehealth-hang", daemon=True)
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.start_time = _process_start_ticks()
+
+    # -- wiring ------------------------------------------------------------------------------
+    def install(self) -> None:
+        import torch.distributed as dist  # only paid for when the timer is enabled
+
+        self.dist = dist
+        self.group_class = dist.ProcessGroup
+        for name in COLLECTIVES + P2P:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                self.originals[name] = fn
+                setattr(dist, name, _wrap(self, name, fn, name in P2P))
+        os.makedirs(self.directory, exist_ok=True)
+        atexit.register(self.close)
+        self.thread.start()
+
+    def uninstall(self) -> None:
+        """Put the original functions back (tests, benchmarks)."""
+        global _timer
+        for name, fn in self.originals.items():
+            setattr(self.dist, name, fn)
+        self.close()
+        if _timer is self:
+            _timer = None
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(2 * POLL_SECONDS + 1)
+        self.publish(exited=True)
+
+    # -- per call (hot path: keep it small) --------------------------------------------------
+    def begin(self, name: str, args: tuple, kwargs: dict, p2p: bool) -> tuple[dict[str, Any], _Stream]:
+        group = kwargs.get("group")
+        if group is None:
+            for a in args:
+                if isinstance(a, self.group_class):
+                    group = a
+                    break
+        key, ranks = self._group(group)
+        tensors = _tensors(args, kwargs)
+        op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
+                              "sizes": [list(t.shape) for t in tensors[:4]],
+                              "dtype": str(tensors[0].dtype)[6:] if tensors else None}
+        if p2p:
+            key += "/p2p"
+            op["peer"] = _peer(name, args, kwargs)
+        with self.lock:
+            stream = self.streams.get(key)
+            if stream is None:
+                stream = self.streams[key] = _Stream(ranks)
+            stream.enqueued += 1
+            op["seq"] = stream.enqueued
+            stream.pending[stream.enqueued] = op
+        op["_cuda"] = bool(tensors) and tensors[0].is_cuda
+        return op, stream
+
+    def issued(self, op: dict[str, Any], stream: _Stream, result: Any) -> Any:
+        """The call returned: done on CPU; an async handle or a GPU op completes later."""
+        if result is not None and hasattr(result, "is_completed"):
+            with self.lock:
+                self.works.append((result, op, stream))
+            return _TimedWork(result, op, stream, self)
+        if isinstance(result, list) and result and hasattr(result[0], "is_completed"):
+            with self.lock:  # batch_isend_irecv: the batch completes when its last handle does
+                self.works.append((result[-1], op, stream))
+            return result
+        if op.pop("_cuda", False):
+            import torch
+
+            event = torch.cuda.Event()
+            event.record()
+            with self.lock:
+                self.events.append((event, op, stream))
+            return result
+        self.complete(op, stream)
+        return result
+
+    def complete(self, op: dict[str, Any], stream: _Stream, error: str | None = None) -> None:
+        now = time.time()
+        with self.lock:
+            if stream.pending.pop(op["seq"], None) is None:
+                return
+            op.pop("_cuda", None)
+            op["seconds"] = now - op["enqueued_at"]
+            if error:
+                op["error"] = error
+                self.last_error = error
+            stream.recent.append(op)
+            durations = stream.durations.get(op["op"])
+            if durations is None:
+                durations = stream.durations[op["op"]] = collections.deque(maxlen=DURATIONS_KEPT)
+            durations.append(op["seconds"])
+
+    def _group(self, group: Any) -> tuple[str, list[int] | None]:
+        if group is None:
+            group = self.dist.group.WORLD
+        known = self.groups.get(id(group))
+        if known is None:
+            try:
+                ranks = list(self.dist.get_process_group_ranks(group))
+            except Exception:  # a group this rank is not part of, or not initialized yet
+                ranks = None
+            known = self.groups[id(group)] = (str(getattr(group, "group_name", None) or "0"), ranks)
+        return known
+
+    # -- regions -----------------------------------------------------------------------------
+    def enter_region(self, name: str) -> None:
+        with self.lock:
+            self.regions.append((name, time.time()))
+
+    def leave_region(self, name: str) -> None:
+        with self.lock:
+            for i in range(len(self.regions) - 1, -1, -1):
+                if self.regions[i][0] == name:
+                    del self.regions[i]
+                    break
+            if name == "step":
+                self.step += 1
+
+    # -- watchdog thread ---------------------------------------------------------------------
+    def _watchdog(self) -> None:
+        next_publish = 0.0
+        while not self.stop.wait(POLL_SECONDS):
+            self.poll_completions()
+            now = time.monotonic()
+            if now >= next_publish:
+                next_publish = now + self.interval
+                try:
+                    self.publish()
+                    self.answer_flight_recorder_request()
+                except Exception as e:  # a full disk must not kill the thread: keep trying
+                    self.last_error = f"publishing the state record failed: {e}"
+
+    def poll_completions(self) -> None:
+        with self.lock:
+            works, events = list(self.works), list(self.events)
+        for work, op, stream in works:
+            try:
+                done = work.is_completed()
+            except Exception as e:
+                self._forget_work(work)
+                self.complete(op, stream, error=f"{type(e).__name__}: {e}")
+                continue
+            if done:
+                self._forget_work(work)
+                self.complete(op, stream)
+        for event, op, stream in events:  # in order: stop at the first that is still running
+            if not self.cuda.done(event):
+                break
+            with self.lock:
+                self.events.pop(0)
+            self.complete(op, stream)
+
+    def _forget_work(self, work: Any) -> None:
+        with self.lock:
+            self.works = [w for w in self.works if w[0] is not work]
+
+    def snapshot(self, exited: bool = False) -> dict[str, Any] | None:
+        dist = self.dist
+        if dist is None or not dist.is_initialized():
+            return None
+        now = time.time()
+        with self.lock:
+            groups = {key: stream.snapshot() for key, stream in self.streams.items()}
+            regions = [{"name": n, "seconds": now - t} for n, t in self.regions]
+            step = self.step
+        return {"version": record.VERSION, "job": _job_id(), "rank": dist.get_rank(),
+                "world_size": dist.get_world_size(), "local_rank": _int_env("LOCAL_RANK"),
+                "host": self.host, "pid": self.pid, "start_time": self.start_time,
+                "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
+                "step": step, "regions": regions, "groups": groups, "exited": exited,
+                "gpu_poll": self.cuda.method, "last_error": self.last_error,
+                "flight_recorder": self.flight_recorder_info(dist.get_rank())}
+
+    def publish(self, exited: bool = False) -> None:
+        snap = self.snapshot(exited)
+        if snap is None:
+            return
+        if self.path is None:
+            self.path = record.record_path(self.directory, snap["job"], snap["rank"])
+        record.write_json(self.path, snap)
+
+    # -- Flight Recorder ---------------------------------------------------------------------
+    def flight_recorder_info(self, rank: int) -> dict[str, Any] | None:
+        """Where the detector asks for, and finds, a Flight Recorder dump; None when FR is off."""
+        size = _int_env("TORCH_FR_BUFFER_SIZE") or _int_env("TORCH_NCCL_TRACE_BUFFER_SIZE")
+        if not size or self.path is None:
+            return None
+        pipe = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
+        prefix = (os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+                  or "/tmp/nccl_trace_rank_")
+        base = self.path[: -len(record.SUFFIX)]
+        return {"buffer_size": size, "request": base + ".fr-request", "dump": base + ".fr.json",
+                "nccl_pipe": f"{pipe}{rank}.pipe" if pipe else None, "nccl_dump": f"{prefix}{rank}"}
+
+    def answer_flight_recorder_request(self) -> None:
+        """The detector touched our request file: dump FR as JSON next to the record.
+
+        This works for every backend FR records (gloo included), unlike the NCCL-only pipe.
+        """
+        if self.path is None:
+            return
+        base = self.path[: -len(record.SUFFIX)]
+        if not os.path.exists(base + ".fr-request"):
+            return
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace_json
+
+            data = _dump_fr_trace_json()
+        except Exception as e:
+            data = record_error_json(f"Flight Recorder dump failed in the rank: {type(e).__name__}: {e}")
+        record.write_atomic(base + ".fr.json", data if isinstance(data, bytes) else data.encode())
+        with contextlib.suppress(OSError):
+            os.unlink(base + ".fr-request")
+
+
+def record_error_json(message: str) -> bytes:
+    import json
+
+    return json.dumps({"error": message}).encode()
+
+
+class _TimedWork:
+    """A Work handle whose wait() also marks our op complete; everything else is the real one."""
+
+    def __init__(self, work: Any, op: dict[str, Any], stream: _Stream, timer: Timer):
+        self._work, self._op, self._stream, self._timer = work, op, stream, timer
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._work.wait(*args, **kwargs)
+        if not self._op.get("_cuda"):
+            self._timer._forget_work(self._work)
+            self._timer.complete(self._op, self._stream)
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        op, stream = timer.begin(name, args, kwargs, p2p)
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as e:
+            timer.complete(op, stream, error=f"{type(e).__name__}: {e}"[:300])
+            raise
+        return timer.issued(op, stream, result)
+
+    timed.__name__ = timed.__qualname__ = name
+    timed.__doc__ = fn.__doc__
+    timed.__wrapped__ = fn
+    return timed
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[Any]:
+    """The tensors of a call (first two positional arguments, lists flattened), cheaply."""
+    out = []
+    for a in args[:2] + tuple(kwargs.get(k) for k in ("tensor", "output", "input") if k in kwargs):
+        if hasattr(a, "shape"):
+            out.append(a)
+        elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape"):
+            out.extend(a)
+        elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "tensor"):  # batch of P2POp
+            out.extend(p.tensor for p in a)
+    return out
+
+
+def _peer(name: str, args: tuple, kwargs: dict) -> int | None:
+    key = "dst" if name in ("send", "isend") else "src"
+    peer = kwargs.get(key, args[1] if len(args) > 1 else None)
+    return peer if isinstance(peer, int) else None
+
+
+def _job_id() -> str:
+    for key in (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        if os.environ.get(key):
+            return os.environ[key]
+    return f"{os.environ.get('MASTER_ADDR', 'local')}:{os.environ.get('MASTER_PORT', '0')}"
+
+
+def _int_env(key: str) -> int | None:
+    try:
+        return int(os.environ[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def _process_start_ticks() -> int | None:
+    """Start time in clock ticks since boot: the same in every PID namespace, so the daemon can
+    find this process from the host even when our pid differs there."""
+    try:
+        with open("/proc/self/stat", encoding="ascii", errors="replace") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_namespace() -> str | None:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+
+
+class _CudaQuery:
+    """Completion of a CUDA event without the GIL: the driver's cuEventQuery through ctypes.
+
+    ctypes drops the GIL for the call, so a query that waits behind the CUDA context lock stalls
+    only the watchdog thread. Falls back to Event.query() (holds the GIL) when the driver library
+    cannot be loaded, and says so in the record.
+    """
+
+    NOT_READY = 600
+
+    def __init__(self) -> None:
+        self.fn: Any = None
+        self.method = "none"
+        self.bound_device: int | None = None
+
+    def done(self, event: Any) -> bool:
+        if self.fn is None and self.method == "none":
+            self._load()
+        if self.fn is None:
+            return bool(event.query())
+        if self.bound_device is None:  # the driver wants a current context on this thread
+            import torch
+
+            self.bound_device = torch.cuda.current_device()
+            torch.cuda.set_device(self.bound_device)
+        rc = self.fn(ctypes.c_void_p(event.cuda_event))
+        if rc == self.NOT_READY:
+            return False
+        return True  # success, or an error: the event will never complete, so stop waiting on it
+
+    def _load(self) -> None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            self.fn = lib.cuEventQuery
+            self.fn.argtypes = [ctypes.c_void_p]
+            self.fn.restype = ctypes.c_int
+            self.method = "cuEventQuery (GIL released)"
+        except (OSError, AttributeError):
+            self.method = "torch.cuda.Event.query (holds the GIL)"

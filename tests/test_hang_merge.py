@@ -1,0 +1,204 @@
+"""Desync verdicts (table-driven), the merged stack tree on real py-spy dumps, renderings, the
+report command, and fuzzing of the record reader and the py-spy text parser."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodehealth.hang import merge, record
+from nodehealth.hang.stacks import parse_text_dump
+
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hang")
+
+
+def fixture(name: str) -> str:
+    with open(os.path.join(FIXTURES, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def rec(rank: int, enqueued: int, completed: int, ops: dict | None = None, world: int = 4) -> dict:
+    """A record whose ops at each seq are all_reduce of [4] float32 unless `ops` says otherwise."""
+    ops = ops or {}
+    mk = [{"seq": s, "op": ops.get(s, "all_reduce"), "sizes": [[4]], "dtype": "float32", "enqueued_at": 0.0}
+          for s in range(max(1, completed - 2), enqueued + 1)]
+    return {"version": 1, "job": "j", "rank": rank, "world_size": world, "pid": 100 + rank, "heartbeat": 0.0,
+            "step": 3, "groups": {"0": {"enqueued": enqueued, "completed": completed,
+                                        "pending": [o for o in mk if o["seq"] > completed],
+                                        "recent": [o for o in mk if o["seq"] <= completed]}}}
+
+
+@pytest.mark.parametrize("seqs,kind,culprits,say", [
+    ([(5, 4), (5, 4), (5, 4), (4, 4)], "never_joined", [3], "rank 3 never entered all_reduce #5 of group 0"),
+    ([(5, 4), (4, 4), (5, 4), (4, 4)], "never_joined", [1, 3], "ranks 1,3 never entered"),
+    ([(5, 4), (5, 4), (5, 4), (5, 4)], "communication_hang", [], "none finished: a communication hang"),
+    ([(5, 5), (6, 5), (5, 4), (5, 4)], "not_finished", [2, 3], "ranks 0-1 finished all_reduce #5 of group 0 but"),
+])
+def test_desync_verdicts(seqs, kind, culprits, say):
+    bundle = {"records": {str(r): rec(r, e, c) for r, (e, c) in enumerate(seqs)}}
+    (v,) = merge.verdicts(bundle)
+    assert (v["kind"], v["culprits"]) == (kind, culprits)
+    assert say in v["summary"]
+
+
+def test_no_pending_op_no_verdict():
+    assert merge.verdicts({"records": {str(r): rec(r, 4, 4) for r in range(4)}}) == []
+
+
+def test_diverged_ops_at_the_same_sequence():
+    records = {str(r): rec(r, 5, 4) for r in range(4)}
+    records["2"] = rec(2, 5, 4, ops={5: "broadcast"})
+    (v,) = merge.verdicts({"records": records})
+    assert v["kind"] == "diverged" and v["culprits"] == [2] and "ranks 2 in broadcast" in v["summary"]
+
+
+def test_missing_record_filled_from_flight_recorder():
+    records = {str(r): rec(r, 5, 4) for r in range(3)}
+    fr = {"3": {"dump": {"pg_status": {"0": {"last_enqueued_collective": "4", "last_completed_collective": "4"}}}}}
+    (v,) = merge.verdicts({"records": records, "flight_recorder": fr})
+    assert v["culprits"] == [3] and v["no_record"] == ""
+    (v,) = merge.verdicts({"records": records})
+    assert v["kind"] == "communication_hang" and v["no_record"] == "3" and "no record from ranks 3" in v["summary"]
+
+
+def test_p2p_pending_is_reported_per_rank():
+    r = rec(0, 2, 2)
+    r["groups"]["0/p2p"] = {"enqueued": 1, "completed": 0, "recent": [],
+                            "pending": [{"seq": 1, "op": "recv", "peer": 1, "enqueued_at": 0.0}]}
+    (v,) = merge.verdicts({"records": {"0": r}})
+    assert v["kind"] == "p2p_pending" and v["summary"] == "rank 0 waits in recv #1 of group 0/p2p with peer 1"
+
+
+@pytest.mark.parametrize("ranks,folded", [([0, 1, 2, 3, 5], "0-3,5"), ([4], "4"), ([], ""), ([7, 0, 2, 1], "0-2,7")])
+def test_fold(ranks, folded):
+    assert merge.fold(ranks) == folded
+
+
+def real_stacks() -> dict:
+    """Three ranks stuck in broadcast and one idle in its DataLoader (BLOOM-176B chronicles)."""
+    broadcast = parse_text_dump(fixture("ml-engineering.dump.deepspeed-broadcast-hang.txt"))
+    loader = parse_text_dump(fixture("bigscience-tr11.dataloader-idle.txt"))
+    return {"0": {"threads": broadcast}, "1": {"threads": broadcast}, "2": {"threads": broadcast},
+            "3": {"threads": loader}}
+
+
+def test_parse_text_dumps():
+    threads = parse_text_dump(fixture("ml-engineering.dump.two-threads-idle.txt"))
+    assert [(t["thread_id"], t["name"], t["active"]) for t in threads] == [
+        ("0x7F6D3C29D740", "MainThread", False), ("0x7F6CF5FFB700", "Thread-CallbackRequestDispatcher", False)]
+    assert threads[0]["frames"][0] == {"name": "wait", "file": "threading.py", "line": 312}
+    assert parse_text_dump(fixture("m4-logs.dump.error-EPERM-with-header.txt")) == []
+    wrapped = parse_text_dump(fixture("returnn-1484.header-terminal-wrapped.partial.txt"))
+    assert [(t["thread_id"], t["frames"]) for t in wrapped] == [("2816", [])]
+    grouped = parse_text_dump(fixture("bigscience-tr11.grouped-4-threads-broadcast.txt"))
+    assert [len(t["frames"]) for t in grouped] == [0, 0, 0, 10]  # the author grouped 4 headers over one stack
+
+
+def test_tree_puts_the_minority_first():
+    tree = merge.stack_tree(real_stacks())
+    text = "\n".join(merge._tree_lines(tree, 0))
+    assert text.index("[3] main (pretrain_gpt.py:245)") < text.index("[0-2] <module> (pretrain_gpt.py:239)")
+    assert "[3] get (queue.py:179)" in text and "[0-2] broadcast (torch/distributed/distributed_c10d.py:1191)" in text
+
+
+def test_folded_lines_and_svg():
+    tree = merge.stack_tree(real_stacks())
+    folded = merge.to_folded(tree).splitlines()
+    assert len(folded) == 2
+    assert folded[0].startswith("thread MainThread [0-3];<module> (pretrain_gpt.py:249) [3];")
+    assert folded[0].endswith(" 1")
+    assert folded[1].endswith("broadcast (torch/distributed/distributed_c10d.py:1191) [0-2] 3")
+    svg = merge.to_svg({"job": "j"}, tree, [{"summary": "rank 3 never entered broadcast #9 of group 0"}])
+    root = ET.fromstring(svg)
+    titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert "get (queue.py:179) [3]" in titles and len(titles) == tree_size(tree) - 1
+    assert "rank 3 never entered broadcast" in svg
+
+
+def tree_size(node: merge.Node) -> int:
+    return 1 + sum(tree_size(c) for c in node.children.values())
+
+
+def write_bundle(path, records, stacks) -> None:
+    record.write_json(str(path), {"version": 1, "kind": "nodehealth-hang-bundle", "node": "n1", "job": "j",
+                                  "detected_at": 1.0, "records": records, "stacks": stacks, "errors": []})
+
+
+def run_report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nodehealth.hang.cli", "hang", "report", *args],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_report_command_formats(tmp_path):
+    records = {str(r): rec(r, 5, 4) for r in range(3)} | {"3": rec(3, 4, 4)}
+    write_bundle(tmp_path / "hang-j-n1-1.json", records, real_stacks())
+    out = run_report(str(tmp_path))
+    assert out.returncode == 1 and "rank 3 never entered all_reduce #5 of group 0; ranks 0-2 wait in it" in out.stdout
+    assert "rank 3: step 3, no pending op, state ?, at wait (threading.py:306)" in out.stdout
+    doc = json.loads(run_report(str(tmp_path), "--format", "json").stdout)
+    assert doc["jobs"][0]["verdicts"][0]["culprits"] == [3] and doc["jobs"][0]["tree"]["count"] == 4
+    svg_path = tmp_path / "out.svg"
+    assert run_report(str(tmp_path), "--format", "svg", "-o", str(svg_path)).returncode == 1
+    ET.parse(svg_path)
+    assert "[0-2] 3" in run_report(str(tmp_path), "--format", "folded").stdout
+
+
+def test_report_on_a_record_directory_and_bad_input(tmp_path):
+    for r in range(4):
+        record.write_json(record.record_path(str(tmp_path), "j", r), rec(r, 5 if r else 4, 4))
+    (tmp_path / "j.9.rank.json").write_text("{torn")
+    out = run_report(str(tmp_path))
+    assert "rank 0 never entered all_reduce #5" in out.stdout and "corrupt state record" in out.stdout
+    bad = run_report(str(tmp_path / "nope.json"))
+    assert bad.returncode == 2 and "cannot read" in bad.stderr
+    (tmp_path / "x.json").write_text("[]")
+    assert "not a nodehealth hang bundle" in run_report(str(tmp_path / "x.json")).stderr
+
+
+def test_torn_records_are_never_seen(tmp_path):
+    path = record.record_path(str(tmp_path), "j", 0)
+    big = rec(0, 5, 4)
+    big["regions"] = [{"name": "x" * 1000, "seconds": 1.0}] * 50
+    writer = subprocess.Popen([sys.executable, "-c", (
+        "import sys, json\nfrom nodehealth.hang import record\nrec = json.loads(sys.argv[2])\n"
+        "for i in range(400):\n    rec['step'] = i\n    record.write_json(sys.argv[1], rec)\n"), path, json.dumps(big)])
+    seen = 0
+    try:
+        while writer.poll() is None:
+            if os.path.exists(path):
+                assert record.read_record(path)["rank"] == 0
+                seen += 1
+    finally:
+        writer.wait()
+    assert writer.returncode == 0 and seen > 0
+    assert [n for n in os.listdir(tmp_path) if n.startswith(".tmp")] == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=600))
+def test_fuzz_text_parser(text):
+    threads = parse_text_dump(text)
+    assert all(isinstance(f["line"], int) for t in threads for f in t["frames"])
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+                           max_leaves=12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["version", "rank", "job", "world_size", "pid", "heartbeat", "groups"]),
+                       json_values, max_size=7))
+def test_fuzz_record_validation(obj):
+    try:
+        valid = record.validate({"version": 1, **obj} if obj.get("version") is None else obj, "x")
+    except record.RecordError as e:
+        assert str(e).startswith("x:")
+        return
+    merge.verdicts({"records": {str(valid["rank"]): valid}})  # a valid record never crashes the verdict

@@ -1,0 +1,145 @@
+"""A real 4-rank gloo job under the timer, watched by the real detector with real py-spy.
+
+One job goes through three phases, so torch is imported once per rank: healthy steps with uneven
+compute (no alarm), rank 3 stuck in its 'data loader' before an all_reduce (culprit), then rank 3
+stopped by SIGSTOP inside an all_reduce after entering it (communication hang).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import IN_CI, free_port, require_tool
+
+from nodehealth.hang.detector import Detector
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "fixtures", "hang", "worker.py")
+WORLD = 4
+FLOOR = 2.0
+CFG = {"floor_seconds": FLOOR, "p99_factor": 2.0, "heartbeat_timeout_seconds": 3.0, "native_stacks": False,
+       "scan_interval_seconds": 0.1, "flight_recorder_timeout_seconds": 2.0}
+
+
+def require_torch() -> None:
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        if IN_CI:
+            pytest.fail("torch is not installed; .ci/run must install the CPU wheel")
+        pytest.skip("torch is not installed")
+
+
+def start_job(records: str, control: str) -> list[subprocess.Popen]:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
+           "TORCH_FR_BUFFER_SIZE": "200", "NODEHEALTH_HANG_JOB": "gloo-test"}
+    return [subprocess.Popen([sys.executable, WORKER, records, control],
+                             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for r in range(WORLD)]
+
+
+def wait_until(what, timeout: float, procs: list[subprocess.Popen]):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        dead = [p for p in procs if p.poll() is not None]
+        if dead:
+            raise AssertionError(f"a rank exited {dead[0].returncode}: {dead[0].stderr.read()[-2000:]}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def poll_until_bundle(detector: Detector, timeout: float, procs: list[subprocess.Popen]) -> tuple[str, float]:
+    started = time.monotonic()
+    paths = wait_until(detector.poll, timeout, procs)
+    return paths[0], time.monotonic() - started
+
+
+def test_real_gloo_job_healthy_then_culprit_then_communication_hang(tmp_path):
+    require_torch()
+    require_tool("py-spy")
+    records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
+    os.makedirs(control)
+    procs = start_job(records, control)
+    try:
+        detector = Detector(records, bundles, CFG, node="test-node")
+
+        def steps() -> bool:
+            detector.poll()
+            ranks = detector.jobs.get("gloo-test")
+            return bool(ranks) and len(ranks.ranks) == WORLD and min(r.rec["step"] for r in ranks.ranks.values()) >= 3
+        wait_until(steps, 60, procs)
+
+        # Healthy, with one rank 0.6 s slower every few steps: peers wait up to 0.6 s in all_reduce.
+        healthy_until = time.monotonic() + 3.0
+        while time.monotonic() < healthy_until:
+            assert detector.poll() == [], "false alarm on a healthy job with uneven step times"
+            time.sleep(0.1)
+        assert not detector.findings()
+        p2p = detector.jobs["gloo-test"].ranks[1].rec["groups"]["0/p2p"]
+        assert p2p["completed"] >= 1 and p2p["recent"][-1]["op"] == "irecv" and p2p["recent"][-1]["peer"] == 0
+
+        # Culprit: rank 3 blocks in its data loader; ranks 0-2 enter the all_reduce.
+        open(os.path.join(control, "stall"), "w").close()
+        stalled_at = time.monotonic()
+        path, _ = poll_until_bundle(detector, FLOOR + 15, procs)
+        assert time.monotonic() - stalled_at < FLOOR + 2 + 1.2, "hang not detected within the floor + 2 s"
+        with open(path) as f:
+            bundle = json.load(f)
+        assert sorted(bundle["stacks"]) == ["0", "1", "2", "3"]
+        assert all(s.get("threads") and not s.get("error") for s in bundle["stacks"].values()), bundle["errors"]
+        culprit = bundle["verdicts"][0]
+        assert (culprit["kind"], culprit["culprits"], culprit["op"]) == ("never_joined", [3], "all_reduce")
+        text = run_report(path)
+        assert "rank 3 never entered all_reduce" in text
+        assert "load_next_batch (worker.py" in text  # where the culprit stands
+        assert "rank 0: step" in text and "all_reduce #" in text
+        fr = bundle["flight_recorder"]  # gloo: through the timer's own request file, not the NCCL pipe
+        assert all("pg_status" in fr[r]["dump"] for r in "0123"), fr
+        assert detector.findings()[0].reason == "TrainingHang"
+        metrics = {m.name: m for m in detector.metrics()}
+        assert metrics["nodehealth_hang_detected"].samples == [(("gloo-test",), 1.0)]
+        assert any(v > FLOOR for (job, rank), v in metrics["nodehealth_hang_last_progress_age_seconds"].samples)
+
+        # Release the culprit: progress resumes and the hang clears.
+        open(os.path.join(control, "release"), "w").close()
+        wait_until(lambda: detector.poll() == [] and not detector.jobs["gloo-test"].hung, 20, procs)
+
+        # Communication hang: rank 3 enters the all_reduce and is stopped before exchanging anything.
+        open(os.path.join(control, "stop"), "w").close()
+        path, _ = poll_until_bundle(detector, FLOOR + 15, procs)
+        with open(path) as f:
+            bundle = json.load(f)
+        assert bundle["verdicts"][0]["kind"] == "communication_hang", bundle["verdicts"]
+        assert bundle["stacks"]["3"]["state"] == "T" and bundle["stacks"]["3"]["mode"] == "nonblocking"
+        assert all(s.get("threads") for s in bundle["stacks"].values()), bundle["errors"]
+        assert "communication hang" in run_report(path)
+        assert "no Flight Recorder dump from rank 3" in bundle["flight_recorder"]["3"]["error"]  # it is stopped
+        assert _state(procs[3].pid) == "T", "the detector must leave a process stopped by someone else as it was"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            p.wait()
+
+
+def run_report(path: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "nodehealth.hang.cli", "hang", "report", path],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1, out.stderr  # 1: a hang verdict
+    return out.stdout
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/status") as f:
+        return next(line.split()[1] for line in f if line.startswith("State:"))
+
