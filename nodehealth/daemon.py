@@ -26,7 +26,7 @@ from nodehealth.collectors import kmsg, nvml
 from nodehealth.collectors.gpu_facts import NvmlError
 from nodehealth.collectors.kernel_events import XID, KernelEvent
 from nodehealth.engine import Engine
-from nodehealth.host import boot_id
+from nodehealth.host import boot_id, write_atomic
 from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile
 
@@ -450,10 +450,7 @@ def request_clear(state_dir: str, reason: str) -> str:
     """Ask the daemon to clear sticky faults (`nodehealth clear`); it acts at its next pass."""
     os.makedirs(state_dir, mode=0o700, exist_ok=True)
     path = os.path.join(state_dir, CLEAR_REQUEST)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"reason": reason[:MAX_REASON], "time": time.time()}, f)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"reason": reason[:MAX_REASON], "time": time.time()}).encode(), mode=0o600)
     return path
 
 

@@ -202,6 +202,38 @@ def parse_key_values(text: str) -> dict[str, int]:
     return out
 
 
+def write_atomic(path: str, data: bytes, durable: bool = False, mode: int = 0o644) -> None:
+    """Write a file so that readers never see it torn: a temporary file in the same directory, then
+    a rename. `durable` also fsyncs the file and its directory, for state that must survive a crash."""
+    import tempfile  # only writers pay for it; `nodehealth check` writes nothing
+
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if durable:
+        try:
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError:
+            pass
+
+
 def boot_id(host: HostPaths) -> str | None:
     return read_attr(host.proc("sys", "kernel", "random", "boot_id"))
 

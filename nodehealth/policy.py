@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
+from nodehealth.host import write_atomic
 from nodehealth.model import Action, Finding, Severity
 
 log = logging.getLogger(__name__)
@@ -66,32 +67,10 @@ class StateFile:
             return {}
 
     def save(self, data: dict[str, Any]) -> None:
-        import tempfile  # only the daemon saves; `check` does not pay for it
-
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         data = dict(data, version=STATE_VERSION)
-        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, separators=(",", ":"), sort_keys=True, default=str)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        try:
-            dir_fd = os.open(self.directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError:
-            pass
-
+        text = json.dumps(data, separators=(",", ":"), sort_keys=True, default=str)
+        write_atomic(self.path, text.encode("utf-8"), durable=True, mode=0o600)
 
 class Policy:
     """Turns each pass's raw findings into the node's current findings, remembering across passes."""

@@ -21,7 +21,7 @@ from typing import Any
 from nodehealth.config import HANG_DEFAULTS
 from nodehealth.hang import merge, record
 from nodehealth.hang.stacks import StackCollector
-from nodehealth.host import HostPaths, list_dir, read_text
+from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
 from nodehealth.model import Action, Finding, Metric, Severity
 
 log = logging.getLogger(__name__)
@@ -187,7 +187,7 @@ class Detector:
             with contextlib.suppress(OSError):
                 os.unlink(fr["dump"])
             try:
-                record.write_atomic(str(fr["request"]), b"1\n")
+                write_atomic(str(fr["request"]), b"1\n")
             except (OSError, KeyError) as e:
                 info["error"] = f"cannot write the Flight Recorder request file: {e}"
             info["nccl_pipe"] = _poke_pipe(fr.get("nccl_pipe"))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from typing import Any
+
+from nodehealth.host import write_atomic
 
 VERSION = 1
 SUFFIX = ".rank.json"
@@ -30,26 +31,6 @@ def record_path(directory: str, job: str, rank: int) -> str:
 def safe_name(text: str) -> str:
     """A job id as a file name part: launchers use host:port and UUIDs, never trust them."""
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:100] or "job"
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Temporary file in the same directory, then rename: readers never see a torn file.
-
-    No fsync: readers are on the same node and a record older than a crash is useless anyway.
-    """
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; the detector may run as another user
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def write_json(path: str, obj: Any) -> None:

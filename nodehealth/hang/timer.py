@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nodehealth.hang import record
+from nodehealth.host import write_atomic
 
 ENV_DIR = "NODEHEALTH_HANG_DIR"
 ENV_INTERVAL = "NODEHEALTH_HANG_INTERVAL"
@@ -345,7 +346,7 @@ class Timer:
             data = _dump_fr_trace_json()
         except Exception as e:
             data = record_error_json(f"Flight Recorder dump failed in the rank: {type(e).__name__}: {e}")
-        record.write_atomic(base + ".fr.json", data if isinstance(data, bytes) else data.encode())
+        write_atomic(base + ".fr.json", data if isinstance(data, bytes) else data.encode())
         with contextlib.suppress(OSError):
             os.unlink(base + ".fr-request")
 
