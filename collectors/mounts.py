@@ -223,13 +223,25 @@ def _mount(entry: MountEntry, mounted: bool, configured: bool, probe: _Probe | N
                  now - probe.started)
 
 
+def mount_namespace(host: HostPaths) -> tuple[str, Callable[[str], str]]:
+    """The mount table to read and where its mount points are reachable from here.
+
+    On a host mounted under a root (the DaemonSet: --root /host with hostPID) our own table is the
+    pod's; the host's is its init process's, and the host's files are seen through /proc/1/root.
+    Elsewhere (the host itself, or a fixture folder): our own table, mount points under the root.
+    """
+    if host.is_live and host.root != "/":
+        return host.proc("1", "mountinfo"), lambda mountpoint: host.proc("1", "root", mountpoint.lstrip("/"))
+    return host.proc("self", "mountinfo"), host.rootfs
+
+
 def collect(host: HostPaths, cfg: dict, stat: Callable[[str], object] = os.stat) -> Mounts:
     """`stat` is the probe; tests pass one that hangs or fails to stand in for a dead server."""
     settings = {**DEFAULTS, **cfg}
-    path = host.proc("self", "mountinfo")
+    path, locate = mount_namespace(host)
     entries = parse_mountinfo(read_text(path), path)
     chosen = select(entries, settings["paths"], {str(t) for t in settings["fstypes"]})
-    targets = [host.rootfs(entry.mountpoint) for entry, _, _ in chosen]
+    targets = [locate(entry.mountpoint) for entry, _, _ in chosen]
     probes = probe_paths(targets, float(settings["timeout_seconds"]), stat)
     now = time.monotonic()
     return Mounts(tuple(_mount(entry, mounted, configured, probes[target], now)

@@ -357,3 +357,23 @@ def test_fuzz_token_lines(lines):
     except CollectError:
         return
     assert len(entries) <= len(lines)
+
+
+def test_in_a_pod_the_host_mount_table_and_files_come_through_its_init_process(tmp_path):
+    """--root /host with hostPID: read /host/proc/1/mountinfo and probe /host/proc/1/root/<mount>."""
+    import subprocess
+
+    from nodehealth.collectors.mounts import mount_namespace
+    (tmp_path / "proc").mkdir()
+    if subprocess.run(["mount", "-t", "proc", "proc", str(tmp_path / "proc")], capture_output=True).returncode:
+        pytest.skip("cannot mount a procfs here (needs CAP_SYS_ADMIN)")
+    try:
+        host = HostPaths(str(tmp_path))
+        table, locate = mount_namespace(host)
+        assert table == str(tmp_path / "proc" / "1" / "mountinfo")
+        assert locate("/mnt/data") == str(tmp_path / "proc" / "1" / "root" / "mnt" / "data")
+    finally:
+        subprocess.run(["umount", str(tmp_path / "proc")])
+    table, locate = mount_namespace(HostPaths(str(tmp_path)))  # unmounted: a plain folder, not a host
+    assert table == str(tmp_path / "proc" / "self" / "mountinfo")
+    assert locate("/mnt/data") == str(tmp_path / "mnt" / "data")
