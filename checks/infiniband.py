@@ -64,6 +64,10 @@ ANY_INCREASE = (
      "check the cable and transceiver and reseat them"),
 )
 
+# One increase is the whole event: the policy raises these at once and holds them for a while
+# instead of waiting for repeated bad passes.
+EVENT_REASONS = frozenset(reason for _, reason, _ in ANY_INCREASE)
+
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     ports = obs.facts["infiniband"].ports

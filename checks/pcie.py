@@ -21,6 +21,11 @@ DEFAULTS: dict = {
 }
 
 
+# Non-fatal AER errors are judged by their increase: one increase is the whole event, raised at once
+# and held by the policy instead of waiting for repeated bad passes.
+EVENT_REASONS = frozenset({"PCIeAERNonFatal"})
+
+
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     ignored = set(cfg["ignore_devices"])
     judged_by_nvml = _gpus_with_nvml_link(obs)

@@ -67,9 +67,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     # still contributes the sticky faults the daemon recorded this boot.
     policy = Policy(cfg["policy"], (), boot_id(host), debounce=False)
     state_dir = args.state_dir or (cfg["daemon"]["state_dir"] if host.is_live else None)
-    if state_dir:
-        policy.restore(StateFile(state_dir).load())
-    findings = policy.apply(findings, host.now()) + policy.sticky_findings()
+    if state_dir and not args.kernel_log:  # a saved log is another node's story, not this host's
+        policy.restore(StateFile(state_dir).load(read_only=True))
+    selected = {c.NAME for c in engine.checks}
+    findings = policy.apply(findings, host.now()) + [f for f in policy.sticky_findings() if f.check in selected]
     status = verdict(findings, fail_on_warning=args.fail_on == "warning")
     report = Report(node_name(args, host), status, sort_findings(findings), list(results.values()), host.now())
     from nodehealth import report as render

@@ -18,8 +18,9 @@ POLICY_DEFAULTS: dict[str, Any] = {
     # ... and this many good passes, and at least this long, to clear.
     "clear_after_passes": 3,
     "clear_after_seconds": 300.0,
-    # Kernel events older than this no longer count, unless they are sticky (fatal hardware).
-    "event_window_seconds": 86400.0,
+    # A counter-increase finding (an IB link went down once, a non-fatal PCIe error) stays this long
+    # after the last increase, so that it is seen and alerted on (gpud holds link drops 10 min).
+    "event_hold_seconds": 600.0,
 }
 
 DAEMON_DEFAULTS: dict[str, Any] = {
@@ -107,7 +108,30 @@ def load(path: str | None) -> dict[str, Any]:
     if data is None:
         return cfg
     merge(cfg, data, "")
+    check_ranges(cfg)
     return cfg
+
+
+def check_ranges(cfg: dict[str, Any]) -> None:
+    """Values of the right type that would still misbehave at run time."""
+    def positive(path: str, value: Any) -> None:
+        if not value > 0:
+            raise ConfigError(f"{path}: must be greater than 0, not {value!r}")
+    daemon = cfg["daemon"]
+    positive("daemon.interval_seconds", daemon["interval_seconds"])
+    positive("daemon.collector_timeout_seconds", daemon["collector_timeout_seconds"])
+    for name, key in (("mounts", "timeout_seconds"), ("nvml", "gpu_timeout_seconds")):
+        value = cfg["collectors"][name][key]
+        positive(f"collectors.{name}.{key}", value)
+        if value >= daemon["collector_timeout_seconds"]:
+            raise ConfigError(f"collectors.{name}.{key} ({value:g}) must be below daemon.collector_timeout_seconds "
+                              f"({daemon['collector_timeout_seconds']:g}), or the collector times out first")
+    for key in ("raise_after_passes", "clear_after_passes"):
+        if cfg["policy"][key] < 1:
+            raise ConfigError(f"policy.{key}: must be at least 1, not {cfg['policy'][key]!r}")
+    for layer, rate in cfg["checks"]["infiniband"]["expected_rate_gbps"].items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+            raise ConfigError(f"checks.infiniband.expected_rate_gbps.{layer}: must be a number of Gb/s, not {rate!r}")
 
 
 def _parse(path: str, text: str) -> Any:

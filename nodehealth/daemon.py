@@ -149,11 +149,13 @@ class Daemon:
                              engine.host, cfg, engine.timeout, engine.clock)
         self.kernel_checks = [c for c in engine.checks if kmsg.NAME in c.NEEDS]
         self.policy = Policy(cfg["policy"], [c.NAME for c in engine.checks if getattr(c, "DEBOUNCE", False)],
-                             self.boot_id)
+                             self.boot_id, event_reasons=[(c.NAME, r) for c in engine.checks
+                                                          for r in getattr(c, "EVENT_REASONS", ())])
         self.kernel = KernelEvents(self.boot_id, self.host.dev("kmsg"))
         self.kernel_error: str | None = None
         self.kernel_supported: str | None = None
         self.lock = threading.Lock()
+        self.save_lock = threading.Lock()
         self.stop = threading.Event()
         self.results: dict[str, CollectorResult] = {}
         self.rates: dict[str, dict[str, float]] = {}
@@ -174,13 +176,16 @@ class Daemon:
         self.kernel.restore(saved.get("kmsg", {}))
 
     def save_state(self) -> None:
-        with self.lock:
-            data = self.policy.dump()
-            data["kmsg"] = self.kernel.dump()
-        try:
-            self.state.save(data)
-        except OSError as e:
-            log.error("cannot write state to %s: %s", self.state.path, e)
+        """Snapshot and write under one save lock: two threads saving at once must not let an older
+        snapshot land last (a lower last_seq would count kernel records twice after a crash)."""
+        with self.save_lock:
+            with self.lock:
+                data = self.policy.dump()
+                data["kmsg"] = self.kernel.dump()
+            try:
+                self.state.save(data)
+            except OSError as e:
+                log.error("cannot write state to %s: %s", self.state.path, e)
 
     # -- judging -------------------------------------------------------------------------------
     def _kernel_result(self) -> CollectorResult | None:

@@ -86,8 +86,7 @@ class Engine:
         self.clock = clock
         self._stuck: dict[str, _Worker] = {}
         self._worker: _Worker | None = None
-        self._last_counters: dict[str, dict[str, float]] = {}
-        self._last_time: float | None = None
+        self._last_counters: dict[str, tuple[float, dict[str, float]]] = {}  # name -> (time, values)
 
     def collect(self) -> dict[str, CollectorResult]:
         results: dict[str, CollectorResult] = {}
@@ -147,15 +146,14 @@ class Engine:
                 continue
             current[module.NAME] = fn(result.facts)
         out: dict[str, dict[str, float]] = {}
-        if self._last_time is not None and now > self._last_time:
-            dt = now - self._last_time
-            for name, values in current.items():
-                previous = self._last_counters.get(name, {})
+        for name, values in current.items():
+            # Each collector's own last sample: after a failed pass the delta spans more time.
+            last = self._last_counters.get(name)
+            if last is not None and now > last[0]:
+                dt, previous = now - last[0], last[1]
                 out[name] = {k: (v - previous[k]) / dt for k, v in values.items()
                              if k in previous and v >= previous[k]}
-        for name, values in current.items():
-            self._last_counters[name] = values
-        self._last_time = now
+            self._last_counters[name] = (now, values)
         return out
 
     def judge(self, results: dict[str, CollectorResult], rates: dict[str, dict[str, float]],

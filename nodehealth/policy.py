@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -41,7 +42,9 @@ class StateFile:
         self.directory = directory
         self.path = os.path.join(directory, STATE_FILE)
 
-    def load(self) -> dict[str, Any]:
+    def load(self, read_only: bool = False) -> dict[str, Any]:
+        """The saved state; an unusable file is set aside (renamed) unless `read_only` (the
+        one-shot check must not touch the daemon's file: it may be a newer daemon's)."""
         try:
             with open(self.path, "rb") as f:
                 raw = f.read(MAX_STATE_BYTES + 1)
@@ -58,6 +61,9 @@ class StateFile:
                 raise ValueError(f"not a nodehealth state document of version {STATE_VERSION}")
             return data
         except ValueError as e:
+            if read_only:
+                log.warning("state file %s is unusable (%s); ignoring it", self.path, e)
+                return {}
             aside = self.path + ".corrupt"
             log.error("state file %s is unusable (%s); moved to %s, starting without history", self.path, e, aside)
             try:
@@ -76,11 +82,15 @@ class Policy:
     """Turns each pass's raw findings into the node's current findings, remembering across passes."""
 
     def __init__(self, cfg: dict[str, Any], debounced_checks: Iterable[str], boot_id: str | None,
-                 debounce: bool = True):
+                 debounce: bool = True, event_reasons: Iterable[tuple[str, str]] = ()):
         self.raise_after = max(1, int(cfg["raise_after_passes"])) if debounce else 1
         self.clear_after = max(1, int(cfg["clear_after_passes"])) if debounce else 1
         self.clear_after_seconds = float(cfg["clear_after_seconds"]) if debounce else 0.0
         self.debounced_checks: set[str] = set(debounced_checks)
+        # (check, reason) pairs that report a counter's increase: one bad pass is the whole event, so
+        # they are raised at once and held for event_hold_seconds after the last increase.
+        self.event_reasons: set[tuple[str, str]] = set(event_reasons)
+        self.event_hold_seconds = float(cfg["event_hold_seconds"])
         self.boot_id = boot_id
         self.sticky: dict[str, Finding] = {}
         self.tracks: dict[str, dict[str, Any]] = {}
@@ -104,7 +114,7 @@ class Policy:
         return {
             "boot_id": self.boot_id,
             "sticky": [f.to_dict() for _, f in sorted(self.sticky.items())],
-            "debounce": self.tracks,
+            "debounce": copy.deepcopy(self.tracks),
         }
 
     def clear_sticky(self) -> list[Finding]:
@@ -123,6 +133,7 @@ class Policy:
         kernel-log checks on a new record does not count as a pass for the others.
         """
         judged = set(judged_checks) if judged_checks is not None else None
+        unknown = {f.check for f in findings if f.severity is Severity.UNKNOWN}
         out: list[Finding] = []
         seen_debounced: set[str] = set()
         for f in findings:
@@ -137,7 +148,7 @@ class Policy:
                     out.append(f)
                 continue
             out.append(f)
-        self._good_passes(seen_debounced, judged, now, out)
+        self._good_passes(seen_debounced, judged, unknown, now, out)
         return out
 
     def sticky_findings(self) -> list[Finding]:
@@ -158,22 +169,33 @@ class Policy:
         track["good"] = 0
         track["last_bad"] = now
         track["check"] = f.check
-        if track["bad"] >= self.raise_after:
+        track["event"] = (f.check, f.reason) in self.event_reasons
+        if track["bad"] >= (1 if track["event"] else self.raise_after):
             track["raised"] = True
             track["finding"] = f.to_dict()  # shown while it proves it is gone for good
         return bool(track["raised"])
 
-    def _good_passes(self, seen: set[str], judged: set[str] | None, now: float, out: list[Finding]) -> None:
+    def _good_passes(self, seen: set[str], judged: set[str] | None, unknown: set[str], now: float,
+                     out: list[Finding]) -> None:
         for key in list(self.tracks):
             if key in seen:
                 continue
             track = self.tracks[key]
             if judged is not None and track.get("check") not in judged:
                 continue
+            if track.get("check") in unknown:
+                # The check could not judge: nothing proved the fault gone, so it stays as it was.
+                if track.get("raised") and track.get("finding"):
+                    out.append(Finding.from_dict(track["finding"]))
+                continue
             track["good"] = track.get("good", 0) + 1
             track["bad"] = 0
-            long_enough = now - track.get("last_bad", now) >= self.clear_after_seconds
-            if not track.get("raised") or (track["good"] >= self.clear_after and long_enough):
+            quiet = now - track.get("last_bad", now)
+            if track.get("event"):
+                done = quiet >= self.event_hold_seconds
+            else:
+                done = track["good"] >= self.clear_after and quiet >= self.clear_after_seconds
+            if not track.get("raised") or done:
                 del self.tracks[key]
             elif track.get("finding"):
                 # Still raised while it proves it is gone for good: keep showing it.

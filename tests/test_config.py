@@ -33,6 +33,12 @@ def test_yaml_and_json_override(tmp_path):
     ("- a list\n", "config: expected a mapping"),
     ("daemon: [1, 2\n", "not valid YAML"),
     ("nonsense: 1\n", "nonsense: unknown setting"),
+    ("daemon:\n  interval_seconds: -5\n", "daemon.interval_seconds: must be greater than 0"),
+    ("daemon:\n  collector_timeout_seconds: 0\n", "daemon.collector_timeout_seconds: must be greater than 0"),
+    ("collectors:\n  mounts:\n    timeout_seconds: 30\n", "must be below daemon.collector_timeout_seconds"),
+    ("policy:\n  raise_after_passes: 0\n", "policy.raise_after_passes: must be at least 1"),
+    ("checks:\n  infiniband:\n    expected_rate_gbps: {InfiniBand: 400 Gb/s}\n",
+     "expected_rate_gbps.InfiniBand: must be a number of Gb/s"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, text, fragment):
     with pytest.raises(config.ConfigError) as e:

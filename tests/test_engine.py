@@ -99,3 +99,21 @@ def test_rates_from_counters_between_passes_and_none_after_a_reset():
     e.run()
     e.run()
     assert seen == [None, 3.0, None]
+
+
+def test_a_failed_pass_does_not_inflate_the_next_rate():
+    values = iter([0, None, None, 90])
+    now = iter([0.0, 30.0, 60.0, 90.0])
+    seen = []
+
+    def collect(host, cfg):
+        v = next(values)
+        if v is None:
+            raise OSError(5, "Input/output error", "/sys/x")
+        return Facts(v)
+    e = engine([collector("c", collect, counters=lambda f: {"x": f.value})],
+               [check("k", ("c",), lambda obs, cfg: seen.append(obs.rate("c", "x")) or [])],
+               clock=lambda: next(now))
+    for _ in range(4):
+        e.run()
+    assert seen == [None, 1.0]  # 90 over the 90 s since the last good sample, not over 30 s

@@ -45,8 +45,8 @@ def test_the_daemon_taints_and_conditions_its_own_node(tmp_path, daemon_factory)
         assert conditions["NodeHealthGPUProblem"]["status"] == "True"
         assert conditions["Ready"]["reason"] == "KubeletReady"  # the kubelet's condition is untouched
         assert server.node("other-node")["spec"].get("taints", []) == []  # only its own Node
-        text = d.get("/metrics")[1].decode()
-        assert 'nodehealth_kube_taint_applied{subsystem="gpu",effect="NoSchedule"} 1' in text
+        applied = 'nodehealth_kube_taint_applied{subsystem="gpu",effect="NoSchedule"} 1'
+        assert wait_until(lambda: applied in d.get("/metrics")[1].decode())
         d.stop()
     finally:
         server.close()

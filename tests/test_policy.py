@@ -91,3 +91,30 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
     s.save({"a": 2})
     assert s.load()["a"] == 2
     assert sorted(x.name for x in (tmp_path / "sub").iterdir()) == ["state.json"]
+
+
+def test_a_counter_increase_event_is_raised_at_once_and_held():
+    cfg = dict(CFG, event_hold_seconds=600.0)
+    p = Policy(cfg, ["infiniband"], "b", event_reasons=[("infiniband", "LinkDowned")])
+    downed = Finding("infiniband", Severity.DEGRADED, "LinkDowned", "went down", "mlx5_0:1")
+    assert [x.reason for x in p.apply([downed], 0.0)] == ["LinkDowned"]  # one increase is the event
+    assert [x.reason for x in p.apply([], 30.0)] == ["LinkDowned"]  # held while the counter is quiet
+    assert p.apply([], 599.0) != []
+    assert p.apply([], 601.0) == []
+
+
+def test_a_check_that_cannot_judge_does_not_clear_what_it_raised():
+    p = Policy(CFG, ["infiniband"], "b")
+    p.apply([SLOW], 0.0)
+    p.apply([SLOW], 10.0)
+    failing = Finding("infiniband", Severity.UNKNOWN, "CollectorFailed", "timed out")
+    for t in range(20, 1000, 30):
+        shown = p.apply([failing], float(t))
+    assert "PortRateDegraded" in {x.reason for x in shown}  # still raised: nothing proved it gone
+    assert [x.reason for x in p.apply([SLOW], 1010.0)] == ["PortRateDegraded"]  # and back at once
+
+
+def test_check_reads_the_daemon_state_without_touching_it(tmp_path):
+    (tmp_path / "state.json").write_text(json.dumps({"version": 99}))  # a newer daemon's file
+    assert StateFile(str(tmp_path)).load(read_only=True) == {}
+    assert (tmp_path / "state.json").exists() and not (tmp_path / "state.json.corrupt").exists()
