@@ -6,7 +6,8 @@ COPY pyproject.toml README.md ./
 COPY nodehealth ./nodehealth
 COPY collectors ./collectors
 COPY checks ./checks
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[k8s]'
+# k8s: the Kubernetes client; hang: py-spy, for the hang detection the shipped config turns on.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[k8s,hang]'
 
 FROM python:3.12-slim
 COPY --from=build /wheels /wheels

@@ -7,7 +7,7 @@ only module that imports `kubernetes`, and only inside ClientApi, so importing i
 
 Why the care: `spec.taints` has no merge key, so every taint write is read-modify-write guarded
 by the node's resourceVersion (a stale one is a 409 and we read again), and the agent changes
-only the taints it recorded as its own in an annotation.
+only the taints it recorded as its own in an annotation, and only ever keys in its domain.
 """
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ class Breaker:
         """May this node hold a quarantine taint? Takes a slot (CAS) when it may."""
         self.refresh_managed(api)
         for _ in range(self.cfg["conflict_retries"]):
-            lease = self._read(api, create=not dry_run)
+            lease = self._read(api, create=not dry_run, dry_run=dry_run)
             members = self._members(lease)
             tripped = bool(self._annotations(lease).get(self.tripped_key))
             if self.node in members:
@@ -316,7 +316,7 @@ class Breaker:
     def release(self, api: KubeApi) -> None:
         """Give this node's slot back (its quarantine taints are gone)."""
         for _ in range(self.cfg["conflict_retries"]):
-            lease = self._read(api, create=False)
+            lease = self._read(api, create=False, dry_run=False)
             members = self._members(lease)
             if self.node not in members:
                 return
@@ -336,7 +336,8 @@ class Breaker:
         """Whether the last read showed this node holding a slot (True when not read yet)."""
         return self.members is None or self.node in self.members
 
-    def _read(self, api: KubeApi, create: bool, dry_run: bool = False) -> dict[str, Any]:
+    def _read(self, api: KubeApi, create: bool, dry_run: bool) -> dict[str, Any]:
+        """The Lease (created when `create`); acts on an operator's reset unless `dry_run`."""
         lease = api.get_lease(self.namespace, self.name)
         if lease is None and create:
             try:
@@ -656,12 +657,21 @@ class Publisher:
         return {s: st for s, st in wanted.items() if s not in withheld}
 
     def _owned(self, node: dict[str, Any]) -> set[tuple[str, str]]:
-        try:
-            entries = json.loads(_annotations(node).get(self.applied_key) or "[]")
-            return {(str(e["key"]), str(e["effect"])) for e in entries}
-        except (ValueError, TypeError, KeyError):
-            log.error("node %s: annotation %s is unreadable; treating no taint as ours", self.node, self.applied_key)
-            return set()
+        """The (key, effect) of the taints we applied: only ever keys in our domain.
+
+        Without a readable record, our subsystem keys are ours: a lost or corrupt annotation must
+        not leave a quarantine taint on the node forever, outside the breaker's count.
+        """
+        recorded = _annotations(node).get(self.applied_key)
+        if recorded is not None:
+            try:
+                owned = {(str(e["key"]), str(e["effect"])) for e in json.loads(recorded)}
+                return {(k, e) for k, e in owned if k.startswith(self.domain)}
+            except (ValueError, TypeError, KeyError):
+                log.error("node %s: annotation %s is unreadable; treating the %s<subsystem> taints as ours",
+                          self.node, self.applied_key, self.domain)
+        ours = {self.domain + s for s in SUBSYSTEMS}
+        return {(t.get("key"), t.get("effect")) for t in _taints(node) if t.get("key") in ours}
 
     def _quarantined(self, node: dict[str, Any]) -> bool:
         owned = self._owned(node)

@@ -3,7 +3,9 @@
 It behaves like kube-apiserver on the points the publisher depends on:
 - nodes: GET, list with a label selector, PUT and PATCH (strategic-merge and merge patch) guarded
   by `metadata.resourceVersion` (stale -> 409 Conflict with a Status body); `spec.taints` has no
-  merge key, so a patch replaces the whole list; NoExecute taints get `timeAdded`;
+  merge key, so a patch replaces the whole list; NoExecute taints get `timeAdded`; a duplicate
+  taint, a key that is no qualified name, a value that is no label value or an unknown effect is
+  422 Invalid;
 - nodes/status: PATCH merges `status.conditions` by type and ignores spec and metadata;
 - events: POST; leases (coordination.k8s.io/v1): GET, POST (409 AlreadyExists), PUT with
   resourceVersion compare-and-swap;
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +26,9 @@ from urllib.parse import parse_qs, urlsplit
 STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 415: "UnsupportedMediaType",
                   422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
 MERGE_KEYS = {("status", "conditions"): "type"}  # strategic merge: lists merged by key; others replaced
+NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # a label value, when not empty
+DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 class ApiError(Exception):
@@ -74,6 +80,23 @@ def strategic_merge(target: Any, patch: Any, path: tuple[str, ...] = ()) -> Any:
         else:
             out[key] = strategic_merge(out.get(key), value, path + (key,))
     return out
+
+
+def taint_problem(taint: dict[str, Any]) -> str | None:
+    """Why kube-apiserver would refuse this taint (its key, value and effect rules), or None."""
+    key, value = str(taint.get("key") or ""), str(taint.get("value") or "")
+    prefix, _, name = key.rpartition("/")
+    if len(name) > 63 or not NAME_PART.fullmatch(name) or (prefix and (len(prefix) > 253
+                                                                      or not DNS_SUBDOMAIN.fullmatch(prefix))):
+        return f'key: Invalid value: "{key}": not a qualified name'
+    if len(value) > 63:
+        return f'value: Invalid value: "{value}": must be no more than 63 characters'
+    if value and not NAME_PART.fullmatch(value):
+        return (f'value: Invalid value: "{value}": a valid label must be an empty string or consist of '
+                "alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")
+    if taint.get("effect") not in TAINT_EFFECTS:
+        return f'effect: Unsupported value: "{taint.get("effect")}"'
+    return None
 
 
 def matches(labels: dict[str, str], selector: str) -> bool:
@@ -168,6 +191,12 @@ class FakeApiServer:
             lease = self.leases.get((namespace, name))
             return copy.deepcopy(lease) if lease else None
 
+    def add_lease(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        with self.lock:
+            self.leases[(namespace, name)] = self._bump(
+                {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations)}, "spec": {}})
+
     def edit_lease(self, namespace: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
         with self.lock:
             lease = copy.deepcopy(self.leases[(namespace, name)])
@@ -199,12 +228,16 @@ class FakeApiServer:
         for taint in (node.get("spec") or {}).get("taints") or []:
             if taint.get("effect") == "NoExecute" and not taint.get("timeAdded"):
                 taint["timeAdded"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        keys = [(t.get("key"), t.get("effect")) for t in (node.get("spec") or {}).get("taints") or []]
+        name = node["metadata"]["name"]
+        taints = (node.get("spec") or {}).get("taints") or []
+        keys = [(t.get("key"), t.get("effect")) for t in taints]
+        problems = [f"spec.taints[{i}].{taint_problem(t)}" for i, t in enumerate(taints) if taint_problem(t)]
         if len(keys) != len(set(keys)):
-            raise ApiError(422, f'Node "{node["metadata"]["name"]}" is invalid: spec.taints: Duplicate value',
-                           {"name": node["metadata"]["name"], "kind": "nodes"})
+            problems.append("spec.taints: Duplicate value")
+        if problems:
+            raise ApiError(422, f'Node "{name}" is invalid: {problems[0]}', {"name": name, "kind": "nodes"})
         self._bump(node)
-        self.nodes[node["metadata"]["name"]] = node
+        self.nodes[name] = node
         return node
 
     def _check_rv(self, current: dict[str, Any], sent: dict[str, Any], kind: str, name: str) -> None:

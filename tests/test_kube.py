@@ -194,7 +194,9 @@ def test_a_node_that_keeps_changing_is_a_conflict_error_then_converges(server, m
 
 
 def test_a_foreign_taint_with_our_key_is_neither_duplicated_nor_removed(server, make):
-    server.add_node("gpu-1", taints=[{"key": "nodehealth.io/gpu", "value": "ByHand", "effect": "NoSchedule"}])
+    # The record says the agent applied nothing, so the operator's taint is not ours.
+    server.add_node("gpu-1", taints=[{"key": "nodehealth.io/gpu", "value": "ByHand", "effect": "NoSchedule"}],
+                    annotations={"nodehealth.io/applied-taints": "[]"})
     p = make()
     p.publish(report(XID79))
     assert p.sync_once()
@@ -202,6 +204,90 @@ def test_a_foreign_taint_with_our_key_is_neither_duplicated_nor_removed(server, 
     p.publish(report())
     assert p.sync_once()
     assert taints(server) == [("nodehealth.io/gpu", "ByHand", "NoSchedule")]
+
+
+def test_the_record_never_makes_a_foreign_taint_ours(server, make):
+    server.add_node("gpu-1", taints=[{"key": "team/x", "effect": "NoSchedule"}],
+                    annotations={"nodehealth.io/applied-taints": '[{"key":"team/x","effect":"NoSchedule"}]'})
+    p = make()
+    p.publish(report())
+    assert p.sync_once()
+    assert taints(server) == [("team/x", None, "NoSchedule")]
+    assert server.node("gpu-1")["metadata"]["annotations"]["nodehealth.io/applied-taints"] == "[]"
+
+
+def quarantined_with_a_corrupt_record(server, lease_annotations):
+    server.add_node("gpu-1", labels=GPU_LABELS,
+                    taints=[dict(FOREIGN), {"key": "nodehealth.io/gpu", "value": "Xid48", "effect": "NoSchedule"}],
+                    annotations={"nodehealth.io/applied-taints": "{garbage"})
+    server.add_lease("nodehealth", "nodehealth-quarantine", lease_annotations)
+
+
+def lease_members(server):
+    lease = server.lease("nodehealth", "nodehealth-quarantine")
+    return json.loads(lease["metadata"]["annotations"]["nodehealth.io/quarantined"])
+
+
+@pytest.mark.parametrize("record", [None, "{garbage", "null", '["nodehealth.io/gpu"]'])
+def test_without_a_readable_record_our_subsystem_taints_are_ours(server, make, record):
+    annotations = {} if record is None else {"nodehealth.io/applied-taints": record}
+    server.add_node("gpu-1", taints=[dict(FOREIGN), {"key": "nodehealth.io/gpu", "effect": "NoSchedule"},
+                                     {"key": "nodehealth.io/other", "effect": "NoSchedule"}], annotations=annotations)
+    p = make(breaker_enabled=False)
+    p.publish(report())
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule"), ("nodehealth.io/other", None, "NoSchedule")]
+
+
+def test_a_corrupt_record_cannot_strand_a_quarantine_or_its_slot(server, make):
+    quarantined_with_a_corrupt_record(server, {"nodehealth.io/quarantined": '["gpu-1"]'})
+    p = make()
+    p.publish(report())
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule")]
+    assert server.node("gpu-1")["metadata"]["annotations"]["nodehealth.io/applied-taints"] == "[]"
+    assert lease_members(server) == []
+
+
+def test_a_corrupt_record_keeps_a_wanted_quarantine_counted_as_ours(server, make):
+    # A tripped breaker refuses new quarantines, but this node already is one: it keeps its taint and a slot.
+    quarantined_with_a_corrupt_record(server, {"nodehealth.io/quarantined": "[]",
+                                               "nodehealth.io/breaker-tripped": "earlier"})
+    p = make()
+    p.publish(report(XID79))
+    assert p.sync_once()
+    assert taints(server) == [("dedicated", "training", "NoSchedule"),
+                              ("nodehealth.io/gpu", "Xid79FallenOffBus", "NoSchedule")]
+    assert json.loads(server.node("gpu-1")["metadata"]["annotations"]["nodehealth.io/applied-taints"]) == [
+        {"key": "nodehealth.io/gpu", "effect": "NoSchedule"}]
+    assert lease_members(server) == ["gpu-1"]
+    assert samples(p, "nodehealth_kube_taint_withheld") == {}
+    assert samples(p, "nodehealth_kube_taint_applied") == {("gpu", "NoSchedule"): 1}
+
+
+@pytest.mark.parametrize("taint", [
+    {"key": "nodehealth.io/gpu", "value": "A" * 64, "effect": "NoSchedule"},
+    {"key": "nodehealth.io/gpu", "value": "Bad reason!", "effect": "NoSchedule"},
+    {"key": "nodehealth.io/gpu", "value": "-Leading", "effect": "NoSchedule"},
+    {"key": "bad key", "effect": "NoSchedule"},
+    {"key": "Example.com/x", "effect": "NoSchedule"},
+    {"key": "nodehealth.io/gpu", "effect": "Sometimes"},
+])
+def test_the_fake_server_refuses_taints_the_real_one_refuses(server, tmp_path, taint):
+    server.add_node("gpu-1")
+    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")), 1.0)
+    with pytest.raises(kube.KubeError) as refused:
+        api.patch_node("gpu-1", {"spec": {"taints": [taint]}})
+    assert refused.value.kind == "client_error" and str(refused.value).startswith("422")
+    assert server.node("gpu-1")["spec"]["taints"] == []
+
+
+def test_an_unruly_reason_still_makes_a_taint_the_server_accepts(server, make):
+    p = make()
+    p.publish(report(finding("xid", Severity.FATAL, "-Xid 79: fell off the bus/" + "x" * 80)))
+    assert p.sync_once()
+    value = server.node("gpu-1")["spec"]["taints"][1]["value"]
+    assert value == "Xid79felloffthebus" + "x" * 44  # 63 characters from the reason, then the "-" stripped
 
 
 # -- API trouble ----------------------------------------------------------------------------------
@@ -261,6 +347,17 @@ def test_dry_run_writes_nothing_and_exports_what_it_would_write(server, make):
     assert samples(p, "nodehealth_kube_dry_run") == {(): 1}
     assert samples(p, "nodehealth_kube_taint_desired") == {("gpu", "NoSchedule"): 1}
     assert samples(p, "nodehealth_kube_taint_applied") == {}
+
+
+def test_dry_run_never_acts_on_a_breaker_reset(server, make):
+    reset = {"nodehealth.io/quarantined": '["gpu-7"]', "nodehealth.io/breaker-tripped": "earlier",
+             "nodehealth.io/breaker-reset": "alice"}
+    server.add_lease("nodehealth", "nodehealth-quarantine", reset)
+    p = make(dry_run=True)
+    p.publish(report(XID79))
+    assert p.sync_once()
+    assert server.writes() == []
+    assert server.lease("nodehealth", "nodehealth-quarantine")["metadata"]["annotations"] == reset
 
 
 def test_hold_keeps_our_taints_until_it_is_lifted(server, make):
