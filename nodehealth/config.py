@@ -69,6 +69,7 @@ HANG_DEFAULTS: dict[str, Any] = {
     "p99_factor": 10.0,
     "min_samples": 20,  # fewer completed ops than this: the floor alone decides
     "heartbeat_timeout_seconds": 60.0,
+    "stale_record_seconds": 3600.0,  # records whose heartbeat is older than this belong to dead jobs
     "scan_interval_seconds": 1.0,
     "py_spy": "py-spy",
     "stack_timeout_seconds": 10.0,

@@ -12,8 +12,8 @@ import time
 import pytest
 from conftest import require_tool
 
-from nodehealth.hang import record
-from nodehealth.hang.detector import DEFAULTS, Detector, Rank, judge, limit_for
+from nodehealth.hang import merge, record
+from nodehealth.hang.detector import DEFAULTS, Detector, JobState, Rank, judge, limit_for
 from nodehealth.hang.stacks import StackCollector, process_state
 from nodehealth.host import HostPaths
 
@@ -176,3 +176,172 @@ def test_native_pass_rewrites_the_bundle(tmp_path, sleepers):
     native = bundle["native_stacks"]["0"]
     assert native.get("threads") or native.get("error"), native
     assert "native" in dict(((stage), v) for (_, stage), v in detector.durations.items())
+
+
+def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_path):
+    """A record is written by a training pod: the paths in it must not steer what we delete,
+    write or read as root. Links planted at our own names are replaced, never followed."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim"
+    victim.write_text("precious")
+    records = tmp_path / "records"
+    records.mkdir()
+    me = os.getpid()
+    rec = make_record(0, me, start_ticks(me), 5, 4, world=1)
+    rec["flight_recorder"] = {"buffer_size": 10, "dump": str(victim), "request": str(outside / "made"),
+                              "nccl_pipe": str(victim)}
+    publish(records, [rec])
+    request, dump = record.flight_recorder_paths(record.record_path(str(records), "j", 0))
+    os.symlink(victim, request)
+    os.symlink(victim, dump)
+    detector = Detector(str(records), str(tmp_path / "bundles"),
+                        {**FAST, "py_spy": "/nonexistent/py-spy", "flight_recorder_timeout_seconds": 0.2})
+    bundle = json.loads(open(detector.poll()[0]).read())
+    assert victim.read_text() == "precious" and os.listdir(outside) == ["victim"]
+    assert not os.path.islink(request) and open(request).read() == "1\n"
+    fr = bundle["flight_recorder"]["0"]
+    assert fr["nccl_pipe"] is None and "no Flight Recorder dump from rank 0" in fr["error"]
+
+
+def test_flight_recorder_dump_is_read_only_from_a_plain_file(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text('{"pg_status": {}}')
+    os.symlink(secret, tmp_path / "link.fr.json")
+    os.link(secret, tmp_path / "hard.fr.json")
+    os.mkfifo(tmp_path / "fifo.fr.json")
+    for name in ("link.fr.json", "hard.fr.json", "fifo.fr.json"):
+        with pytest.raises(OSError, match="refused"):
+            record.read_regular(str(tmp_path / name), 1000)
+    os.unlink(tmp_path / "hard.fr.json")
+    assert record.read_regular(str(secret), 1000) == b'{"pg_status": {}}'
+
+
+def test_nccl_pipe_only_by_name_in_the_directory(tmp_path):
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
+    os.mkfifo(tmp_path / "nccl0.pipe")
+    reader = os.open(tmp_path / "nccl0.pipe", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        assert detector._poke_pipe("nccl0.pipe").startswith("wrote to")
+        assert os.read(reader, 10) == b"1\n"
+    finally:
+        os.close(reader)
+    (tmp_path / "plain.pipe").write_text("")
+    os.symlink(tmp_path / "nccl0.pipe", tmp_path / "link.pipe")
+    assert "refused" in detector._poke_pipe("plain.pipe") and "refused" in detector._poke_pipe("link.pipe")
+    assert (tmp_path / "plain.pipe").read_text() == ""
+    assert detector._poke_pipe("../nccl0.pipe") is None and detector._poke_pipe("/tmp/x.pipe") is None
+
+
+def test_any_thread_in_d_state_means_hands_off(tmp_path):
+    """The main thread sleeps, a CUDA or NFS thread is in D: ptrace would wait for it."""
+    proc = tmp_path / "proc" / "4242"
+    for tid, state in (("4242", "S"), ("4243", "D")):
+        (proc / "task" / tid).mkdir(parents=True)
+        (proc / "task" / tid / "stat").write_text(f"{tid} (py) thon) {state} 1 4242 4242 0 -1 4194560\n")
+    (proc / "status").write_text("Name:\tpython\nState:\tS (sleeping)\nNSpid:\t4242\n")
+    spy = fake_py_spy(tmp_path, 'echo "Error: args $*" >&2; exit 1\n')
+    collector = StackCollector(spy, host=HostPaths(procfs=str(tmp_path / "proc")))
+    out = collector.dump(4242)
+    assert out["mode"] == "nonblocking" and "--nonblocking" in out["error"] and out["blocked_thread"] == 4243
+    native = collector.dump(4242, native=True)
+    assert "native stack skipped: its thread 4243 is in state D" in native["error"]
+
+
+CONT_WATCHER = ("import signal, sys, time\n"
+                "signal.signal(signal.SIGCONT, lambda *a: open(sys.argv[1], 'w').close())\n"
+                "time.sleep(600)\n")
+
+
+def test_killed_py_spy_always_sends_sigcont(tmp_path):
+    """The target was never stopped, but a py-spy killed mid-attach might have stopped it: resume anyway."""
+    flag = tmp_path / "got-sigcont"
+    target = subprocess.Popen([sys.executable, "-c", CONT_WATCHER, str(flag)])
+    try:
+        time.sleep(0.3)
+        out = StackCollector(fake_py_spy(tmp_path, "sleep 30\n"), timeout=0.3).dump(target.pid)
+        assert "did not answer" in out["error"] and "killed at its timeout; sent SIGCONT" in out["resumed"]
+        assert flag.exists()
+    finally:
+        target.kill()
+        target.wait()
+
+
+def test_target_stopped_late_after_a_killed_py_spy_is_resumed(tmp_path, sleepers):
+    (a,) = sleepers(1)
+    # a stop that lands after py-spy was killed (its own session, so the kill does not reach it)
+    spy = fake_py_spy(tmp_path, 'setsid sh -c \'sleep 0.45; kill -STOP "$1"\' x "$4" >/dev/null 2>&1 &\nsleep 30\n')
+    out = StackCollector(spy, timeout=0.3).dump(a.pid)
+    assert out["resumed"] == "the target was left stopped after py-spy; sent SIGCONT"
+    assert process_state(HostPaths(), a.pid).state != "T"
+
+
+def test_finding_of_one_nodes_view_sends_to_the_cluster_report(tmp_path):
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
+    recs = {str(r): make_record(r, 100 + r, 1, 5, 4, world=16) for r in range(8)}
+    detector.jobs["j"] = JobState(hung=True, verdicts=merge.verdicts({"records": recs}), bundle="/b.json")
+    (finding,) = detector.findings()
+    assert finding.reason == "TrainingHang" and "communication hang" not in finding.message
+    assert "ranks 8-15 have no record here (they run on other nodes): run `nodehealth hang report`" in finding.message
+
+
+def fake_process(proc, pid: int, nspid: str, start: int) -> None:
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "status").write_text(f"Name:\tpython\nState:\tS (sleeping)\nNSpid:\t{nspid}\n")
+    (proc / str(pid) / "stat").write_text(f"{pid} (python) S " + "0 " * 18 + f"{start} 0 0\n")
+
+
+def test_host_pids_are_remembered_and_proc_is_walked_once(tmp_path, monkeypatch):
+    """Many records of dead processes plus one rank in a container: /proc is walked on the first
+    scan only, misses included; later scans only check the found process is still alive."""
+    from nodehealth.hang import detector as detector_module
+
+    proc = tmp_path / "proc"
+    fake_process(proc, 900, "900\t27", 555)  # the rank: pid 27 in its container
+    fake_process(proc, 901, "901", 556)
+    fake_process(proc, 902, "902\t27", 777)  # pid 27 of another container, started at another time
+    records = tmp_path / "records"
+    records.mkdir()
+    publish(records, [make_record(0, 5000 + i, 1, 4, 4, world=1, job=f"old{i}") for i in range(30)])
+    live = make_record(0, 27, 555, 4, 4, world=1, job="live")
+    live["pid_namespace"] = "pid:[4026532999]"
+    publish(records, [live])
+    reads: list[str] = []
+
+    def counting(path: str, *args):
+        reads.append(path)
+        return real(path, *args)
+    real = detector_module.read_text
+    monkeypatch.setattr(detector_module, "read_text", counting)
+    detector = Detector(str(records), str(tmp_path / "bundles"), FAST, host=HostPaths(procfs=str(proc)))
+    detector.poll()
+    first = [p for p in reads if p.endswith("status")]
+    assert sorted(first) == [str(proc / p / "status") for p in ("900", "901", "902")]
+    assert detector.jobs["live"].ranks[0].host_pid == 900 and list(detector.jobs) == ["live"]
+    reads.clear()
+    detector.poll()
+    detector.poll()
+    assert reads == [str(proc / "900" / "stat")] * 2, "later scans: one liveness check of the found process"
+    (proc / "900" / "stat").write_text("900 (python) S " + "0 " * 18 + "999 0 0\n")  # pid reused
+    detector.poll()
+    assert detector.jobs == {} and detector.host_pids[("pid:[4026532999]", 27, 555)] is None
+
+
+def test_stale_records_are_ignored(tmp_path):
+    me = os.getpid()
+    rec = make_record(0, me, start_ticks(me), 5, 4, world=1)
+    rec["heartbeat"] -= 4000
+    publish(tmp_path, [rec])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy"})
+    assert detector.poll() == [] and detector.jobs == {}
+    detector.cfg["stale_record_seconds"] = 5000.0
+    assert len(detector.poll()) == 1 and detector.jobs["j"].hung
+
+
+def test_durations_are_forgotten_when_the_hang_is_over(tmp_path):
+    me = os.getpid()
+    publish(tmp_path, [make_record(0, me, start_ticks(me), 4, 4, world=1)])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
+    detector.durations = {("j", "python"): 0.5, ("gone", "native"): 3.0}
+    detector.poll()
+    assert "j" in detector.jobs and not detector.jobs["j"].hung and detector.durations == {}

@@ -64,7 +64,31 @@ def test_missing_record_filled_from_flight_recorder():
     (v,) = merge.verdicts({"records": records, "flight_recorder": fr})
     assert v["culprits"] == [3] and v["no_record"] == ""
     (v,) = merge.verdicts({"records": records})
-    assert v["kind"] == "communication_hang" and v["no_record"] == "3" and "no record from ranks 3" in v["summary"]
+    assert v["kind"] == "incomplete" and v["no_record"] == "3" and "ranks 3 have no record here" in v["summary"]
+
+
+def local(ranks: range, world: int, seqs: dict | None = None) -> dict:
+    """The records of one node: `ranks` of a `world`, each at (5, 4) unless `seqs` says otherwise."""
+    seqs = seqs or {}
+    return {"records": {str(r): rec(r, *seqs.get(r, (5, 4)), world=world) for r in ranks}}
+
+
+@pytest.mark.parametrize("bundle,kind,culprits,say", [
+    # one node of two: all local ranks wait in the op; ranks 8-15 may never have entered it
+    (local(range(8), 16), "incomplete", [], "ranks 8-15 have no record here (they run on other nodes): run"),
+    (local(range(8), 16, {0: (6, 5)}), "incomplete", [], "ranks 0 finished it; ranks 8-15 have no record"),
+    # a local rank that never entered is a culprit whatever the other nodes say
+    (local(range(8), 16, {3: (4, 4)}), "never_joined", [3], "rank 3 never entered all_reduce #5"),
+    # every rank of the world present: the node view is the whole view
+    (local(range(16), 16), "communication_hang", [], "a communication hang"),
+    ({"records": {**local(range(8), 16)["records"], **local(range(8, 16), 16)["records"]}},
+     "communication_hang", [], "none finished"),
+])
+def test_one_nodes_bundle_gives_no_cluster_verdict(bundle, kind, culprits, say):
+    (v,) = merge.verdicts(bundle)
+    assert (v["kind"], v["culprits"]) == (kind, culprits)
+    assert say in v["summary"]
+    assert ("communication hang" in v["summary"]) == (kind == "communication_hang")
 
 
 def test_p2p_pending_is_reported_per_rank():

@@ -86,7 +86,7 @@ def test_gpu_events_complete_in_order_without_torch_cuda(tmp_path):
     ready_a, ready_b = [False], [True]
     for seq, ready in ((1, ready_a), (2, ready_b)):
         stream.enqueued = seq
-        op = {"seq": seq, "op": "all_reduce", "enqueued_at": time.time()}
+        op = {"seq": seq, "op": "all_reduce", "enqueued_at": time.time(), "_device": 0}
         stream.pending[seq] = op
         t.events.append((FakeEvent(ready), op, stream))
     t.poll_completions()
@@ -109,3 +109,103 @@ def test_import_is_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+@pytest.mark.filterwarnings("ignore:Running all_reduce on global rank")
+def test_calls_this_rank_takes_no_part_in_are_not_timed(world_of_one):
+    t, torch, dist = world_of_one
+    outsider = dist.GroupMember.NON_GROUP_MEMBER
+    assert dist.all_reduce(torch.ones(2), group=outsider) is None
+    assert dist.all_reduce(torch.ones(2), dist.ReduceOp.SUM, outsider) is None  # positional: not WORLD either
+    sub = dist.new_group([0])
+    dist.all_reduce(torch.ones(2), dist.ReduceOp.SUM, sub)  # a positional subgroup is its own stream
+    dist.barrier(sub)
+    groups = read(t)["groups"]
+    assert "0" not in groups, "a call outside the group must not count in WORLD"
+    assert [(g["enqueued"], g["pending"]) for g in groups.values()] == [(2, [])]
+    assert [op["op"] for op in groups[sub.group_name]["recent"]] == ["all_reduce", "barrier"]
+
+
+class FakeGroup:
+    pass
+
+
+def test_group_cache_does_not_keep_groups_alive(tmp_path):
+    import gc
+    import types
+
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.group_class = FakeGroup
+    t.dist = types.SimpleNamespace(get_process_group_ranks=lambda g: g.ranks, get_rank=lambda: 0,
+                                   group=types.SimpleNamespace(WORLD=None))
+    mine, other = FakeGroup(), FakeGroup()
+    mine.ranks, mine.group_name, other.ranks = [0, 1], "7", [2, 3]
+    assert t.group(mine) == ("7", [0, 1]) and t.group(other) is None and t.group(-100) is None
+    assert t.group(None) is None, "no WORLD yet: nothing to time"
+    del mine, other
+    gc.collect()
+    assert len(t.groups) == 0
+
+
+class BrokenEvent:
+    def query(self) -> bool:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def pending_op(stream: timer._Stream, seq: int) -> dict:
+    stream.enqueued = seq
+    op = stream.pending[seq] = {"seq": seq, "op": "all_reduce", "enqueued_at": time.time(), "_device": 0}
+    return op
+
+
+def test_event_that_raises_completes_with_an_error_and_unblocks_the_rest(tmp_path):
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.cuda.method = "torch.cuda.Event.query (holds the GIL)"
+    stream = timer._Stream([0])
+    t.events = [(BrokenEvent(), pending_op(stream, 1), stream), (FakeEvent([True]), pending_op(stream, 2), stream)]
+    t.poll_completions()
+    assert stream.pending == {} and t.events == []
+    assert "querying its CUDA event failed: RuntimeError: CUDA error" in stream.recent[0]["error"]
+
+
+def test_watchdog_keeps_heartbeating_when_polling_raises(tmp_path, caplog):
+    t = timer.Timer(str(tmp_path), 0.01)
+    published = []
+    t.publish = lambda: published.append(time.time())
+    t.answer_flight_recorder_request = lambda: None
+
+    def broken() -> None:
+        raise RuntimeError("driver gone")
+    t.poll_completions = broken
+    t.thread.start()
+    time.sleep(0.4)
+    t.stop.set()
+    alive = t.thread.is_alive()
+    t.thread.join(1)
+    assert alive and len(published) >= 3
+    assert t.last_error == "polling completions failed: RuntimeError: driver gone"
+    assert caplog.text.count("driver gone") == 1, "said once in the rank's log, not every 50 ms"
+
+
+class FakeTensor:
+    shape, dtype, is_cuda = (4,), "torch.float32", True
+
+    def __init__(self, index: int):
+        import types
+
+        self.device = types.SimpleNamespace(index=index)
+
+
+def test_cuda_device_is_the_tensors_and_the_watchdog_binds_it(tmp_path, monkeypatch):
+    """The op's device is read on the calling thread; the query binds that device, not the
+    watchdog thread's own current device (0 on a fresh thread)."""
+    torch = pytest.importorskip("torch")
+    t = timer.Timer(str(tmp_path), 1.0)
+    op, _ = t.begin("all_reduce", ("0", [0]), (FakeTensor(3),), {}, False)
+    assert op["_device"] == 3 and "_device" not in timer._public(op)
+    bound = []
+    monkeypatch.setattr(torch.cuda, "set_device", bound.append)
+    t.cuda.fn, t.cuda.method = (lambda handle: 0), "cuEventQuery (GIL released)"
+    event = type("E", (), {"cuda_event": 1234})()
+    assert t.cuda.done(event, 3) and t.cuda.done(event, 3) and t.cuda.done(event, 5)
+    assert bound == [3, 5]

@@ -27,6 +27,7 @@ from nodehealth.model import Action, Finding, Metric, Severity
 log = logging.getLogger(__name__)
 
 DEFAULTS = HANG_DEFAULTS  # kept in config.py with the other settings
+FR_DUMP_LIMIT = 64 << 20
 
 
 @dataclass
@@ -67,6 +68,10 @@ class Detector:
         self.record_errors: list[str] = []
         self.bundles_written = 0
         self.durations: dict[tuple[str, str], float] = {}
+        # (pid namespace, pid, start time) of a record -> host pid, None when gone: a scan of /proc
+        # per record and poll is too much on a node with many processes and old records
+        self.host_pids: dict[tuple, int | None] = {}
+        self.nspids: dict[tuple[int, int], list[int]] | None = None  # this scan's, built on first need
 
     # -- one scan ----------------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -79,6 +84,7 @@ class Detector:
                 if old is not None:
                     state.dumped_at, state.bundle = old.dumped_at, old.bundle
             self.jobs, self.record_errors = jobs, errors
+            self.durations = {k: v for k, v in self.durations.items() if k[0] in jobs and jobs[k[0]].hung}
         written = []
         for job, state in sorted(jobs.items()):
             if not state.hung:
@@ -96,13 +102,19 @@ class Detector:
     def scan(self, now: float) -> tuple[dict[str, JobState], list[str]]:
         jobs: dict[str, JobState] = {}
         errors = []
+        stale = self.cfg["stale_record_seconds"]
+        self.nspids, seen = None, set()
         for path in record.list_records(self.directory):
             try:
                 rec = record.read_record(path)
             except record.RecordError as e:
                 errors.append(str(e))
                 continue
-            rank = Rank(path, rec, None if rec.get("exited") else self._host_pid(rec))
+            if now - rec["heartbeat"] > stale:
+                continue  # left behind by a job long gone: not worth a look in /proc
+            key = _process_key(rec)
+            seen.add(key)
+            rank = Rank(path, rec, None if rec.get("exited") else self._host_pid(key))
             judge(rank, now, self.cfg)
             jobs.setdefault(rec["job"], JobState()).ranks[rec["rank"]] = rank
         for job in list(jobs):
@@ -113,6 +125,7 @@ class Detector:
             state.hung = any(r.hung for r in state.ranks.values() if r.host_pid)
         for e in errors:
             log.warning("hang: %s", e)
+        self.host_pids = {k: v for k, v in self.host_pids.items() if k in seen}
         return jobs, errors
 
     def run(self, stop: threading.Event) -> None:
@@ -150,8 +163,9 @@ class Detector:
         if not self._write(path, bundle):
             return None
         state.bundle = path
-        self.bundles_written += 1
-        self.durations[(job, "python")] = bundle["durations"]["python_stacks"]
+        with self.lock:
+            self.bundles_written += 1
+            self.durations[(job, "python")] = bundle["durations"]["python_stacks"]
         log.warning("hang bundle for job %s written to %s in %.3f s", job, path, bundle["durations"]["python_stacks"])
         self._slow_pass(bundle, live, fr_asked, path)
         return path
@@ -171,47 +185,69 @@ class Detector:
             bundle["errors"] += [f"rank {r} (native): {s['error']}" for r, s in bundle["native_stacks"].items()
                                  if s.get("error")]
             bundle["durations"]["native_stacks"] = round(time.monotonic() - t0, 4)
-            self.durations[(bundle["job"], "native")] = bundle["durations"]["native_stacks"]
+            with self.lock:
+                self.durations[(bundle["job"], "native")] = bundle["durations"]["native_stacks"]
         if fr_asked or "native_stacks" in bundle:
             self._write(path, bundle)
 
     def _ask_flight_recorder(self, ranks: dict[int, Rank]) -> dict[int, dict[str, Any]]:
         """Ask every live rank that runs Flight Recorder for a dump: through the timer's request
-        file (any backend) and, when the rank set one, PyTorch's NCCL debug-info pipe."""
+        file (any backend) and, when the rank made it in our directory, PyTorch's NCCL debug-info
+        pipe. Every path is ours, built from the record's own file name: records are written by
+        the training pods, and we act on these files as root."""
         asked = {}
         for r, rank in ranks.items():
             fr = rank.rec.get("flight_recorder")
-            if not rank.host_pid or not isinstance(fr, dict) or not isinstance(fr.get("dump"), str):
+            if not rank.host_pid or not isinstance(fr, dict):
                 continue
-            info = {"dump": fr["dump"], "asked_at": time.time(), "nccl_pipe": None}
+            request, dump = record.flight_recorder_paths(rank.path)
+            info: dict[str, Any] = {"dump": dump, "nccl_pipe": None}
             with contextlib.suppress(OSError):
-                os.unlink(fr["dump"])
+                os.unlink(dump)  # removes a planted link itself, never what it points at
             try:
-                write_atomic(str(fr["request"]), b"1\n")
-            except (OSError, KeyError) as e:
-                info["error"] = f"cannot write the Flight Recorder request file: {e}"
-            info["nccl_pipe"] = _poke_pipe(fr.get("nccl_pipe"))
+                write_atomic(request, b"1\n")  # a rename: replaces a planted link, never writes through it
+            except OSError as e:
+                info["error"] = f"cannot write the Flight Recorder request file: {e.strerror or e}"
+            info["nccl_pipe"] = self._poke_pipe(fr.get("nccl_pipe"))
             asked[r] = info
         return asked
 
     def _read_flight_recorder(self, asked: dict[int, dict[str, Any]]) -> dict[str, Any]:
         import json
 
-        deadline = time.monotonic() + self.cfg["flight_recorder_timeout_seconds"]
+        limit = self.cfg["flight_recorder_timeout_seconds"]
+        deadline = time.monotonic() + limit
         out: dict[str, Any] = {}
         for r, info in sorted(asked.items()):
             entry: dict[str, Any] = {"nccl_pipe": info["nccl_pipe"]}
-            while not os.path.exists(info["dump"]) and time.monotonic() < deadline:
+            while not os.path.lexists(info["dump"]) and time.monotonic() < deadline:
                 time.sleep(0.05)
             try:
-                entry["dump"] = json.loads(read_text(info["dump"], 64 << 20))
-            except OSError:
-                limit = self.cfg["flight_recorder_timeout_seconds"]
+                entry["dump"] = json.loads(record.read_regular(info["dump"], FR_DUMP_LIMIT))
+            except FileNotFoundError:
                 entry["error"] = f"no Flight Recorder dump from rank {r} within {limit:g} s (is its process stopped?)"
+            except OSError as e:
+                entry["error"] = f"cannot read the Flight Recorder dump of rank {r}: {e.strerror or e}"
             except ValueError as e:
                 entry["error"] = f"rank {r} wrote a Flight Recorder dump that is not JSON: {e}"
             out[str(r)] = entry
         return out
+
+    def _poke_pipe(self, name: Any) -> str | None:
+        """Write to PyTorch's NCCL debug-info FIFO, which makes the rank dump Flight Recorder. Only a
+        FIFO named in the record that lies in our directory, opened without following links."""
+        if not isinstance(name, str) or not name or name != record.safe_name(name) or name.startswith("."):
+            return None
+        pipe = os.path.join(self.directory, name)
+        try:
+            fd = record.open_plain(pipe, os.O_WRONLY | os.O_NONBLOCK, stat.S_ISFIFO)
+            try:
+                os.write(fd, b"1\n")
+            finally:
+                os.close(fd)
+            return f"wrote to {pipe}; the dump goes to the rank's TORCH_FR_DUMP_TEMP_FILE prefix"
+        except OSError as e:  # ENXIO: nobody reads it (not an NCCL process group, or FR off)
+            return f"cannot trigger through {pipe}: {e.strerror or e}"
 
     def _bundle_path(self, job: str, now: float) -> str:
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
@@ -226,24 +262,43 @@ class Detector:
             log.error("cannot write hang bundle %s: %s", path, e.strerror or e)
             return False
 
-    def _host_pid(self, rec: dict[str, Any]) -> int | None:
-        """The pid of the record's process as we see it, matched by start time; None if gone."""
-        pid, start = rec["pid"], rec.get("start_time")
-        if _start_ticks(self.host, pid) == start or (start is None and os.path.exists(self.host.proc(str(pid)))):
-            return pid
-        if start is None:
-            return None
-        for name in list_dir(self.host.proc()):  # another PID namespace: find it by NSpid and start time
+    def _host_pid(self, key: tuple) -> int | None:
+        """The pid of a record's process as we see it, matched by start time; None if gone.
+        Remembered, misses included: a process found once is only checked to be alive."""
+        namespace, pid, start = key
+        if start is None:  # an old timer: no start time to match or to remember by
+            return pid if os.path.exists(self.host.proc(str(pid))) else None
+        if key in self.host_pids:
+            known = self.host_pids[key]
+            if known is not None and _start_ticks(self.host, known) != start:
+                known = self.host_pids[key] = None  # it exited
+            return known
+        found = pid if _start_ticks(self.host, pid) == start else None
+        if found is None:  # another PID namespace: find it by NSpid and start time (and namespace)
+            for candidate in self._nspid_map().get((pid, start), []):
+                if namespace is None or _pid_namespace(self.host, candidate) in (namespace, None):
+                    found = candidate
+                    break
+        self.host_pids[key] = found
+        return found
+
+    def _nspid_map(self) -> dict[tuple[int, int], list[int]]:
+        """(pid in its own namespace, start ticks) -> host pids, from one pass over /proc per scan."""
+        if self.nspids is not None:
+            return self.nspids
+        self.nspids = {}
+        for name in list_dir(self.host.proc()):
             if not name.isdigit():
                 continue
             try:
                 status = read_text(self.host.proc(name, "status"), 65536)
             except OSError:
                 continue
-            nspid = next((line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")), None)
-            if nspid == str(pid) and _start_ticks(self.host, int(name)) == start:
-                return int(name)
-        return None
+            nspid = next((line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")), "")
+            start = _start_ticks(self.host, int(name))
+            if nspid.isdigit() and start is not None:
+                self.nspids.setdefault((int(nspid), start), []).append(int(name))
+        return self.nspids
 
     # -- what the daemon shows ---------------------------------------------------------------
     def metrics(self) -> list[Metric]:
@@ -324,6 +379,20 @@ def limit_for(group: dict[str, Any], op: str, cfg: dict[str, Any]) -> float:
     return cfg["floor_seconds"]
 
 
+def _process_key(rec: dict[str, Any]) -> tuple[str | None, int, int | None]:
+    """(pid namespace, pid, start ticks) of a record, each part None where the record has no usable one."""
+    namespace, start = rec.get("pid_namespace"), rec.get("start_time")
+    return (namespace if isinstance(namespace, str) else None, rec["pid"],
+            start if isinstance(start, int) and not isinstance(start, bool) else None)
+
+
+def _pid_namespace(host: HostPaths, pid: int) -> str | None:
+    try:
+        return os.readlink(host.proc(str(pid), "ns", "pid"))
+    except OSError:
+        return None
+
+
 def _start_ticks(host: HostPaths, pid: int) -> int | None:
     try:
         text = read_text(host.proc(str(pid), "stat"), 4096)
@@ -331,19 +400,3 @@ def _start_ticks(host: HostPaths, pid: int) -> int | None:
     except (OSError, IndexError, ValueError):
         return None
 
-
-def _poke_pipe(pipe: Any) -> str | None:
-    """Write to PyTorch's NCCL debug-info FIFO, which makes the rank dump Flight Recorder."""
-    if not isinstance(pipe, str) or not pipe:
-        return None
-    try:
-        if not stat.S_ISFIFO(os.stat(pipe).st_mode):
-            return f"{pipe} is not a FIFO"
-        fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            os.write(fd, b"1\n")
-        finally:
-            os.close(fd)
-        return f"wrote to {pipe}; the dump goes to the rank's TORCH_FR_DUMP_TEMP_FILE prefix"
-    except OSError as e:  # ENXIO: nobody reads it (not an NCCL process group, or FR off)
-        return f"cannot trigger through {pipe}: {e.strerror or e}"

@@ -3,9 +3,11 @@
 The desync verdict, per process group, from the ranks' sequence numbers: k is the lowest
 sequence still pending anywhere. Ranks that never entered k are the culprits. If every rank
 entered k and none finished it, it is a communication hang (the network, not the code). If the
-ranks entered different ops at k, the code paths diverged. Stacks are merged into one tree of
-frames in which every node carries the set of ranks that passed through it, minority branches
-first, so the odd rank out is the first thing one reads.
+ranks entered different ops at k, the code paths diverged. When ranks of the group have no record
+(a bundle of one node: they run elsewhere) and the ranks we have all entered k, the verdict is
+"incomplete": the missing ones may be the culprits, so only all nodes' bundles together can say.
+Stacks are merged into one tree of frames in which every node carries the set of ranks that passed
+through it, minority branches first, so the odd rank out is the first thing one reads.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from nodehealth.hang import record
 
 NETWORK_HINT = ("suspect the links between these ranks: run `nodehealth check --only infiniband,link_events` "
                 "on their nodes")
+ALL_NODES_HINT = "run `nodehealth hang report` over the bundles of all the job's nodes for the verdict"
 
 
 class ReportError(Exception):
@@ -109,7 +112,8 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
             v = _group_verdict(name, records, fr)
             if v:
                 out.append(v)
-    order = {"never_joined": 0, "diverged": 1, "communication_hang": 2, "not_finished": 3, "p2p_pending": 4}
+    order = {"never_joined": 0, "diverged": 1, "communication_hang": 2, "not_finished": 3, "incomplete": 4,
+             "p2p_pending": 5}
     return sorted(out, key=lambda v: (order.get(v["kind"], 9), v["group"]))
 
 
@@ -159,6 +163,11 @@ def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, 
         summary = f"the ranks diverged at #{k} of group {name}: " + " vs ".join(parts)
         kind = "diverged"
         base["culprits"] = by_size[0][1]
+    elif missing:  # the ranks we lack may never have entered: no verdict from one node's view
+        done = f", ranks {fold(finished)} finished it" if finished else ", none finished it"
+        summary = (f"ranks {fold(entered)} entered {where}{done}; ranks {fold(missing)} have no record here "
+                   f"(they run on other nodes): {ALL_NODES_HINT}")
+        kind = "incomplete"
     elif not finished:
         summary = f"all ranks entered {where} and none finished: a communication hang; {NETWORK_HINT}"
         kind = "communication_hang"
@@ -167,7 +176,7 @@ def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, 
         summary = f"ranks {fold(finished)} finished {where} but ranks {fold(stuck)} did not"
         kind = "not_finished"
         base["culprits"] = stuck
-    if missing:
+    if missing and kind != "incomplete":
         summary += f" (no record from ranks {fold(missing)})"
     return {**base, "kind": kind, "summary": summary}
 

@@ -7,15 +7,19 @@ file is a RecordError naming the file, never a crash.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from typing import Any
 
 from nodehealth.host import write_atomic
 
 VERSION = 1
 SUFFIX = ".rank.json"
+FR_REQUEST = ".fr-request"  # the detector creates it: "dump Flight Recorder now"
+FR_DUMP = ".fr.json"  # the rank writes its Flight Recorder dump here
 MAX_RECORD_BYTES = 1 << 20
 MAX_WORLD = 1 << 20
 
@@ -26,6 +30,44 @@ class RecordError(Exception):
 
 def record_path(directory: str, job: str, rank: int) -> str:
     return os.path.join(directory, f"{safe_name(job)}.{rank}{SUFFIX}")
+
+
+def flight_recorder_paths(record: str) -> tuple[str, str]:
+    """The request and dump files of a record, named after the record's own file: the daemon never
+    takes a path from what a rank wrote."""
+    base = record[: -len(SUFFIX)]
+    return base + FR_REQUEST, base + FR_DUMP
+
+
+def open_plain(path: str, flags: int, kind: Any = stat.S_ISREG) -> int:
+    """A descriptor of `path` only if the entry itself (not a symlink, hard link or device) is of
+    `kind`: any training pod can write the records directory and the daemon acts on it as root.
+    The kind is checked before the real open, so a planted device is never opened: O_PATH pins
+    the inode without opening it, and /proc/self/fd reopens that very inode."""
+    pinned = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(pinned)
+        if not kind(st.st_mode) or st.st_nlink > 1:  # 0: just replaced by a rename, still whole
+            raise OSError(errno.EPERM, "a link, or not the kind of file expected here; refused", path)
+        return os.open(f"/proc/self/fd/{pinned}", flags | os.O_CLOEXEC)
+    finally:
+        os.close(pinned)
+
+
+def read_regular(path: str, limit: int) -> bytes:
+    """Up to `limit` bytes of a plain file, opened with open_plain."""
+    fd = open_plain(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        chunks, total = [], 0
+        while total < limit:
+            chunk = os.read(fd, min(1 << 20, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def safe_name(text: str) -> str:
@@ -48,8 +90,7 @@ def list_records(directory: str) -> list[str]:
 def read_record(path: str) -> dict[str, Any]:
     """A validated record, or RecordError saying what is wrong with which file."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_RECORD_BYTES + 1)
+        data = read_regular(path, MAX_RECORD_BYTES + 1)
     except OSError as e:
         raise RecordError(f"{path}: cannot read: {e.strerror or e}") from None
     if len(data) > MAX_RECORD_BYTES:

@@ -1,13 +1,14 @@
 """Stacks of live ranks through py-spy, careful with the targets.
 
-Before touching a process we read its state: a process in uninterruptible sleep (D) can hang a
-ptrace attach, and one stopped by someone else (T) must stay as it was, so both get py-spy's
-`--nonblocking` mode (memory reads only, no attach) and no native pass. After a blocking dump,
-and always after py-spy had to be killed at its timeout, we check the target is not left stopped
-and send SIGCONT if it is. A target in another PID namespace is dumped from here by its host pid
-for Python frames (py-spy reads its files through /proc/PID/root); native frames need py-spy run
-inside the target's namespaces (`nsenter -t PID -p -m`), which works only when the same py-spy
-path exists in the target's mount namespace, otherwise the bundle says why they are missing.
+Before touching a process we read its state: a process with any thread in uninterruptible sleep
+(D) can hang a ptrace attach, and one stopped by someone else (T) must stay as it was, so both get
+py-spy's `--nonblocking` mode (memory reads only, no attach) and no native pass. After a blocking
+dump we check the target is not left stopped and send SIGCONT if it is; after py-spy had to be
+killed at its timeout we send SIGCONT at once and watch the target a little longer. A target in
+another PID namespace is dumped from here by its host pid for Python frames (py-spy reads its
+files through /proc/PID/root); native frames need py-spy run inside the target's namespaces
+(`nsenter -t PID -p -m`), which works only when the same py-spy path exists in the target's mount
+namespace, otherwise the bundle says why they are missing.
 """
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from nodehealth.host import HostPaths, read_text
+from nodehealth.host import HostPaths, list_dir, read_text
 
 log = logging.getLogger(__name__)
 OUTPUT_LIMIT = 16 << 20
+RECHECKS, RECHECK_SECONDS = 5, 0.1  # after a killed py-spy: watch the target ~0.5 s for a late stop
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class ProcessState:
     wchan: str | None
     nspid: int  # the pid inside its own PID namespace (== pid when it is ours)
     other_namespace: bool
+    blocked_thread: int | None = None  # a thread in uninterruptible sleep (D), the main one or another
 
 
 def process_state(host: HostPaths, pid: int) -> ProcessState | None:
@@ -57,7 +60,21 @@ def process_state(host: HostPaths, pid: int) -> ProcessState | None:
     except OSError:
         other = False
     nspid = int(nspids[-1]) if nspids and nspids[-1].isdigit() else pid
-    return ProcessState(pid, state, None if wchan == "0" else wchan, nspid, other)
+    return ProcessState(pid, state, None if wchan == "0" else wchan, nspid, other, _thread_in_d(host, pid))
+
+
+def _thread_in_d(host: HostPaths, pid: int) -> int | None:
+    """The first thread of the process in D state: ptrace must stop every thread, and one in
+    uninterruptible sleep (a GPU driver call, a dead NFS server) can hang the attach."""
+    for tid in list_dir(host.proc(str(pid), "task")):
+        try:
+            text = read_text(host.proc(str(pid), "task", tid, "stat"), 4096)
+        except OSError:
+            continue  # the thread ended
+        fields = text.rsplit(")", 1)[-1].split()
+        if fields and fields[0] == "D" and tid.isdigit():
+            return int(tid)
+    return None
 
 
 class StackCollector:
@@ -100,10 +117,14 @@ class StackCollector:
         if binary is None:
             return {**out, "error": f"py-spy not found ({self.py_spy!r} is not on PATH or not executable); "
                                     "install nodehealth[hang] or set hang.py_spy"}
-        hands_off = before.state in ("D", "T", "t")
+        hands_off = before.state in ("D", "T", "t") or before.blocked_thread is not None
+        if before.blocked_thread is not None and before.state != "D":
+            out["blocked_thread"] = before.blocked_thread
         if native and hands_off:
-            return {**out, "error": f"native stack skipped: process is in state {before.state} "
-                                    f"(wchan {before.wchan or '?'}), attaching with ptrace could hang or resume it"}
+            what = (f"process is in state {before.state} (wchan {before.wchan or '?'})"
+                    if before.state in ("D", "T", "t")
+                    else f"its thread {before.blocked_thread} is in state D")
+            return {**out, "error": f"native stack skipped: {what}, attaching with ptrace could hang or resume it"}
         cmd = [binary, "dump", "--json", "--pid", str(pid)]
         if hands_off:
             cmd.append("--nonblocking")
@@ -123,7 +144,8 @@ class StackCollector:
         elif before.other_namespace:
             out["namespace"] = f"other PID namespace (pid {before.nspid} there); dumped by host pid"
         rc, stdout, stderr, timed_out = _run(cmd, self.native_timeout if native else self.timeout)
-        self._never_leave_stopped(pid, before, out)
+        if before.state not in ("T", "t"):  # stopped before we came: leave it as its owner wants it
+            self._never_leave_stopped(pid, out, timed_out)
         if timed_out:
             limit = self.native_timeout if native else self.timeout
             return {**out, "error": f"py-spy did not answer within {limit:g} s and was killed"}
@@ -138,17 +160,28 @@ class StackCollector:
             return {**out, "error": f"py-spy printed something that is not its JSON stack dump: {e}"}
         return out
 
-    def _never_leave_stopped(self, pid: int, before: ProcessState, out: dict[str, Any]) -> None:
-        if before.state in ("T", "t"):
-            return  # stopped before we came: leave it as its owner wants it
-        after = process_state(self.host, pid)
-        if after is not None and after.state in ("T", "t"):
-            try:
-                os.kill(pid, signal.SIGCONT)
-                out["resumed"] = "the target was left stopped after py-spy; sent SIGCONT"
-                log.warning("pid %d was left stopped after py-spy; sent SIGCONT", pid)
-            except OSError as e:
-                out["resumed"] = f"the target was left stopped and SIGCONT failed: {e.strerror}"
+    def _never_leave_stopped(self, pid: int, out: dict[str, Any], killed: bool) -> None:
+        """Resume a target that py-spy left stopped. A py-spy killed mid-attach may leave it stopped
+        a moment later, after the kernel detaches it: then SIGCONT at once, whatever its state,
+        and watch it for a while."""
+        if killed:
+            self._resume(pid, out, "py-spy was killed at its timeout; sent SIGCONT")
+        for i in range(RECHECKS if killed else 1):
+            if i:
+                time.sleep(RECHECK_SECONDS)
+            after = process_state(self.host, pid)
+            if after is not None and after.state in ("T", "t"):
+                self._resume(pid, out, "the target was left stopped after py-spy; sent SIGCONT")
+
+    def _resume(self, pid: int, out: dict[str, Any], why: str) -> None:
+        try:
+            os.kill(pid, signal.SIGCONT)
+            out["resumed"] = why
+            log.warning("pid %d: %s", pid, why)
+        except ProcessLookupError:
+            pass  # it exited: nothing left to resume
+        except OSError as e:
+            out["resumed"] = f"{why.split(';')[0]}; SIGCONT failed: {e.strerror}"
 
 
 def _run(cmd: list[str], timeout: float) -> tuple[int, str, str, bool]:

@@ -16,10 +16,12 @@ import atexit
 import collections
 import contextlib
 import ctypes
+import logging
 import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,12 +121,14 @@ class Timer:
         self.interval = interval
         self.lock = threading.Lock()
         self.streams: dict[str, _Stream] = {}
-        self.groups: dict[int, tuple[str, list[int] | None]] = {}
+        # by the group itself, held weakly: an id() could be reused by a later group
+        self.groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.works: list[tuple[Any, dict[str, Any], _Stream]] = []  # async handles the watchdog polls
         self.events: list[tuple[Any, dict[str, Any], _Stream]] = []  # CUDA events, oldest first
         self.regions: list[tuple[str, float]] = []
         self.step = 0
         self.last_error: str | None = None
+        self.logged_error = False
         self.originals: dict[str, Any] = {}
         self.dist: Any = None
         self.cuda = _CudaQuery()
@@ -166,14 +170,9 @@ class Timer:
         self.publish(exited=True)
 
     # -- per call (hot path: keep it small) --------------------------------------------------
-    def begin(self, name: str, args: tuple, kwargs: dict, p2p: bool) -> tuple[dict[str, Any], _Stream]:
-        group = kwargs.get("group")
-        if group is None:
-            for a in args:
-                if isinstance(a, self.group_class):
-                    group = a
-                    break
-        key, ranks = self._group(group)
+    def begin(self, name: str, group: tuple[str, list[int] | None], args: tuple, kwargs: dict,
+              p2p: bool) -> tuple[dict[str, Any], _Stream]:
+        key, ranks = group
         tensors = _tensors(args, kwargs)
         op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
                               "sizes": [list(t.shape) for t in tensors[:4]],
@@ -189,6 +188,8 @@ class Timer:
             op["seq"] = stream.enqueued
             stream.pending[stream.enqueued] = op
         op["_cuda"] = bool(tensors) and tensors[0].is_cuda
+        if op["_cuda"]:  # the device of the call, read here: the watchdog thread has its own current device
+            op["_device"] = tensors[0].device.index
         return op, stream
 
     def issued(self, op: dict[str, Any], stream: _Stream, result: Any) -> Any:
@@ -205,7 +206,7 @@ class Timer:
             import torch
 
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(op["_device"]))
             with self.lock:
                 self.events.append((event, op, stream))
             return result
@@ -218,6 +219,7 @@ class Timer:
             if stream.pending.pop(op["seq"], None) is None:
                 return
             op.pop("_cuda", None)
+            op.pop("_device", None)
             op["seconds"] = now - op["enqueued_at"]
             if error:
                 op["error"] = error
@@ -228,16 +230,23 @@ class Timer:
                 durations = stream.durations[op["op"]] = collections.deque(maxlen=DURATIONS_KEPT)
             durations.append(op["seconds"])
 
-    def _group(self, group: Any) -> tuple[str, list[int] | None]:
+    def group(self, group: Any) -> tuple[str, list[int] | None] | None:
+        """Name and ranks of a call's process group; None when this rank takes no part in the call
+        (torch's NON_GROUP_MEMBER, a group without this rank, anything not a process group): torch
+        returns at once or fails, and timing it would leave an op that no peer ever matches."""
         if group is None:
             group = self.dist.group.WORLD
-        known = self.groups.get(id(group))
-        if known is None:
-            try:
-                ranks = list(self.dist.get_process_group_ranks(group))
-            except Exception:  # a group this rank is not part of, or not initialized yet
-                ranks = None
-            known = self.groups[id(group)] = (str(getattr(group, "group_name", None) or "0"), ranks)
+        if not isinstance(group, self.group_class):
+            return None
+        if group in self.groups:
+            return self.groups[group]
+        try:
+            ranks: list[int] | None = list(self.dist.get_process_group_ranks(group))
+        except Exception:  # not initialized yet: time it, the ranks stay unknown
+            ranks = None
+        member = ranks is None or self.dist.get_rank() in ranks
+        known = (str(getattr(group, "group_name", None) or "0"), ranks) if member else None
+        self.groups[group] = known
         return known
 
     # -- regions -----------------------------------------------------------------------------
@@ -258,7 +267,10 @@ class Timer:
     def _watchdog(self) -> None:
         next_publish = 0.0
         while not self.stop.wait(POLL_SECONDS):
-            self.poll_completions()
+            try:
+                self.poll_completions()
+            except Exception as e:  # a broken query must not stop the heartbeat: that would look like a hang
+                self._watchdog_error(f"polling completions failed: {type(e).__name__}: {e}")
             now = time.monotonic()
             if now >= next_publish:
                 next_publish = now + self.interval
@@ -266,7 +278,14 @@ class Timer:
                     self.publish()
                     self.answer_flight_recorder_request()
                 except Exception as e:  # a full disk must not kill the thread: keep trying
-                    self.last_error = f"publishing the state record failed: {e}"
+                    self._watchdog_error(f"publishing the state record failed: {e}")
+
+    def _watchdog_error(self, message: str) -> None:
+        """Say it in the record every time, in the rank's log only the first time."""
+        if not self.logged_error:
+            self.logged_error = True
+            logging.getLogger(__name__).warning("nodehealth hang timer: %s", message)
+        self.last_error = message
 
     def poll_completions(self) -> None:
         with self.lock:
@@ -282,11 +301,15 @@ class Timer:
                 self._forget_work(work)
                 self.complete(op, stream)
         for event, op, stream in events:  # in order: stop at the first that is still running
-            if not self.cuda.done(event):
-                break
+            error = None
+            try:
+                if not self.cuda.done(event, op["_device"]):
+                    break
+            except Exception as e:  # it will never answer: let the events behind it complete
+                error = f"querying its CUDA event failed: {type(e).__name__}: {e}"
             with self.lock:
                 self.events.pop(0)
-            self.complete(op, stream)
+            self.complete(op, stream, error=error)
 
     def _forget_work(self, work: Any) -> None:
         with self.lock:
@@ -319,16 +342,19 @@ class Timer:
 
     # -- Flight Recorder ---------------------------------------------------------------------
     def flight_recorder_info(self, rank: int) -> dict[str, Any] | None:
-        """Where the detector asks for, and finds, a Flight Recorder dump; None when FR is off."""
+        """That Flight Recorder is on, and the name of PyTorch's NCCL debug pipe when it lies in our
+        directory (the detector uses no other); None when FR is off. The request and dump files
+        are named after the record (record.flight_recorder_paths), never taken from it."""
         size = _int_env("TORCH_FR_BUFFER_SIZE") or _int_env("TORCH_NCCL_TRACE_BUFFER_SIZE")
         if not size or self.path is None:
             return None
         pipe = os.environ.get("TORCH_NCCL_DEBUG_INFO_PIPE_FILE")
         prefix = (os.environ.get("TORCH_FR_DUMP_TEMP_FILE") or os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
                   or "/tmp/nccl_trace_rank_")
-        base = self.path[: -len(record.SUFFIX)]
-        return {"buffer_size": size, "request": base + ".fr-request", "dump": base + ".fr.json",
-                "nccl_pipe": f"{pipe}{rank}.pipe" if pipe else None, "nccl_dump": f"{prefix}{rank}"}
+        pipe_path = f"{pipe}{rank}.pipe" if pipe else None
+        ours = pipe_path and os.path.dirname(os.path.realpath(pipe_path)) == os.path.realpath(self.directory)
+        return {"buffer_size": size, "nccl_pipe": os.path.basename(pipe_path) if ours else None,
+                "nccl_dump": f"{prefix}{rank}"}
 
     def answer_flight_recorder_request(self) -> None:
         """The detector touched our request file: dump FR as JSON next to the record.
@@ -337,8 +363,8 @@ class Timer:
         """
         if self.path is None:
             return
-        base = self.path[: -len(record.SUFFIX)]
-        if not os.path.exists(base + ".fr-request"):
+        request, dump = record.flight_recorder_paths(self.path)
+        if not os.path.exists(request):
             return
         try:
             from torch._C._distributed_c10d import _dump_fr_trace_json
@@ -346,9 +372,9 @@ class Timer:
             data = _dump_fr_trace_json()
         except Exception as e:
             data = record_error_json(f"Flight Recorder dump failed in the rank: {type(e).__name__}: {e}")
-        write_atomic(base + ".fr.json", data if isinstance(data, bytes) else data.encode())
+        write_atomic(dump, data if isinstance(data, bytes) else data.encode())
         with contextlib.suppress(OSError):
-            os.unlink(base + ".fr-request")
+            os.unlink(request)
 
 
 def record_error_json(message: str) -> bytes:
@@ -375,8 +401,13 @@ class _TimedWork:
 
 
 def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
+    at = _group_position(fn)
+
     def timed(*args: Any, **kwargs: Any) -> Any:
-        op, stream = timer.begin(name, args, kwargs, p2p)
+        group = timer.group(kwargs.get("group", args[at] if at is not None and len(args) > at else None))
+        if group is None:
+            return fn(*args, **kwargs)
+        op, stream = timer.begin(name, group, args, kwargs, p2p)
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:
@@ -388,6 +419,17 @@ def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
     timed.__doc__ = fn.__doc__
     timed.__wrapped__ = fn
     return timed
+
+
+def _group_position(fn: Any) -> int | None:
+    """Where `group` sits among the positional arguments of a torch.distributed function."""
+    import inspect
+
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return names.index("group") if "group" in names else None
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[Any]:
@@ -455,16 +497,16 @@ class _CudaQuery:
         self.method = "none"
         self.bound_device: int | None = None
 
-    def done(self, event: Any) -> bool:
+    def done(self, event: Any, device: int) -> bool:
         if self.fn is None and self.method == "none":
             self._load()
         if self.fn is None:
             return bool(event.query())
-        if self.bound_device is None:  # the driver wants a current context on this thread
+        if self.bound_device != device:  # the driver wants the event's context current on this thread
             import torch
 
-            self.bound_device = torch.cuda.current_device()
-            torch.cuda.set_device(self.bound_device)
+            torch.cuda.set_device(device)
+            self.bound_device = device
         rc = self.fn(ctypes.c_void_p(event.cuda_event))
         if rc == self.NOT_READY:
             return False
