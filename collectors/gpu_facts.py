@@ -142,17 +142,6 @@ def rate_key(gpu: Gpu, name: str) -> str:
 
 
 @dataclass(frozen=True)
-class GpuEvent:
-    """An NVML event (an Xid, with the number only; the kernel log has the text)."""
-
-    gpu: int
-    pci_bus_id: str | None
-    kind: str  # "xid", "sbe", "dbe", ...
-    data: int  # the Xid number for "xid"
-    time: float  # when the daemon received it
-
-
-@dataclass(frozen=True)
 class NvmlFacts:
     backend: str  # "nvml" (the driver) or "fake:<scenario>" (a fixture machine)
     driver_version: str | None

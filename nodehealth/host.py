@@ -137,17 +137,6 @@ def read_attr(path: str) -> str | None:
         return None
 
 
-def read_int_attr(path: str) -> int | None:
-    """A sysfs integer attribute; None when absent, unreadable or not a number (e.g. 'N/A (no PMA)')."""
-    value = read_attr(path)
-    if value is None:
-        return None
-    try:
-        return int(value, 0) if value.startswith("0x") else int(value)
-    except ValueError:
-        return None
-
-
 def read_int_dir(directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:
     """Every file of a directory of integer attributes (e.g. IB counters/), one read each.
 
