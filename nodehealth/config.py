@@ -80,6 +80,100 @@ HANG_DEFAULTS: dict[str, Any] = {
 }
 
 
+# Pingmesh: the probe agent in the daemon, the pinglist, the analysis and the controller
+# (nodehealth/probe, nodehealth/net, nodehealth/controller.py). Off unless enabled.
+PINGMESH_DEFAULTS: dict[str, Any] = {
+    "enabled": False,
+    "listen": "0.0.0.0:9457",  # the gRPC Ping service; TCP probes on the same address at tcp_port
+    # Static inventory (YAML or JSON: nodes with leaf, pod, addresses); empty: in Kubernetes, the
+    # controller's inventory ConfigMap built from Node labels.
+    "inventory_file": "",
+    "labels": {"leaf": "nodehealth.io/leaf", "pod": "nodehealth.io/pod"},
+    "addresses_annotation": "nodehealth.io/probe-addresses",  # "10.0.1.1,10.1.1.1": one per rail
+    "port": 9457,  # the peers' Ping port
+    "tcp_port": 9459,  # the peers' TCP probe port: accepted and closed at once, cheaper than gRPC's
+    "probe_interval_seconds": 10.0,  # between two probes of the same peer (Pingmesh: >= 10 s)
+    "timeout_seconds": 2.0,  # an unanswered probe is lost after this (kubeservice pingmesh-agent: 2 s)
+    "tcp_probe": True,  # time a TCP connect to each peer on each rail (SYN round trip; retransmits infer drops)
+    # The gRPC Ping goes to each peer on the first rail both share; every rail costs a channel and
+    # calls per rail (at 8 rails over the agent's CPU and memory budget, benchmarks/RESULTS.md).
+    "ping_all_rails": False,
+    "payload_bytes": 64,
+    "max_concurrency": 16,  # probes in flight at once
+    "max_probes_per_second": 100.0,  # across all peers; past it probes are skipped and counted
+    "window_seconds": 30.0,  # R-Pingmesh's window; windows are aligned to the wall clock
+    "windows_kept": 20,
+    "refresh_seconds": 300.0,  # re-read the inventory and recompute the pinglist
+    "epoch_seconds": 3600.0,  # inter-leaf representatives rotate every epoch
+    "inter_leaf_pairs": 2,  # representative server pairs per leaf pair and rail
+    "max_peer_groups": 16,  # metric peer groups: each other leaf while leaves are few, else pods
+    # Nodes without a leaf are meshed in groups of this many, in name order (hostnames usually count along
+    # racks): one leaf-sized group each keeps a cluster without leaf labels from becoming one full mesh.
+    "unknown_leaf_group_size": 32,
+    # Per-peer series only for peers over one of these in the last closed window, at most this many.
+    "peer_series_loss_fraction": 0.01,
+    "peer_series_p99_seconds": 0.01,
+    "max_peer_series": 50,
+    "controller_namespace": "nodehealth",
+    "configmap": "nodehealth-pingmesh",  # the controller's verdicts, read by every agent every window
+    # The controller's inventory, in a ConfigMap of its own: up to ~0.7 MiB (10,000 nodes x 8 rails,
+    # gzipped, base64) that the agents need only every refresh_seconds and the controller rewrites only
+    # when it changed. Beside the verdicts, 10,000 agents would pull it every window (~250 MB/s).
+    "inventory_configmap": "nodehealth-pingmesh-inventory",
+    "controller_lease": "nodehealth-controller",  # leader election of the controller replicas (that namespace)
+    "controller_listen": "0.0.0.0:9458",  # the controller's /metrics and /healthz (9456 agents, 9457 Ping)
+    # The leader fetches every agent's /v1/pingmesh (the daemon's listen port) this many at once,
+    # which hides the network's round trips (decoding, below, is what bounds a cycle), each within
+    # this time: a stalled agent costs one slot for 3 s, never the whole analysis.
+    "fetch_concurrency": 64,
+    "fetch_timeout_seconds": 3.0,
+    # Newest windows fetched from each agent, the newest still open: the analysis is stateless, so
+    # the closed ones must cover analysis.open_windows + close_windows (2 + 3). Each window costs
+    # the controller ~1 ms of CPU per agent at 330 peers (decoding), so no more than needed.
+    "fetch_windows": 6,
+    # Localization over the agents' summaries (nodehealth/net/pingmesh.py), judged per closed window.
+    "analysis": {
+        # A leaf-to-leaf edge is bad at this loss: R-Pingmesh's SLA (loss > 0.02 in a 30 s window).
+        "loss_fraction": 0.02,
+        # A node is bad at this loss over its probes with its leaf-mates: pooled over a few hundred
+        # peers, 1% loss on one link stands out, while normal drop is 1e-4 to 1e-5 (Pingmesh): 50x margin.
+        "node_loss_fraction": 0.005,
+        # ... and must be this unlikely (Poisson) at the median node's loss rate: where the whole mesh
+        # loses a little more than usual, a node with a few losses more is not yet a faulty node.
+        "significance": 0.0001,
+        # An aggregate (a node's, a leaf edge's) needs this many probes before it is judged at all:
+        # below it one lost probe is already 10%.
+        "min_probes": 10,
+        # ... and this many lost (or slow) probes before it counts as bad: at 1e-4 background loss,
+        # 3 losses among a few hundred probes happen once in ~10^5 windows; one or two are noise.
+        "min_bad_probes": 3,
+        # Latency is bad when p99 exceeds this many times the baseline (the median p99 of comparable
+        # edges: intra-leaf with intra-leaf, leaf-to-leaf with leaf-to-leaf; buckets are ~2.5x apart) ...
+        "p99_factor": 3.0,
+        # ... and this floor: gRPC Ping round trips go through two Python processes, and Pingmesh's
+        # normal intra-DC p99 is a few milliseconds (R-Pingmesh's 500 us is for RDMA hardware stamps).
+        "p99_floor_seconds": 0.005,
+        # Hysteresis over windows (R-Pingmesh's localizer): a verdict opens after this many
+        # consecutive bad windows, so one noisy window names nothing ...
+        "open_windows": 2,
+        # ... and closes after this many good ones, so a flapping element does not flap its verdict.
+        "close_windows": 3,
+        # A node that answers none of the probes of at least this fraction of its probers is unreachable
+        # (most of them, not all: a peer on the same dead link segment may still reach it).
+        "node_bad_peer_fraction": 0.8,
+        # A leaf is at fault when this fraction of its nodes (inside) or of its edges to other leaves
+        # (in or out) is bad: R-Pingmesh's inFrac/outFrac threshold.
+        "leaf_fraction": 0.6,
+        # Independent evidence a verdict needs: agents reporting on a node or a path, healthy
+        # leaf-mates to compare a node with, other leaves seen from a leaf. Fewer: inconclusive.
+        "min_reporters": 2,
+        # Newest windows analysed, all the agents keep (pingmesh.windows_kept): enough history to
+        # open and to close a verdict without state of our own.
+        "max_windows": 20,
+    },
+}
+
+
 class ConfigError(Exception):
     pass
 
@@ -92,6 +186,7 @@ def defaults() -> dict[str, Any]:
         "daemon": copy.deepcopy(DAEMON_DEFAULTS),
         "kube": copy.deepcopy(KUBE_DEFAULTS),
         "hang": copy.deepcopy(HANG_DEFAULTS),
+        "pingmesh": copy.deepcopy(PINGMESH_DEFAULTS),
     }
 
 
@@ -133,6 +228,30 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     for layer, rate in cfg["checks"]["infiniband"]["expected_rate_gbps"].items():
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
             raise ConfigError(f"checks.infiniband.expected_rate_gbps.{layer}: must be a number of Gb/s, not {rate!r}")
+    pm = cfg["pingmesh"]
+    # A probe may outlive the interval (timeout_seconds >= probe_interval_seconds): it is not refused.
+    for key in ("probe_interval_seconds", "timeout_seconds", "max_probes_per_second", "fetch_timeout_seconds"):
+        positive(f"pingmesh.{key}", pm[key])
+    for key in ("window_seconds", "windows_kept", "max_concurrency", "fetch_concurrency"):
+        if not pm[key] >= 1:
+            raise ConfigError(f"pingmesh.{key}: must be at least 1, not {pm[key]!r}")
+    least = pm["analysis"]["open_windows"] + pm["analysis"]["close_windows"] + 1
+    if pm["fetch_windows"] < least:
+        raise ConfigError(f"pingmesh.fetch_windows ({pm['fetch_windows']}) must be at least "
+                          f"pingmesh.analysis.open_windows + close_windows + 1 ({least}): the analysis keeps no state, "
+                          "so it needs that many closed windows from each agent, and the newest one is still open")
+    an = pm["analysis"]
+    for key in ("loss_fraction", "node_loss_fraction", "significance", "node_bad_peer_fraction", "leaf_fraction"):
+        if not 0 < an[key] <= 1:
+            raise ConfigError(f"pingmesh.analysis.{key}: must be a fraction in (0, 1], not {an[key]!r}")
+    for key in ("min_probes", "min_bad_probes", "open_windows", "close_windows", "min_reporters", "max_windows"):
+        if not an[key] >= 1:
+            raise ConfigError(f"pingmesh.analysis.{key}: must be at least 1, not {an[key]!r}")
+    positive("pingmesh.analysis.p99_factor", an["p99_factor"])
+    positive("pingmesh.analysis.p99_floor_seconds", an["p99_floor_seconds"])
+    if pm["inventory_configmap"] == pm["configmap"]:
+        raise ConfigError("pingmesh.inventory_configmap: must not be pingmesh.configmap (each write would drop "
+                          "the other's data)")
 
 
 def _parse(path: str, text: str) -> Any:

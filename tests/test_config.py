@@ -53,3 +53,56 @@ def test_missing_file_is_a_clear_error(tmp_path):
 
 def test_empty_file_means_defaults(tmp_path):
     assert config.load(write(tmp_path, "c.yaml", "")) == config.defaults()
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("fetch_concurrency: 0", "pingmesh.fetch_concurrency: must be at least 1, not 0"),
+    ("fetch_timeout_seconds: 0", "pingmesh.fetch_timeout_seconds: must be greater than 0"),
+    ("fetch_timeout_seconds: .nan", "pingmesh.fetch_timeout_seconds: must be greater than 0, not nan"),
+    ("probe_interval_seconds: -1", "pingmesh.probe_interval_seconds: must be greater than 0"),
+    ("timeout_seconds: 0", "pingmesh.timeout_seconds: must be greater than 0"),
+    ("window_seconds: 0.5", "pingmesh.window_seconds: must be at least 1, not 0.5"),
+    ("windows_kept: 0", "pingmesh.windows_kept: must be at least 1"),
+    ("max_concurrency: 0", "pingmesh.max_concurrency: must be at least 1"),
+    ("max_probes_per_second: 0", "pingmesh.max_probes_per_second: must be greater than 0"),
+    # open 2 + close 3 closed windows, and the open one.
+    ("fetch_windows: 5", "pingmesh.fetch_windows (5) must be at least pingmesh.analysis.open_windows + "
+                         "close_windows + 1 (6)"),
+    ("analysis: {open_windows: 3}", "pingmesh.fetch_windows (6) must be at least"),
+    ("inventory_configmap: nodehealth-pingmesh", "pingmesh.inventory_configmap: must not be pingmesh.configmap"),
+])
+def test_pingmesh_values_that_would_misbehave_are_refused(tmp_path, text, fragment):
+    with pytest.raises(config.ConfigError) as e:
+        config.load(write(tmp_path, "c.yaml", f"pingmesh:\n  {text}\n"))
+    assert fragment in str(e.value)
+
+
+@pytest.mark.parametrize("text", [
+    "timeout_seconds: 15\n  probe_interval_seconds: 10",  # a probe may outlive the interval
+    "fetch_windows: 7\n  analysis: {open_windows: 3, close_windows: 3}",  # exactly enough
+    "fetch_windows: 6",  # the default bound exactly
+    "window_seconds: 1\n  windows_kept: 1\n  max_concurrency: 1\n  fetch_concurrency: 1",
+    "inventory_configmap: my-inventory\n  configmap: my-verdicts",
+])
+def test_pingmesh_values_at_their_bounds_are_accepted(tmp_path, text):
+    assert config.load(write(tmp_path, "c.yaml", f"pingmesh:\n  {text}\n"))["pingmesh"]
+
+
+def test_the_pingmesh_defaults_pass_their_own_checks():
+    config.check_ranges(config.defaults())
+    pm = config.defaults()["pingmesh"]
+    assert pm["inventory_configmap"] == "nodehealth-pingmesh-inventory" != pm["configmap"]
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("loss_fraction", 0.0, "fraction"),
+    ("leaf_fraction", 1.5, "fraction"),
+    ("min_reporters", 0, "at least 1"),
+    ("open_windows", 0, "at least 1"),
+    ("p99_factor", 0.0, "greater than 0"),
+])
+def test_pingmesh_analysis_thresholds_are_checked(tmp_path, key, value, why):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"pingmesh": {"analysis": {key: value}}}))
+    with pytest.raises(config.ConfigError, match=f"pingmesh.analysis.{key}.*{why}"):
+        config.load(str(path))
