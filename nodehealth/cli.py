@@ -93,6 +93,14 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         cfg["hang"]["directory"] = args.hang_dir
     if args.dry_run:
         cfg["kube"]["dry_run"] = True
+    if args.probe_listen:
+        cfg["pingmesh"]["enabled"] = True
+        cfg["pingmesh"]["listen"] = args.probe_listen
+    if args.probe_inventory:
+        cfg["pingmesh"]["inventory_file"] = args.probe_inventory
+    if cfg["pingmesh"]["enabled"] and not (cfg["pingmesh"]["inventory_file"] or cfg["kube"]["enabled"]):
+        raise UsageError("pingmesh needs an inventory: --probe-inventory FILE (pingmesh.inventory_file), "
+                         "or --kube to read the one the controller publishes")
     engine = build_engine(args, cfg)
     from nodehealth.daemon import Daemon
 
@@ -124,6 +132,12 @@ def cmd_breaker_reset(args: argparse.Namespace) -> int:
         print(f"nodehealth: cannot reset the breaker: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
     return 0
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from nodehealth import controller  # the Kubernetes client and the analysis, only here
+
+    return controller.cmd_controller(args)
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -161,6 +175,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--kube", action="store_true", help="publish taints, conditions and events on this Node")
     d.add_argument("--dry-run", action="store_true", help="compute and export what would be published; write nothing")
     d.add_argument("--hang-dir", metavar="DIR", help="watch training ranks' hang records in DIR ($NODEHEALTH_HANG_DIR)")
+    d.add_argument("--probe-listen", metavar="ADDR:PORT",
+                   help="run the pingmesh probe agent: answer Pings here (port 9457) and probe this node's peers")
+    d.add_argument("--probe-inventory", metavar="FILE", help="pingmesh inventory (nodes, leaves, addresses)")
     d.set_defaults(func=cmd_daemon)
 
     c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
@@ -172,6 +189,18 @@ def parser() -> argparse.ArgumentParser:
     from nodehealth.hang.cli import add_subcommands as add_hang_subcommands
 
     add_hang_subcommands(sub)
+
+    from nodehealth.net.cli import add_subcommands as add_pingmesh_subcommands
+
+    add_pingmesh_subcommands(sub)
+
+    c = sub.add_parser("controller", help="the cluster-wide pingmesh analysis (a Deployment; one leader "
+                                          "writes the verdict ConfigMap)")
+    c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json), the agents' one")
+    c.add_argument("--listen", metavar="ADDR:PORT", help="/metrics and /healthz (default 0.0.0.0:9458)")
+    c.add_argument("--identity", metavar="NAME", help="its name in the leader Lease (default $POD_NAME, else the "
+                                                      "hostname)")
+    c.set_defaults(func=cmd_controller)
 
     b = sub.add_parser("breaker", help="the cluster-wide quarantine circuit breaker")
     bsub = b.add_subparsers(dest="breaker_command", required=True)

@@ -168,6 +168,7 @@ class Daemon:
         self.follower_thread: threading.Thread | None = None
         self.publisher: Any = None  # nodehealth.kube.Publisher when kube.enabled
         self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
+        self.pingmesh: Any = None  # nodehealth.probe.mesh.Pingmesh when pingmesh.enabled
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -212,6 +213,8 @@ class Daemon:
         shown = [f for fs in self.current.values() for f in fs] + self.policy.sticky_findings()
         if self.hang is not None:
             shown += self.hang.findings()
+        if self.pingmesh is not None:
+            shown += self.pingmesh.findings()
         ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
         self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now)
 
@@ -350,6 +353,8 @@ class Daemon:
             out.extend(self.publisher.metrics())
         if self.hang is not None:
             out.extend(self.hang.metrics())
+        if self.pingmesh is not None:
+            out.extend(self.pingmesh.metrics())
         return out
 
     def health(self) -> tuple[bool, str]:
@@ -365,6 +370,52 @@ class Daemon:
         if self.follower_thread is not None and not self.follower_thread.is_alive():
             return False, "kernel log follower thread died"
         return True, "ok" if self.follower_alive or self.follower_thread is None else f"ok ({self.kernel_error})"
+
+    def _inventory_loader(self) -> Any:
+        """The static inventory file, else (in Kubernetes) the one the controller publishes."""
+        from nodehealth.probe import inventory
+
+        path = self.cfg["pingmesh"]["inventory_file"]
+        if path:
+            return lambda: inventory.load_file(path)
+        from nodehealth import kube
+
+        api = kube.ClientApi(self.cfg["kube"]["kubeconfig"], self.cfg["kube"]["request_timeout_seconds"])
+
+        def load() -> Any:
+            try:
+                inv = kube.read_inventory(api, self.cfg["pingmesh"])
+            except kube.KubeError as e:
+                raise inventory.InventoryError(f"cannot read the controller's inventory: {e}") from None
+            if inv is None:
+                raise inventory.InventoryError("the controller has not published an inventory yet")
+            return inv
+        return load
+
+    def _pingmesh_verdicts(self) -> None:
+        """Every window, the controller's verdicts about this node and its leaf become its findings.
+        A failed read keeps the last document: its own age expires it (probe/verdicts.py)."""
+        import random
+
+        from nodehealth import kube
+        from nodehealth.probe import verdicts
+
+        cfg = self.cfg["pingmesh"]
+        api = kube.ClientApi(self.cfg["kube"]["kubeconfig"], self.cfg["kube"]["request_timeout_seconds"])
+        doc = None
+        while not self.stop.is_set():
+            try:
+                doc = kube.read_verdicts(api, cfg)
+            except kube.KubeError as e:
+                log.warning("cannot read the pingmesh verdicts: %s", e)
+            self.pingmesh.set_verdicts(verdicts.verdict_findings(doc, self.node, self.pingmesh.leaf(), time.time()))
+            # Jittered, so that thousands of agents do not read the ConfigMap in the same second.
+            self.stop.wait(cfg["window_seconds"] * (1 + 0.1 * random.random()))
+
+    def pingmesh_json(self, windows: int | None) -> str | None:
+        if self.pingmesh is None:
+            return None
+        return json.dumps(self.pingmesh.summary(windows), separators=(",", ":"))
 
     def report_json(self) -> str | None:
         with self.lock:
@@ -392,6 +443,14 @@ class Daemon:
             bundles = hang["bundle_dir"] or os.path.join(self.state.directory, "hang")
             self.hang = Detector(hang["directory"], bundles, hang, node=self.node)
             threads.append(threading.Thread(target=self.hang.run, args=(self.stop,), name="hang", daemon=True))
+        if self.cfg["pingmesh"]["enabled"]:
+            from nodehealth.probe.mesh import Pingmesh  # grpc only where probes run
+
+            self.pingmesh = Pingmesh(self.node, self.cfg["pingmesh"], self._inventory_loader())
+            threads.extend(self.pingmesh.start(self.stop))
+            if self.cfg["kube"]["enabled"]:
+                threads.append(threading.Thread(target=self._pingmesh_verdicts, name="pingmesh-verdicts",
+                                                daemon=True))
         if self.cfg["kube"]["enabled"]:
             from nodehealth.kube import Publisher  # only the daemon with kube.enabled pays for it
 
@@ -412,6 +471,8 @@ class Daemon:
         if self.nvml_supported:
             nvml.reset_backend()  # wakes the event waiter
         server.server_close()
+        if self.pingmesh is not None:
+            self.pingmesh.stop()
         for t in threads[1:]:
             t.join(STOP_GRACE_SECONDS / len(threads))
         self.save_state()
@@ -472,6 +533,15 @@ def take_clear_request(state_dir: str) -> str | None:
     return str(reason)[:MAX_REASON] if reason else "no reason given"
 
 
+def _windows_param(query: str) -> int | None:
+    """`?windows=N`: only the newest N windows (the controller asks for the few it has not seen)."""
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "windows" and value.isdigit():
+            return min(int(value), 1000)
+    return None
+
+
 def make_server(daemon: Daemon, listen: str) -> HTTPServer:
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
@@ -483,7 +553,7 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
         server_version = "nodehealth"
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-            path = self.path.split("?", 1)[0]
+            path, _, query = self.path.partition("?")
             if path == "/metrics":
                 body = exporter.render(daemon.metrics())
                 self._send(200, body, exporter.CONTENT_TYPE)
@@ -496,9 +566,12 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
                     self._send(503, b'{"error": "no pass has completed yet"}\n', "application/json")
                 else:
                     self._send(200, text.encode(), "application/json")
+            elif path == "/v1/pingmesh" and daemon.pingmesh is not None:
+                windows = _windows_param(query)
+                self._send(200, daemon.pingmesh_json(windows).encode(), "application/json")
             else:
-                self._send(404, json.dumps({"error": "not found",
-                                            "paths": ["/metrics", "/healthz", "/v1/report"]}).encode() + b"\n",
+                paths = ["/metrics", "/healthz", "/v1/report"] + (["/v1/pingmesh"] if daemon.pingmesh else [])
+                self._send(404, json.dumps({"error": "not found", "paths": paths}).encode() + b"\n",
                            "application/json")
 
         def _send(self, code: int, body: bytes, content_type: str) -> None:

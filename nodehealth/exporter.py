@@ -78,6 +78,9 @@ def render(metrics: Iterable[Metric]) -> bytes:
             continue
         seen.add(m.name)
         out.append(f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.kind}\n")
+        if m.kind == "histogram":
+            out.extend(_histogram_lines(m))
+            continue
         if m.labels:
             line = m.name + "{" + ",".join(k + '="%s"' for k in m.labels) + "} %s\n"
         else:
@@ -88,6 +91,20 @@ def render(metrics: Iterable[Metric]) -> bytes:
                 labels = tuple(map(_escape_label, labels))
             out.append(line % (*labels, _number(value)))
     return "".join(out).encode("utf-8")
+
+
+def _histogram_lines(m: Metric) -> list[str]:
+    """`_bucket` lines in increasing `le` (the bucket index sorts them), then `_count` and `_sum`."""
+    bounds = [_number(float(b)) for b in m.buckets] + ["+Inf"]
+    lines = []
+    for (*labels, part, index), value in sorted(m.samples):
+        pairs = [f'{k}="{_escape_label(v)}"' for k, v in zip(m.labels, labels)]
+        if part == "0":
+            pairs.append(f'le="{bounds[int(index)]}"')
+        suffix = ("_bucket", "_count", "_sum")[int(part)]
+        lines.append(f"{m.name}{suffix}{{{','.join(pairs)}}} {_number(value)}\n" if pairs
+                     else f"{m.name}{suffix} {_number(value)}\n")
+    return lines
 
 
 def _escape_help(text: str) -> str:

@@ -109,14 +109,15 @@ def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
 class Metric:
     """One metric family as collectors describe it; exporter.py turns it into exposition.
 
-    `kind` is "gauge" or "counter". A counter's name ends in `_total` (as exposed).
+    `kind` is "gauge", "counter" or "histogram". A counter's name ends in `_total` (as exposed); a
+    histogram's samples come from `add_histogram` only.
     """
 
-    __slots__ = ("name", "help", "kind", "labels", "samples")
+    __slots__ = ("name", "help", "kind", "labels", "samples", "buckets")
 
     def __init__(self, name: str, help: str, kind: str = "gauge", labels: Sequence[str] = ()):
-        if kind not in ("gauge", "counter"):
-            raise ValueError(f"metric kind must be gauge or counter, not {kind!r}")
+        if kind not in ("gauge", "counter", "histogram"):
+            raise ValueError(f"metric kind must be gauge, counter or histogram, not {kind!r}")
         if kind == "counter" and not name.endswith("_total"):
             raise ValueError(f"counter {name} must end in _total")
         self.name = name
@@ -124,6 +125,7 @@ class Metric:
         self.kind = kind
         self.labels = tuple(labels)
         self.samples: list[tuple[tuple[str, ...], float]] = []
+        self.buckets: tuple[float, ...] = ()  # a histogram's upper bounds, the same for all its series
 
     def add(self, label_values: Sequence[Any], value: float | None) -> None:
         """Add one sample; a None value (absent fact) adds nothing: absent is not zero."""
@@ -133,6 +135,24 @@ class Metric:
         if len(labels) != len(self.labels):
             raise ValueError(f"{self.name}: expected labels {self.labels}, got {labels}")
         self.samples.append((labels, float(value)))
+
+    def add_histogram(self, label_values: Sequence[Any], buckets: Sequence[float], counts: dict[int, int],
+                      total: float) -> None:
+        """Add one histogram: sparse per-bucket counts ({index: n}, index len(buckets) = overflow) and
+        the sum of the observations. Samples carry (labels..., part, bucket index); the exporter writes
+        the cumulative `_bucket` series in order, then `_count` and `_sum`."""
+        labels = tuple(map(str, label_values))
+        if self.kind != "histogram" or len(labels) != len(self.labels):
+            raise ValueError(f"{self.name}: not a histogram with labels {self.labels}")
+        if self.buckets and tuple(buckets) != self.buckets:
+            raise ValueError(f"{self.name}: every series of a histogram has the same buckets")
+        self.buckets = tuple(buckets)
+        running = 0
+        for i in range(len(buckets) + 1):
+            running += counts.get(i, 0)
+            self.samples.append(((*labels, "0", f"{i:03d}"), float(running)))
+        self.samples.append(((*labels, "1", ""), float(running)))
+        self.samples.append(((*labels, "2", ""), float(total)))
 
 
 @dataclass

@@ -1,0 +1,223 @@
+"""The gRPC Ping agent and the prober on loopback, with well-behaved and misbehaving peers."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+from conftest import free_port, http_get, machine, require_tool
+
+from nodehealth.config import PINGMESH_DEFAULTS
+from nodehealth.probe import agent
+from nodehealth.probe.pinglist import Target
+from nodehealth.probe.prober import Prober
+
+pytest.importorskip("grpc")
+
+
+def cfg(port: int, **over) -> dict:
+    c = dict(PINGMESH_DEFAULTS, port=port, probe_interval_seconds=0.2, timeout_seconds=0.5)
+    c.update(over)
+    return c
+
+
+def target(name: str, address: str) -> Target:
+    return Target(node=name, address=address, rail=0, leaf="leaf0", group="same-leaf")
+
+
+class Recorder:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.results: list[tuple[str, str, float | None, bool]] = []
+
+    def __call__(self, t, probe, sent_at, rtt, retrans):
+        with self.lock:
+            self.results.append((t.node, probe, rtt, retrans))
+
+    def of(self, node, probe):
+        with self.lock:
+            return [r[2] for r in self.results if r[0] == node and r[1] == probe]
+
+
+def run_prober(prober: Prober, seconds: float) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=prober.run, args=(stop,))
+    thread.start()
+    time.sleep(seconds)
+    stop.set()
+    thread.join(5)
+    assert not thread.is_alive(), "the prober did not stop"
+
+
+@pytest.fixture
+def port():
+    return free_port()
+
+
+def test_ping_and_tcp_probes_are_answered(port):
+    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port), rec)
+        prober.set_targets([target("node-b", "127.0.0.2")])
+        run_prober(prober, 1.5)
+    finally:
+        server.stop(0)
+    pings, connects = rec.of("node-b", "ping"), rec.of("node-b", "tcp")
+    assert len(pings) >= 5 and len(connects) >= 5
+    assert all(r is not None and r < 0.5 for r in pings + connects)
+    assert prober.in_flight == 0
+
+
+def test_a_reply_from_another_node_is_not_an_answer(port):
+    server = agent.serve(f"127.0.0.2:{port}", "somebody-else")
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port), rec)
+        prober.set_targets([target("node-b", "127.0.0.2")])
+        run_prober(prober, 1.0)
+    finally:
+        server.stop(0)
+    assert rec.of("node-b", "ping") and all(r is None for r in rec.of("node-b", "ping"))
+
+
+def _silent_peer(address: str, port: int, garbage: bool):
+    """A peer that accepts connections and never answers, or answers garbage and closes."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((address, port))
+    listener.listen(64)
+    stop = threading.Event()
+    held = []
+
+    def serve():
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            if garbage:
+                try:
+                    conn.sendall(b"\x00\xff HTTP/0.9 nonsense\r\n" * 50)
+                except OSError:
+                    pass
+                conn.close()
+            else:
+                held.append(conn)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def close():
+        stop.set()
+        thread.join(2)
+        for c in held:
+            c.close()
+        listener.close()
+    return close
+
+
+@pytest.mark.parametrize("garbage", [False, True], ids=["never-answers", "sends-garbage"])
+def test_misbehaving_peer_costs_lost_probes_and_never_blocks_the_others(port, garbage):
+    close = _silent_peer("127.0.0.3", port, garbage)
+    server = agent.serve(f"127.0.0.2:{port}", "good")
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port), rec)
+        prober.set_targets([target("bad", "127.0.0.3"), target("good", "127.0.0.2")])
+        run_prober(prober, 2.0)
+    finally:
+        server.stop(0)
+        close()
+    assert rec.of("bad", "ping") and all(r is None for r in rec.of("bad", "ping"))
+    good = rec.of("good", "ping")
+    assert len(good) >= 6 and all(r is not None and r < 0.3 for r in good)
+
+
+def test_nothing_listening_loses_pings_and_a_refused_connect_is_answered(port):
+    rec = Recorder()
+    prober = Prober("node-a", cfg(port), rec)
+    prober.set_targets([target("down", "127.0.0.4")])
+    run_prober(prober, 1.0)
+    assert rec.of("down", "ping") and all(r is None for r in rec.of("down", "ping"))
+    assert rec.of("down", "tcp") and all(r is not None for r in rec.of("down", "tcp"))
+
+
+def test_rate_cap_skips_and_counts_instead_of_queueing(port):
+    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port, probe_interval_seconds=0.05, max_probes_per_second=4.0), rec)
+        prober.set_targets([target("node-b", "127.0.0.2")])
+        run_prober(prober, 1.5)
+    finally:
+        server.stop(0)
+    assert prober.skipped > 10
+    assert len(rec.results) <= 4 * 1.5 + 5  # the bucket's burst plus its rate
+
+
+def test_port_in_use_is_a_clear_error(port):
+    held = socket.socket()
+    held.bind(("127.0.0.2", port))
+    held.listen(1)
+    try:
+        with pytest.raises(agent.ProbeError, match="cannot listen"):
+            agent.serve(f"127.0.0.2:{port}", "x")
+    finally:
+        held.close()
+    with pytest.raises(agent.ProbeError, match="ADDR:PORT"):
+        agent.serve("nonsense", "x")
+
+
+def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_factory):
+    """Real daemons on two loopback addresses: /v1/pingmesh, metrics that promtool accepts."""
+    port = free_port()
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"nodes": [{"name": "a", "leaf": "l0", "address": "127.0.0.2"},
+                                               {"name": "b", "leaf": "l0", "address": "127.0.0.3"},
+                                               {"name": "c", "leaf": "l1", "address": "127.0.0.5"}]}))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"pingmesh": {"port": port, "tcp_port": free_port(),
+                                               "probe_interval_seconds": 0.2, "window_seconds": 2.0,
+                                               "timeout_seconds": 2.0}}))
+    daemons = {}
+    for name, address in (("a", "127.0.0.2"), ("b", "127.0.0.3")):
+        daemons[name] = daemon_factory(machine("plain-host"), str(tmp_path / name), "--only", "modules",
+                                       "--config", str(config), "--node-name", name,
+                                       "--probe-listen", f"{address}:{port}", "--probe-inventory", str(inventory),
+                                       interval=5.0)
+    for d in daemons.values():
+        d.wait_ready()
+    deadline = time.monotonic() + 30
+    while True:
+        code, body = daemons["a"].get("/v1/pingmesh")
+        assert code == 200
+        doc = json.loads(body)
+        closed = [w for w in doc["windows"] if w["closed"]]
+        if closed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert doc["node"] == "a" and doc["leaf"] == "l0"
+    assert closed, doc
+    peers = {(p["node"], p["probe"]): p for p in closed[-1]["peers"]}
+    assert peers[("b", "ping")]["sent"] >= 3 and peers[("b", "ping")]["lost"] == 0
+    assert peers[("b", "tcp")]["lost"] == 0
+    # c's agent does not run: its pings are lost (its refused connects crossed the network).
+    assert peers[("c", "ping")]["lost"] == peers[("c", "ping")]["sent"] > 0
+    code, body = daemons["a"].get("/v1/pingmesh?windows=1")
+    assert len(json.loads(body)["windows"]) == 1
+    code, body = daemons["a"].get("/metrics")
+    text = body.decode()
+    assert 'nodehealth_pingmesh_probes_total{peer_group="same-leaf",probe="ping"}' in text
+    assert 'nodehealth_pingmesh_rtt_seconds_bucket{peer_group="same-leaf",probe="ping",le="+Inf"}' in text
+    assert 'nodehealth_pingmesh_peer_loss_ratio{peer="c",rail="0",probe="ping"} 1' in text
+    assert 'nodehealth_pingmesh_info{leaf="l0",pod=""} 1' in text
+    promtool = require_tool("promtool")
+    p = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True)
+    assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
+    code, body = http_get(daemons["a"].url + "/v1/report")
+    assert code == 200 and json.loads(body)["status"] == "healthy"
