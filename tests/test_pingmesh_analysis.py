@@ -1,0 +1,647 @@
+"""Pingmesh localization (nodehealth/net/pingmesh.py) on synthetic meshes with injected faults, its
+hysteresis, bad input, and `nodehealth pingmesh analyze` (bundles, saving, agents over HTTP)."""
+from __future__ import annotations
+
+import copy
+import gzip
+import http.server
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nodehealth import config
+from nodehealth.net import cli, pingmesh
+from nodehealth.net.pingmesh import Analysis, analyze
+from nodehealth.probe.stats import BUCKETS_SECONDS, bucket_index, parse_summary
+from nodehealth.probe.verdicts import parse_verdicts
+
+WS = 30.0
+T0 = 1_700_000_040.0  # a window boundary, in the past (the command analyses as of now)
+NOW = T0 + 20 * WS
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# -- synthetic meshes --------------------------------------------------------------------------
+
+def topology(leaves: int = 4, per_leaf: int = 16, sizes: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Leaves leaf-a, leaf-b, ... of gpu-a00, gpu-a01, ...; `sizes` overrides a leaf's size."""
+    topo = {}
+    for x in range(leaves):
+        name = f"leaf-{chr(97 + x)}"
+        n = (sizes or {}).get(name, per_leaf)
+        topo[name] = [f"gpu-{chr(97 + x)}{i:02d}" for i in range(n)]
+    return topo
+
+
+def pinglists(topo: dict[str, list[str]], pairs: int = 2) -> dict[str, list[str]]:
+    """Like the real pinglist: a full mesh in each leaf, `pairs` representative pairs per leaf pair
+    (distinct nodes where the leaves allow), both ends probing each other."""
+    lists = {n: [m for m in nodes if m != n] for nodes in topo.values() for n in nodes}
+    names = sorted(topo)
+    for x, a in enumerate(names):
+        for y in range(x + 1, len(names)):
+            b = names[y]
+            for j in range(pairs):
+                na = topo[a][(x * 7 + y * 3 + j) % len(topo[a])]
+                nb = topo[b][(x * 5 + y * 11 + j) % len(topo[b])]
+                lists[na].append(nb)
+                lists[nb].append(na)
+    return lists
+
+
+def mesh(topo, windows=6, sent=10, seed=1, noise=1e-4, loss=None, delay=None, silent=(), pairs=2, ws=WS):
+    """Every reporting node's summary (decoded JSON). loss(src, dst, w) is the extra loss of a probe
+    from src to dst in window w, delay(src, dst, w) its extra round trip; `silent` nodes report nothing."""
+    rng = random.Random(seed)
+    lists = pinglists(topo, pairs)
+    leaf_of = {n: leaf for leaf, nodes in topo.items() for n in nodes}
+    out = []
+    for node in sorted(lists):
+        if node in silent:
+            continue
+        windows_out = []
+        for w in range(windows):
+            entries = []
+            for peer in lists[node]:
+                p = 1 - (1 - noise) * (1 - (loss(node, peer, w) if loss else 0.0))
+                base = 0.00015 if leaf_of[peer] == leaf_of[node] else 0.0004
+                extra = delay(node, peer, w) if delay else 0.0
+                for probe in ("ping", "tcp"):
+                    lost = sum(rng.random() < p for _ in range(sent))
+                    counts: dict[int, int] = {}
+                    for _ in range(sent - lost):
+                        rtt = base * (0.8 + 0.4 * rng.random()) + extra
+                        if rng.random() < 1e-3:  # the odd slow probe of a healthy mesh
+                            rtt += 0.008
+                        i = bucket_index(rtt)
+                        counts[i] = counts.get(i, 0) + 1
+                    entries.append({"node": peer, "leaf": leaf_of[peer], "rail": 0, "probe": probe, "sent": sent,
+                                    "lost": lost, "counts": sorted([k, v] for k, v in counts.items())})
+            windows_out.append({"start": T0 + w * ws, "closed": True, "peers": entries})
+        out.append({"schema_version": 1, "node": node, "leaf": leaf_of[node], "pod": "",
+                    "time": T0 + windows * ws + 1, "window_seconds": ws, "buckets_seconds": list(BUCKETS_SECONDS),
+                    "windows": windows_out})
+    return out
+
+
+def leaf_of(topo):
+    return {n: leaf for leaf, nodes in topo.items() for n in nodes}
+
+
+def touching(node, p, windows=None):
+    return lambda s, d, w: p if node in (s, d) and (windows is None or w in windows) else 0.0
+
+
+def crossing(topo, leaf, p):
+    where = leaf_of(topo)
+    return lambda s, d, w: p if (where[s] == leaf) != (where[d] == leaf) else 0.0
+
+
+def between(topo, a, b, p):
+    where = leaf_of(topo)
+    return lambda s, d, w: p if {where[s], where[d]} == {a, b} else 0.0
+
+
+def found(analysis: Analysis) -> set[tuple[str, str]]:
+    return {(v.kind, v.element) for v in analysis.verdicts}
+
+
+TOPO = topology()
+
+
+# -- localization ------------------------------------------------------------------------------
+
+def test_a_clean_mesh_with_background_noise_names_nothing():
+    for seed in range(3):
+        a = analyze(mesh(TOPO, windows=8, seed=seed, noise=1e-3), {}, NOW)
+        assert a.verdicts == [] and a.rejected == [] and a.notes == []
+        assert (a.nodes, a.leaves, a.windows_seen) == (64, 4, 8)
+        assert a.window_starts == [T0 + w * WS for w in range(8)]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_lost_probe_in_every_window_of_every_agent_names_nothing(seed):
+    # 20x Pingmesh's normal loss: several nodes cross the loss thresholds by chance in some window,
+    # but not beyond what the mesh's own background explains.
+    rng = random.Random(seed)
+    summaries = mesh(TOPO, noise=0, windows=8)
+    for s in summaries:
+        for w in s["windows"]:
+            e = rng.choice(w["peers"])
+            e["lost"], e["counts"] = 1, [[e["counts"][0][0], e["counts"][0][1] - 1]] + e["counts"][1:]
+    assert analyze(summaries, {}, NOW).verdicts == []
+    assert analyze(summaries, {"significance": 1.0}, NOW).verdicts != []  # what the background test is for
+
+
+@pytest.mark.parametrize("rate", [0.01, 0.02, 0.05])
+def test_a_node_with_a_few_percent_loss_is_named_within_a_few_windows(rate):
+    a = analyze(mesh(TOPO, windows=8, sent=20, loss=touching("gpu-b03", rate, windows=range(3, 8))), {}, NOW)
+    assert found(a) == {("node", "gpu-b03")}
+    v = a.verdicts[0]
+    assert T0 + 3 * WS <= v.since <= T0 + 5 * WS and v.windows >= 3
+    assert v.evidence["healthy_leaf_mates"] == 15 and v.evidence["loss"] > rate / 2
+    assert "gpu-b03" in v.message and "leaf-b" in v.message
+
+
+def test_a_dead_node_that_reports_nothing_is_named_from_its_probers():
+    a = analyze(mesh(TOPO, loss=touching("gpu-c05", 1.0), silent={"gpu-c05"}), {}, NOW)
+    assert found(a) == {("node", "gpu-c05")}
+    v = a.verdicts[0]
+    assert v.windows == 6 and v.since == T0
+    probers = sum("gpu-c05" in peers for peers in pinglists(TOPO).values())
+    assert v.evidence["unreachable_from"] == v.evidence["probers"] == probers >= 15
+    assert "reports nothing" in v.message
+
+
+def test_two_dead_nodes_in_one_leaf_are_two_nodes_not_the_leaf():
+    dead = {"gpu-a01", "gpu-a09"}
+    a = analyze(mesh(TOPO, loss=lambda s, d, w: 1.0 if dead & {s, d} else 0.0, silent=dead), {}, NOW)
+    assert found(a) == {("node", "gpu-a01"), ("node", "gpu-a09")}
+
+
+def test_a_node_that_cannot_reach_anyone_but_reports_is_named():
+    a = analyze(mesh(TOPO, loss=touching("gpu-d00", 1.0)), {}, NOW)
+    assert found(a) == {("node", "gpu-d00")}
+
+
+def test_leaf_uplink_loss_is_one_leaf_verdict_not_paths_or_nodes():
+    a = analyze(mesh(TOPO, loss=crossing(TOPO, "leaf-c", 0.1)), {}, NOW)
+    assert found(a) == {("leaf", "leaf-c")}
+    assert a.verdicts[0].evidence["lossy_partners"] == 3 and "uplinks" in a.verdicts[0].message
+
+
+def test_low_uplink_loss_spread_over_all_partner_leaves_is_still_the_leaf():
+    # 5% over 80 probes per leaf edge: too few losses to judge most edges one by one.
+    a = analyze(mesh(TOPO, sent=20, loss=crossing(TOPO, "leaf-b", 0.05)), {}, NOW)
+    assert found(a) == {("leaf", "leaf-b")}
+
+
+@pytest.mark.parametrize("silent", [False, True])
+def test_a_leaf_cut_off_is_the_leaf(silent):
+    cut = set(TOPO["leaf-d"]) if silent else ()
+    a = analyze(mesh(TOPO, loss=crossing(TOPO, "leaf-d", 1.0), silent=cut), {}, NOW)
+    assert found(a) == {("leaf", "leaf-d")}
+    if silent:
+        assert "cut off" in a.verdicts[0].message
+
+
+def test_loss_inside_a_leaf_is_the_leaf():
+    where = leaf_of(TOPO)
+    a = analyze(mesh(TOPO, loss=lambda s, d, w: 0.3 if "leaf-a" in (where[s], where[d]) else 0.0), {}, NOW)
+    assert found(a) == {("leaf", "leaf-a")}
+    assert "inside" in a.verdicts[0].message
+
+
+def test_one_bad_leaf_pair_is_a_path_in_each_direction():
+    a = analyze(mesh(TOPO, loss=between(TOPO, "leaf-a", "leaf-c", 0.3)), {}, NOW)
+    assert found(a) == {("path", "leaf-a->leaf-c"), ("path", "leaf-c->leaf-a")}
+    assert all(v.evidence["reporters"] == 2 and v.evidence["loss"] > 0.1 for v in a.verdicts)
+
+
+def test_a_dead_representative_does_not_make_its_leaf_pairs_paths():
+    # It represents leaf-a towards other leaves: its lost probes are its own, not the paths'.
+    lists = pinglists(TOPO)
+    rep = next(n for n in TOPO["leaf-a"] if any(not p.startswith("gpu-a") for p in lists[n]))
+    a = analyze(mesh(TOPO, loss=touching(rep, 1.0), silent={rep}), {}, NOW)
+    assert found(a) == {("node", rep)}
+
+
+def test_a_slow_node_is_named_and_its_leaf_mates_are_not():
+    a = analyze(mesh(TOPO, delay=lambda s, d, w: 0.02 if "gpu-b07" in (s, d) else 0.0), {}, NOW)
+    assert found(a) == {("node", "gpu-b07")}
+    ev = a.verdicts[0].evidence
+    assert ev["p99_seconds"] >= 0.02 and ev["baseline_p99_seconds"] <= 0.0005
+
+
+def test_a_p99_past_the_last_bucket_is_null_in_the_evidence():
+    a = analyze(mesh(TOPO, delay=lambda s, d, w: 9.0 if "gpu-b07" in (s, d) else 0.0), {}, NOW)
+    assert found(a) == {("node", "gpu-b07")}
+    assert a.verdicts[0].evidence["p99_seconds"] is None and "over 5 s" in a.verdicts[0].message
+    json.loads(json.dumps(a.to_dict(), allow_nan=False))
+
+
+def test_a_slow_leaf_pair_is_a_path_against_the_inter_leaf_baseline():
+    a = analyze(mesh(TOPO, delay=lambda s, d, w: 0.02 if {s[4], d[4]} == {"a", "b"} else 0.0), {}, NOW)
+    assert found(a) == {("path", "leaf-a->leaf-b"), ("path", "leaf-b->leaf-a")}
+    assert a.verdicts[0].evidence["baseline_p99_seconds"] == 0.0005  # inter-leaf, not intra-leaf (0.0002)
+
+
+def test_inter_leaf_latency_is_not_compared_with_intra_leaf_latency():
+    # Every inter-leaf probe is 2 ms slower than the intra-leaf ones: normal, the baselines differ.
+    a = analyze(mesh(TOPO, delay=lambda s, d, w: 0.002 if s[4] != d[4] else 0.0), {}, NOW)
+    assert a.verdicts == []
+
+
+# -- hysteresis --------------------------------------------------------------------------------
+
+def bad_in(windows):
+    return touching("gpu-a03", 1.0, windows=set(windows))
+
+
+@pytest.mark.parametrize("bad,expect", [
+    ([5], None),  # one bad window names nothing
+    ([2, 4], None),  # two bad windows, not consecutive
+    ([4, 5], (T0 + 4 * WS, 2)),  # open after two
+    ([0, 1, 2, 3, 4, 5], (T0, 6)),
+    ([0, 1, 2, 3], (T0, 4)),  # two good windows since: still open
+    ([0, 1, 2], None),  # three good windows since: closed
+    ([0, 1, 3], (T0, 3)),  # a bad window resets the good count; windows counts bad ones
+])
+def test_open_after_two_bad_windows_close_after_three_good(bad, expect):
+    a = analyze(mesh(TOPO, loss=bad_in(bad)), {}, NOW)
+    if expect is None:
+        assert a.verdicts == []
+    else:
+        assert found(a) == {("node", "gpu-a03")}
+        assert (a.verdicts[0].since, a.verdicts[0].windows) == expect
+
+
+def test_windows_without_data_neither_open_nor_close():
+    summaries = mesh(TOPO, loss=bad_in([0, 1]))
+    for s in summaries:  # windows 2..4 lost everywhere (say, the agents restarted); 5 is good
+        s["windows"] = [w for w in s["windows"] if not T0 + 2 * WS <= w["start"] <= T0 + 4 * WS]
+    a = analyze(summaries, {}, NOW)
+    assert found(a) == {("node", "gpu-a03")} and a.windows_seen == 3
+
+
+def test_thresholds_come_from_the_config():
+    summaries = mesh(TOPO, loss=bad_in([5]))
+    assert analyze(summaries, {"open_windows": 1}, NOW).verdicts[0].windows == 1
+    assert analyze(mesh(TOPO, loss=bad_in([0, 1, 2, 3])), {"close_windows": 2}, NOW).verdicts == []
+    assert analyze(mesh(TOPO, sent=20, loss=touching("gpu-b03", 0.02)), {"node_loss_fraction": 0.05},
+                   NOW).verdicts == []
+
+
+def test_analysis_keys_are_validated_settings():
+    cfg = config.defaults()
+    config.merge(cfg, {"pingmesh": {"analysis": {"leaf_fraction": 0.7}}}, "")
+    assert cfg["pingmesh"]["analysis"]["leaf_fraction"] == 0.7
+    with pytest.raises(config.ConfigError, match="pingmesh.analysis.lossfraction"):
+        config.merge(cfg, {"pingmesh": {"analysis": {"lossfraction": 0.1}}}, "")
+    with pytest.raises(config.ConfigError, match="open_windows"):
+        config.merge(cfg, {"pingmesh": {"analysis": {"open_windows": "two"}}}, "")
+
+
+# -- inconclusive ------------------------------------------------------------------------------
+
+def test_a_bad_node_in_a_two_node_leaf_is_inconclusive():
+    topo = topology(sizes={"leaf-d": 2})
+    a = analyze(mesh(topo, loss=touching("gpu-d01", 0.3)), {}, NOW)
+    assert found(a) == {("inconclusive", "gpu-d01|leaf-d")}
+    assert "healthy leaf-mate" in a.verdicts[0].message
+
+
+def test_a_node_seen_by_one_reporter_only_is_inconclusive():
+    topo = {"leaf-a": ["gpu-a00", "gpu-a01", "gpu-a02", "gpu-a03"]}
+    summaries = [s for s in mesh(topo, sent=20, loss=touching("gpu-a03", 1.0)) if s["node"] in ("gpu-a00",
+                                                                                              "gpu-a01")]
+    for s in summaries:  # only gpu-a00 probes gpu-a03
+        for w in s["windows"]:
+            w["peers"] = [p for p in w["peers"] if p["node"] != "gpu-a03" or s["node"] == "gpu-a00"]
+    a = analyze(summaries, {}, NOW)
+    assert found(a) == {("inconclusive", "gpu-a03|leaf-a")}
+    assert a.verdicts[0].evidence["reporters"] == 1
+
+
+def test_a_bad_path_between_the_only_two_leaves_is_inconclusive():
+    topo = topology(leaves=2)
+    a = analyze(mesh(topo, loss=between(topo, "leaf-a", "leaf-b", 0.5)), {}, NOW)
+    assert found(a) == {("inconclusive", "leaf-a->leaf-b"), ("inconclusive", "leaf-b->leaf-a")}
+
+
+def test_nothing_is_blamed_on_an_unknown_leaf():
+    summaries = mesh(TOPO, loss=lambda s, d, w: 0.3 if "gpu-a" in s[:5] + d[:5] else 0.0)
+    for s in summaries:  # leaf-a is unlabelled: its nodes say leaf ""
+        if s["leaf"] == "leaf-a":
+            s["leaf"] = ""
+        for w in s["windows"]:
+            for p in w["peers"]:
+                p["leaf"] = "" if p["leaf"] == "leaf-a" else p["leaf"]
+    a = analyze(summaries, {}, NOW)
+    assert a.verdicts and all(v.kind in ("node", "inconclusive") and "leaf" not in v.element for v in a.verdicts)
+
+
+# -- the verdict document ----------------------------------------------------------------------
+
+def test_to_dict_is_what_the_agents_accept():
+    a = analyze(mesh(TOPO, loss=touching("gpu-c05", 1.0), silent={"gpu-c05"}), {}, NOW)
+    doc = parse_verdicts(json.dumps(a.to_dict()))
+    assert doc["verdicts"][0]["kind"] == "node" and doc["verdicts"][0]["element"] == "gpu-c05"
+    assert doc["verdicts"][0]["evidence"] == a.verdicts[0].evidence
+    assert (doc["nodes"], doc["leaves"], doc["window_seconds"], doc["time"]) == (64, 4, WS, NOW)
+
+
+def test_parsed_summaries_give_the_same_analysis_and_are_left_as_they_were():
+    summaries = mesh(TOPO, loss=touching("gpu-a03", 0.2))
+    parsed = [parse_summary(s) for s in summaries]
+    before = copy.deepcopy(parsed)
+    assert analyze(parsed, {}, NOW).to_dict() == analyze(summaries, {}, NOW).to_dict()
+    assert parsed == before
+
+
+def test_only_closed_windows_count():
+    summaries = mesh(TOPO, loss=bad_in([4, 5]))
+    for s in summaries:
+        s["windows"][-1]["closed"] = False
+    assert analyze(summaries, {}, NOW).verdicts == []
+    # Closed by the agent's word but ending in the future: not closed yet.
+    assert analyze(mesh(TOPO, loss=bad_in([4, 5])), {}, T0 + 5 * WS).verdicts == []
+
+
+# -- bad input ---------------------------------------------------------------------------------
+
+def with_fault():
+    return mesh(TOPO, loss=touching("gpu-c05", 1.0), silent={"gpu-c05"})
+
+
+def test_garbage_is_rejected_with_a_reason_and_the_rest_analysed():
+    good = with_fault()
+    wrong = [None, 7, "summary", [], {}, {"schema_version": 2, "node": "x"}]
+    bad = copy.deepcopy(good[0])
+    bad["node"] = "gpu-zz"
+    bad["windows"][0]["peers"][0]["lost"] = 99  # more lost than sent
+    odd_buckets = dict(copy.deepcopy(good[1]), node="gpu-zy", buckets_seconds=[2 * b for b in BUCKETS_SECONDS])
+    misaligned = copy.deepcopy(good[2])
+    misaligned["node"] = "gpu-zx"
+    misaligned["windows"][0]["start"] += 7
+    too_many = dict(copy.deepcopy(good[3]), node="gpu-zw")
+    too_many["windows"][0]["peers"][0]["sent"] = 10 ** 9
+    too_many["windows"][0]["peers"][0]["counts"] = [[1, 10 ** 9 - too_many["windows"][0]["peers"][0]["lost"]]]
+    a = analyze(wrong + good + [bad, odd_buckets, misaligned, too_many], {}, NOW)
+    assert found(a) == {("node", "gpu-c05")}
+    reasons = dict(a.rejected)
+    assert len(a.rejected) == len(wrong) + 4
+    assert "lost must not exceed sent" in reasons["gpu-zz"]
+    assert "buckets_seconds differ" in reasons["gpu-zy"]
+    assert "not a multiple of window_seconds" in reasons["gpu-zx"]
+    assert "probes of one peer" in reasons["gpu-zw"]
+    assert "schema_version" in reasons["x"] and "object" in reasons["summary 0"]
+
+
+def test_huge_summaries_are_refused():
+    s = with_fault()[0]
+    many_windows = dict(s, node="gpu-many", windows=[dict(s["windows"][0], start=T0 + k * WS) for k in range(65)])
+    peer = s["windows"][0]["peers"][0]
+    many_peers = dict(s, node="gpu-wide", windows=[dict(s["windows"][0], peers=[peer] * 10001)])
+    a = analyze([many_windows, many_peers], {}, NOW)
+    assert [r for _, r in a.rejected] == ["65 windows, more than 64",
+                                          "a window lists 10001 peers, more than 10000"]
+    assert a.windows_seen == 0 and a.verdicts == []
+
+
+def test_a_second_summary_for_a_node_is_refused():
+    good = with_fault()
+    twin = copy.deepcopy(good[0])
+    for w in twin["windows"]:  # a liar claiming gpu-a00 cannot reach anyone
+        for p in w["peers"]:
+            p["lost"], p["counts"] = p["sent"], []
+    a = analyze(good + [twin], {}, NOW)
+    assert a.rejected == [(good[0]["node"], f"a second summary for node {good[0]['node']} (the first one is used)")]
+    assert found(a) == {("node", "gpu-c05")}
+
+
+def test_windows_of_another_size_are_left_out_for_the_size_most_agents_use():
+    good = with_fault()
+    other = mesh(topology(leaves=1, per_leaf=4), ws=60.0)
+    for s in other:
+        s["node"] = s["node"].replace("gpu-a", "gpu-z")
+    a = analyze(other[:2] + good + other[2:], {}, NOW)
+    assert found(a) == {("node", "gpu-c05")} and a.window_seconds == WS
+    assert sorted(r[0] for r in a.rejected) == sorted(s["node"] for s in other)
+    assert all("window_seconds 60 differs from the 30 of 63 agents" == r for _, r in a.rejected)
+
+
+def test_work_and_memory_caps_hold_and_say_so(monkeypatch):
+    monkeypatch.setattr(pingmesh, "MAX_SUMMARIES", 10)
+    a = analyze(iter(with_fault()), {}, NOW)
+    assert a.notes == ["more than 10 summaries: the rest were not read"]
+    monkeypatch.setattr(pingmesh, "MAX_SUMMARIES", 10_000)
+    monkeypatch.setattr(pingmesh, "MAX_NODES", 40)
+    a = analyze(with_fault(), {}, NOW)
+    assert any("past the first 40" in n for n in a.notes) and "more than 40 node names" in a.rejected[-1][1]
+    monkeypatch.setattr(pingmesh, "MAX_NODES", 50_000)
+    monkeypatch.setattr(pingmesh, "MAX_ANOMALOUS_EDGES", 5)
+    a = analyze(with_fault(), {}, NOW)
+    assert any("lossy or slow edges" in n for n in a.notes)
+    monkeypatch.setattr(pingmesh, "MAX_PEER_ENTRIES", 1000)
+    a = analyze(with_fault(), {}, NOW)
+    assert 50 < len(a.rejected) < 63 and all("peer entries (at most 1000)" in why for _, why in a.rejected)
+
+
+def test_many_garbage_names_are_bounded(monkeypatch):
+    monkeypatch.setattr(pingmesh, "MAX_NODES", 100)
+    s = with_fault()[0]
+    w = s["windows"][0]
+    noisy = dict(s, windows=[dict(w, peers=[dict(w["peers"][0], node=f"x{i}", leaf=f"l{i}") for i in range(5000)])])
+    a = analyze([noisy], {}, NOW)
+    assert a.nodes <= 100 and a.leaves <= 100
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=25)
+
+
+def near_summary():
+    """Summaries whose every field may be right or garbage: the validator's corners, not just its door."""
+    def maybe(valid):
+        return st.one_of(valid, JSONISH)
+    peer = st.fixed_dictionaries({
+        "node": maybe(st.sampled_from(["gpu-a00", "gpu-a01", "gpu-b00", "x" * 300])),
+        "leaf": maybe(st.sampled_from(["leaf-a", "leaf-b", "", "a->b"])),
+        "rail": maybe(st.integers(0, 70)), "probe": maybe(st.sampled_from(["ping", "tcp"])),
+        "sent": maybe(st.integers(0, 5)), "lost": maybe(st.integers(0, 5)),
+        "counts": maybe(st.lists(st.lists(st.integers(-1, 20), min_size=2, max_size=2), max_size=4))})
+    window = st.fixed_dictionaries({"start": maybe(st.sampled_from([T0, T0 + WS, T0 + 7, NOW + WS])),
+                                    "closed": maybe(st.booleans()), "peers": maybe(st.lists(peer, max_size=5))})
+    return st.fixed_dictionaries({
+        "schema_version": maybe(st.just(1)), "node": maybe(st.sampled_from(["gpu-a00", "gpu-a01", "gpu-b00"])),
+        "leaf": maybe(st.sampled_from(["leaf-a", "leaf-b"])), "time": maybe(st.just(NOW)),
+        "window_seconds": maybe(st.sampled_from([WS, 60.0, 0.5])),
+        "buckets_seconds": maybe(st.just(list(BUCKETS_SECONDS))), "windows": maybe(st.lists(window, max_size=3))})
+
+
+SMALL = mesh(topology(leaves=2, per_leaf=3), windows=3, sent=3, loss=touching("gpu-a01", 0.5))
+
+
+@st.composite
+def mutated(draw):
+    """A valid summary of a small faulty mesh with one value somewhere inside replaced by garbage."""
+    doc = copy.deepcopy(draw(st.sampled_from(SMALL)))
+    parent, key = None, None
+    node = doc
+    while isinstance(node, (dict, list)) and node and (parent is None or draw(st.integers(0, 3))):
+        keys = sorted(node) if isinstance(node, dict) else range(len(node))
+        parent, key = node, draw(st.sampled_from(list(keys)))
+        node = parent[key]
+    if parent is not None:
+        parent[key] = draw(st.one_of(JSONISH, st.integers(0, 20), st.sampled_from(["gpu-b00", "leaf-b", "tcp"])))
+    return doc
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(JSONISH, near_summary(), mutated()), max_size=8))
+def test_any_jsonish_input_gives_an_analysis_never_an_exception(items):
+    a = analyze(items, {}, NOW)
+    assert isinstance(a, Analysis)
+    json.dumps(a.to_dict(), allow_nan=False)
+    taken = len(items) - len(a.rejected)
+    assert 0 <= taken <= len(items)
+    for item in items:
+        if not isinstance(item, dict):
+            assert any(why.startswith("a summary is an object") for _, why in a.rejected)
+
+
+# -- the command -------------------------------------------------------------------------------
+
+def run_cli(capsys, *argv):
+    code = cli.main(["pingmesh", "analyze", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write(path, doc, packed=False):
+    data = json.dumps(doc).encode()
+    with (gzip.open(path, "wb") if packed else open(path, "wb")) as f:
+        f.write(data)
+    return str(path)
+
+
+def test_cli_reads_bundles_in_both_shapes_and_gzip(tmp_path, capsys):
+    summaries = with_fault()
+    for name, doc, packed in (("list.json", summaries, False), ("obj.json", {"x": [1, {"y": 2}], "summaries":
+                              summaries, "unreadable": []}, False), ("b.json.gz", summaries, True)):
+        code, out, err = run_cli(capsys, "--bundle", write(tmp_path / name, doc, packed))
+        assert code == 1, err
+        assert out.splitlines()[0].split() == ["KIND", "ELEMENT", "SINCE", "WINDOWS", "MESSAGE"]
+        assert out.splitlines()[1].split()[:2] == ["node", "gpu-c05"]
+        assert "63 nodes" not in out and "64 nodes in 4 leaves, 6 windows of 30 s" in out
+
+
+def test_cli_json_exit_codes_and_inconclusive_alone(tmp_path, capsys):
+    code, out, _ = run_cli(capsys, "--bundle", write(tmp_path / "ok.json", mesh(TOPO)), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["verdicts"] == [] and doc["windows_seen"] == 6 and doc["rejected"] == []
+    topo = topology(sizes={"leaf-d": 2})
+    code, out, _ = run_cli(capsys, "--bundle", write(tmp_path / "inc.json", mesh(topo, loss=touching("gpu-d01", 0.3))))
+    assert code == 0 and "inconclusive" in out and "gpu-d01|leaf-d" in out
+
+
+def test_cli_saves_what_it_gathered_and_reads_it_back(tmp_path, capsys):
+    src = write(tmp_path / "in.json", with_fault() + ["not a summary"])
+    for name in ("saved.json", "saved.json.gz"):
+        code, first, _ = run_cli(capsys, "--bundle", src, "--save", str(tmp_path / name), "--json")
+        assert code == 1
+        code, again, _ = run_cli(capsys, "--bundle", str(tmp_path / name), "--json")
+        assert code == 1
+        a, b = json.loads(first), json.loads(again)
+        assert a["verdicts"] == b["verdicts"] and a["rejected"] == b["rejected"] and len(a["rejected"]) == 1
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def test_cli_broken_and_oversized_bundles_are_listed_not_fatal(tmp_path, capsys, monkeypatch):
+    text = json.dumps(with_fault())
+    cut = tmp_path / "cut.json"
+    cut.write_text(text[:len(text) * 2 // 3])
+    code, out, err = run_cli(capsys, "--bundle", str(cut), "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["unreadable"][0]["source"] == str(cut) and doc["windows_seen"] == 6
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" + "[" * 100000)
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"\x1f\x8b not gzip")
+    code, out, err = run_cli(capsys, "--bundle", str(deep), "--bundle", str(garbage), "--bundle",
+                             str(tmp_path / "missing.json"))
+    assert code == 2 and "no closed window" in err
+    assert "nested too deep" in err and "garbage.json: cannot read" in err and "missing.json" in err
+    monkeypatch.setattr(cli, "MAX_BUNDLE_BYTES", 1000)
+    code, _, err = run_cli(capsys, "--bundle", write(tmp_path / "big.json", with_fault()))
+    assert code == 2 and "more than 1000" in err
+    monkeypatch.setattr(cli, "MAX_BUNDLE_BYTES", 20000)  # the packed file is smaller, what it holds is not
+    code, _, err = run_cli(capsys, "--bundle", write(tmp_path / "big.json.gz", with_fault(), packed=True))
+    assert code == 2 and "more than 20000 characters once decompressed" in err
+
+
+def test_cli_bad_usage_is_2(tmp_path, capsys):
+    assert run_cli(capsys)[0] == 2
+    bad = tmp_path / "c.json"
+    bad.write_text(json.dumps({"pingmesh": {"analysis": {"nope": 1}}}))
+    code, _, err = run_cli(capsys, "--bundle", "x.json", "--config", str(bad))
+    assert code == 2 and "pingmesh.analysis.nope" in err
+    assert run_cli(capsys, "--from", "http://127.0.0.1:1/", "--windows", "0")[0] == 2
+    code, _, err = run_cli(capsys, "--bundle", write(tmp_path / "b.json", with_fault()), "--save",
+                           str(tmp_path / "no" / "such" / "dir.json"))
+    assert code == 2 and "cannot write" in err
+
+
+class Agents(http.server.ThreadingHTTPServer):
+    """Serves /<node>/v1/pingmesh from a dict; anything else 404."""
+
+    daemon_threads = True
+
+    def __init__(self, docs):
+        self.docs, self.paths = docs, []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(h):
+                self.paths.append(h.path)
+                node = h.path.split("/")[1]
+                if node not in self.docs:
+                    h.send_error(404)
+                    return
+                body = self.docs[node]
+                h.send_response(200)
+                h.send_header("Content-Type", "application/json")
+                h.end_headers()
+                h.wfile.write(body)
+
+            def log_message(h, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_cli_fetches_agents_over_http_and_lists_the_unreachable(tmp_path, capsys):
+    summaries = with_fault()
+    docs = {s["node"]: json.dumps(s).encode() for s in summaries}
+    docs["huge"] = b"[" + b" " * (2 << 20) + b"]"
+    server = Agents(docs)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        urls = [f"{base}/{s['node']}/v1/pingmesh" for s in summaries]
+        urls += [f"{base}/gone/v1/pingmesh", f"{base}/huge/v1/pingmesh", "http://127.0.0.1:1/v1/pingmesh",
+                 "file:///etc/passwd"]
+        code, out, _ = run_cli(capsys, "--from", *urls, "--concurrency", "4", "--timeout", "5", "--json",
+                               "--save", str(tmp_path / "s.json"))
+    finally:
+        server.shutdown()
+    doc = json.loads(out)
+    assert code == 1 and [(v["kind"], v["element"]) for v in doc["verdicts"]] == [("node", "gpu-c05")]
+    why = {u["source"].split("/")[3] if "127.0.0.1:1/" not in u["source"] else "closed": u["reason"]
+           for u in doc["unreadable"] if u["source"].startswith("http")}
+    assert why["gone"] == "HTTP 404 Not Found" and "more than 1048576 bytes" in why["huge"] and "closed" in why
+    assert any(u["source"] == "file:///etc/passwd" and "only http" in u["reason"] for u in doc["unreadable"])
+    windows = config.PINGMESH_DEFAULTS["fetch_windows"]
+    assert server.paths and all(p.endswith(f"?windows={windows}") for p in server.paths)
+    saved = json.loads((tmp_path / "s.json").read_text())
+    assert len(saved["summaries"]) == len(summaries) and len(saved["unreadable"]) == 4
+
+
+def test_nodehealth_pingmesh_analyze_runs_as_a_program(tmp_path):
+    bundle = write(tmp_path / "b.json", with_fault())
+    r = subprocess.run([sys.executable, "-m", "nodehealth.cli", "pingmesh", "analyze", "--bundle", bundle],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.splitlines()[1].split()[:2] == ["node", "gpu-c05"]
+    r = subprocess.run([sys.executable, "-m", "nodehealth.cli", "pingmesh", "analyze"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "--bundle" in r.stderr
