@@ -4,6 +4,9 @@ The daemon calls `Publisher.publish(report)` after each full pass; a background 
 latest report into per-subsystem taints (`nodehealth.io/gpu`, ...), `NodeHealth<Subsystem>Problem`
 conditions and Events, and converges with backoff whenever the API server is away. This is the
 only module that imports `kubernetes`, and only inside ClientApi, so importing it is cheap.
+It also carries what the pingmesh controller (nodehealth/controller.py) needs from the API, and
+reads the controller's verdicts back for the agent: a verdict about a node reaches its Node only
+as a finding of that node's own agent.
 
 Why the care: `spec.taints` has no merge key, so every taint write is read-modify-write guarded
 by the node's resourceVersion (a stale one is a 409 and we read again), and the agent changes
@@ -18,11 +21,13 @@ import random
 import re
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 from nodehealth.config import KUBE_DEFAULTS
 from nodehealth.model import Finding, Metric, Report, Severity, sort_findings
+from nodehealth.probe import inventory, verdicts
 
 log = logging.getLogger("nodehealth.kube")
 
@@ -34,7 +39,7 @@ CONDITION_NAMES = {"gpu": "GPU", "network": "Network", "memory": "Memory", "stor
 CHECK_SUBSYSTEMS = {
     "xid": "gpu", "gpu_driver": "gpu", "gpu_memory": "gpu", "nvlink": "gpu", "nvlink_errors": "gpu",
     "gpu_pcie": "gpu", "clocks": "gpu",
-    "infiniband": "network", "link_events": "network",
+    "infiniband": "network", "link_events": "network", "pingmesh": "network",
     "memory": "memory", "thp": "memory", "memlock": "memory",
     "mounts": "storage",
     "kernel": "kernel", "modules": "kernel",
@@ -43,6 +48,13 @@ PCIE_KIND_SUBSYSTEMS = {"gpu": "gpu", "nvswitch": "gpu", "nic": "network", "nvme
 QUARANTINE_EFFECTS = ("NoSchedule", "NoExecute")
 MAX_MESSAGE_CHARS = 1024
 MAX_PENDING_EVENTS = 100
+# Nodes per list page: 10,000 Nodes never arrive as one response (each Node, with its image list
+# and managed fields, can be tens of KiB). A consistent read, not resourceVersion=0: the watch
+# cache of older API servers ignores `limit` for that and answers with everything at once.
+LIST_PAGE_SIZE = 500
+# A ConfigMap holds at most 1 MiB of data; its JSON (base64 binaryData, metadata, managed fields)
+# stays well below this. Anything larger is not read into memory.
+MAX_CONFIGMAP_RESPONSE_BYTES = 2 << 20
 
 
 def subsystem_of(f: Finding) -> str:
@@ -147,6 +159,17 @@ class KubeApi(Protocol):
 
     def count_nodes(self, label_selector: str) -> int: ...
 
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        """Every matching Node, cut down to name, labels, annotations and addresses; read page by page."""
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """None when there is none; a response over MAX_CONFIGMAP_RESPONSE_BYTES is KubeError("too_large")."""
+
+    def create_configmap(self, namespace: str, configmap: dict[str, Any]) -> dict[str, Any]: ...
+
+    def replace_configmap(self, namespace: str, configmap: dict[str, Any]) -> dict[str, Any]:
+        """PUT; the ConfigMap's `metadata.resourceVersion` makes it a compare-and-swap (409 if stale)."""
+
 
 class ClientApi:
     """KubeApi over the official `kubernetes` client: in-cluster config, else a kubeconfig."""
@@ -171,13 +194,20 @@ class ClientApi:
         self.coordination = client.CoordinationV1Api(api_client)
         self.timeout = timeout_seconds
 
-    def _call(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: Callable[..., Any], *args: Any, max_bytes: int | None = None, **kwargs: Any) -> Any:
         import urllib3
         from kubernetes.client.rest import ApiException
 
         try:
             response = method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
-            data = response.data
+            if max_bytes is None:
+                data = response.data
+            else:
+                data = response.read(max_bytes + 1)
+                if len(data) > max_bytes:
+                    response.close()  # the rest is never read; the connection goes with it
+                    raise KubeError("too_large", f"the API server's answer is over {max_bytes} bytes")
+                response.release_conn()
             return json.loads(data) if data else None
         except ApiException as e:
             raise KubeError(error_kind(int(e.status or 0)), f"{e.status} {e.reason}: {_status_message(e.body)}") \
@@ -216,16 +246,45 @@ class ClientApi:
         return self._call(self.coordination.replace_namespaced_lease, lease["metadata"]["name"], namespace, lease)
 
     def count_nodes(self, label_selector: str) -> int:
-        count, token = 0, None
+        return sum(len(items) for items in self._node_pages(label_selector))
+
+    def list_nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        nodes = []
+        for items in self._node_pages(label_selector):
+            for node in items:  # each page's full Nodes are dropped once cut down
+                meta, status = node.get("metadata") or {}, node.get("status") or {}
+                nodes.append({"metadata": {"name": meta.get("name"), "labels": meta.get("labels") or {},
+                                           "annotations": meta.get("annotations") or {}},
+                              "status": {"addresses": status.get("addresses") or []}})
+        return nodes
+
+    def _node_pages(self, label_selector: str) -> Iterator[list[dict[str, Any]]]:
+        token = None
         while True:
-            kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": 500}
+            kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": LIST_PAGE_SIZE}
             if token:
                 kwargs["_continue"] = token
             page = self._call(self.core.list_node, **kwargs)
-            count += len(page.get("items") or [])
+            yield page.get("items") or []
             token = (page.get("metadata") or {}).get("continue")
             if not token:
-                return count
+                return
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self._call(self.core.read_namespaced_config_map, name, namespace,
+                              max_bytes=MAX_CONFIGMAP_RESPONSE_BYTES)
+        except KubeError as e:
+            if e.kind == "not_found":
+                return None
+            raise
+
+    def create_configmap(self, namespace: str, configmap: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self.core.create_namespaced_config_map, namespace, configmap)
+
+    def replace_configmap(self, namespace: str, configmap: dict[str, Any]) -> dict[str, Any]:
+        return self._call(self.core.replace_namespaced_config_map, configmap["metadata"]["name"], namespace,
+                          configmap)
 
 
 def _network_kind(error: Any) -> str:
@@ -251,7 +310,8 @@ def _now_rfc3339(now: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
 
 
-def _micro_time(now: float) -> str:
+def micro_time(now: float) -> str:
+    """A Lease's MicroTime: RFC 3339 in UTC with microseconds."""
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
 
 
@@ -386,7 +446,7 @@ class Breaker:
             annotations.pop(self.reset_key, None)
         elif tripped != "keep":
             annotations[self.tripped_key] = tripped
-        body["spec"] = dict(body.get("spec") or {}, holderIdentity=self.node, renewTime=_micro_time(time.time()))
+        body["spec"] = dict(body.get("spec") or {}, holderIdentity=self.node, renewTime=micro_time(time.time()))
         try:
             if body["metadata"].get("resourceVersion"):
                 api.update_lease(self.namespace, body)
@@ -418,6 +478,44 @@ def reset_breaker(cfg: dict[str, Any], api: KubeApi | None = None) -> str:
             return (f"breaker reset; {len(members)} node(s) still hold quarantine slots: "
                     f"{', '.join(members) or 'none'}")
     raise KubeError("conflict", f"Lease {breaker.namespace}/{breaker.name} kept changing; try again")
+
+
+# -- the pingmesh controller's ConfigMaps, as an agent reads them ----------------------------------
+
+
+def read_verdicts(api: KubeApi, cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The controller's verdicts (validated, see probe/verdicts.py), or None while it has written none.
+
+    `cfg` is the `pingmesh` section. Raises KubeError: the API's errors, and kind "invalid" for a
+    document that fails validation (treat it like no document; never act on part of it).
+    """
+    data = _pingmesh_configmap(api, cfg, "configmap").get("data") or {}
+    if verdicts.VERDICTS_KEY not in data:
+        return None
+    try:
+        return verdicts.parse_verdicts(str(data[verdicts.VERDICTS_KEY]))
+    except verdicts.VerdictError as e:
+        raise KubeError("invalid", f"ConfigMap {cfg['controller_namespace']}/{cfg['configmap']}: {e}") from None
+
+
+def read_inventory(api: KubeApi, cfg: dict[str, Any]) -> inventory.Inventory | None:
+    """The inventory the controller built from the Nodes (bad entries in its problems), or None while it
+    has written none. It has a ConfigMap of its own (`inventory_configmap`): the agents read the
+    verdicts every window, this one only every `refresh_seconds`. Raises KubeError as read_verdicts does."""
+    binary = _pingmesh_configmap(api, cfg, "inventory_configmap").get("binaryData") or {}
+    if verdicts.INVENTORY_KEY not in binary:
+        return None
+    try:
+        return verdicts.decode_inventory(str(binary[verdicts.INVENTORY_KEY]))
+    except verdicts.VerdictError as e:
+        raise KubeError("invalid", f"ConfigMap {cfg['controller_namespace']}/{cfg['inventory_configmap']}: "
+                                   f"{e}") from None
+
+
+def _pingmesh_configmap(api: KubeApi, cfg: dict[str, Any], key: str) -> dict[str, Any]:
+    """The ConfigMap named by the `pingmesh` setting `key`, or {} while there is none."""
+    configmap = api.get_configmap(cfg["controller_namespace"], cfg[key])
+    return configmap if isinstance(configmap, dict) else {}
 
 
 # -- the publisher --------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """A stand-in for the Kubernetes API server: a real HTTP server on 127.0.0.1 for the real client.
 
-It behaves like kube-apiserver on the points the publisher depends on:
-- nodes: GET, list with a label selector, PUT and PATCH (strategic-merge and merge patch) guarded
+It behaves like kube-apiserver on the points the publisher and the controller depend on:
+- nodes: GET, list with a label selector (paginated with `limit` and an opaque `continue` token, a
+  consistent snapshot across pages like etcd's), PUT and PATCH (strategic-merge and merge patch) guarded
   by `metadata.resourceVersion` (stale -> 409 Conflict with a Status body); `spec.taints` has no
   merge key, so a patch replaces the whole list; NoExecute taints get `timeAdded`; a duplicate
   taint, a key that is no qualified name, a value that is no label value or an unknown effect is
@@ -9,11 +10,16 @@ It behaves like kube-apiserver on the points the publisher depends on:
 - nodes/status: PATCH merges `status.conditions` by type and ignores spec and metadata;
 - events: POST; leases (coordination.k8s.io/v1): GET, POST (409 AlreadyExists), PUT with
   resourceVersion compare-and-swap;
+- configmaps: GET, POST (409 AlreadyExists), PUT (conditional when it carries a resourceVersion,
+  as the real one allows an unconditional update); more than 1 MiB of data and binaryData together,
+  a bad key, a key in both or binaryData that is not base64 is 422 Invalid;
 - trouble on demand: forced answers (403, 429, 5xx), an outage (connections dropped), slow
   answers, and a hook that runs as another writer between our read and our write.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import json
 import re
@@ -23,12 +29,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlsplit
 
-STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 415: "UnsupportedMediaType",
-                  422: "Invalid", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
+STATUS_REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Expired",
+                  415: "UnsupportedMediaType", 422: "Invalid", 429: "TooManyRequests", 500: "InternalError",
+                  503: "ServiceUnavailable"}
 MERGE_KEYS = {("status", "conditions"): "type"}  # strategic merge: lists merged by key; others replaced
 NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")  # a label value, when not empty
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+CONFIGMAP_KEY = re.compile(r"[-._a-zA-Z0-9]+")
+MAX_CONFIGMAP_BYTES = 1 << 20  # kube-apiserver's limit on data and binaryData together (core.MaxSecretSize)
 
 
 class ApiError(Exception):
@@ -126,6 +135,8 @@ class FakeApiServer:
         self.rv = 100
         self.nodes: dict[str, dict[str, Any]] = {}
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
+        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.snapshots: dict[str, tuple[str, list[dict[str, Any]]]] = {}  # continue token -> the rest of a list
         self.events: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request answered
         self.node_writes: list[tuple[str, dict[str, Any], dict[str, Any]]] = []  # (subresource, old, new)
@@ -161,7 +172,7 @@ class FakeApiServer:
     # -- test helpers --------------------------------------------------------------------------
     def add_node(self, name: str, labels: dict[str, str] | None = None, taints: list[dict[str, Any]] | None = None,
                  annotations: dict[str, str] | None = None, conditions: list[dict[str, Any]] | None = None,
-                 unschedulable: bool = False) -> None:
+                 unschedulable: bool = False, internal_ip: str | None = None) -> None:
         with self.lock:
             node = {"apiVersion": "v1", "kind": "Node",
                     "metadata": {"name": name, "uid": f"uid-{name}", "labels": dict(labels or {}),
@@ -170,7 +181,10 @@ class FakeApiServer:
                     "status": {"conditions": list(conditions or [
                         {"type": "Ready", "status": "True", "reason": "KubeletReady",
                          "message": "kubelet is posting ready status",
-                         "lastHeartbeatTime": "2024-01-01T00:00:00Z", "lastTransitionTime": "2024-01-01T00:00:00Z"}])}}
+                         "lastHeartbeatTime": "2024-01-01T00:00:00Z", "lastTransitionTime": "2024-01-01T00:00:00Z"}]),
+                        "addresses": [{"type": "Hostname", "address": name}]}}
+            if internal_ip is not None:
+                node["status"]["addresses"].insert(0, {"type": "InternalIP", "address": internal_ip})
             if unschedulable:
                 node["spec"]["unschedulable"] = True
             self._store_node(node)
@@ -202,6 +216,19 @@ class FakeApiServer:
             lease = copy.deepcopy(self.leases[(namespace, name)])
             change(lease)
             self.leases[(namespace, name)] = self._bump(lease)
+
+    def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with self.lock:
+            cm = self.configmaps.get((namespace, name))
+            return copy.deepcopy(cm) if cm else None
+
+    def put_configmap(self, namespace: str, name: str, data: dict[str, str] | None = None,
+                      binary_data: dict[str, str] | None = None) -> None:
+        """Another writer (or a test) stores a ConfigMap as it likes, bypassing validation."""
+        with self.lock:
+            self.configmaps[(namespace, name)] = self._bump(
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace},
+                 "data": dict(data or {}), "binaryData": dict(binary_data or {})})
 
     def fail(self, code: int, times: int = 1_000_000, method: str = "", path_end: str = "") -> None:
         """Answer the next `times` matching requests (method, path ending) with `code` and a Status body."""
@@ -262,6 +289,8 @@ class FakeApiServer:
             if parts[:4] == ["apis", "coordination.k8s.io", "v1", "namespaces"] and len(parts) >= 6 \
                     and parts[5] == "leases":
                 return self._leases(method, parts[4], parts[6] if len(parts) > 6 else None, body)
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (5, 6) and parts[4] == "configmaps":
+                return self._configmaps(method, parts[3], parts[5] if len(parts) > 5 else None, body)
         raise ApiError(404, f"the server could not find the requested resource ({method} {path})")
 
     def _nodes(self, method: str, rest: list[str], query: dict[str, list[str]], content_type: str,
@@ -269,11 +298,7 @@ class FakeApiServer:
         if not rest:
             if method != "GET":
                 raise ApiError(405, "method not allowed")
-            selector = (query.get("labelSelector") or [""])[0]
-            items = [copy.deepcopy(n) for _, n in sorted(self.nodes.items())
-                     if matches(n["metadata"].get("labels") or {}, selector)]
-            return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
-                         "items": items}
+            return 200, self._node_list(query)
         name = rest[0]
         if name not in self.nodes:
             raise ApiError(404, f'nodes "{name}" not found', {"name": name, "kind": "nodes"})
@@ -305,6 +330,28 @@ class FakeApiServer:
         self.node_writes.append(("status" if status else "", old, copy.deepcopy(stored)))
         return 200, copy.deepcopy(stored)
 
+    def _node_list(self, query: dict[str, list[str]]) -> dict[str, Any]:
+        """One page: the first `limit` items, the rest kept under a continue token (one snapshot)."""
+        token = (query.get("continue") or [""])[0]
+        if token:
+            if token not in self.snapshots:
+                raise ApiError(410, "The provided continue parameter is too old to display a consistent list result.")
+            rv, items = self.snapshots.pop(token)
+        else:
+            selector = (query.get("labelSelector") or [""])[0]
+            rv = str(self.rv)
+            items = [copy.deepcopy(n) for _, n in sorted(self.nodes.items())
+                     if matches(n["metadata"].get("labels") or {}, selector)]
+        limit = int((query.get("limit") or ["0"])[0])
+        metadata = {"resourceVersion": rv}
+        if 0 < limit < len(items):
+            items, rest = items[:limit], items[limit:]
+            metadata["continue"] = base64.urlsafe_b64encode(json.dumps(
+                {"rv": rv, "start": rest[0]["metadata"]["name"], "n": len(self.snapshots)}).encode()).decode()
+            metadata["remainingItemCount"] = len(rest)
+            self.snapshots[metadata["continue"]] = (rv, rest)
+        return {"kind": "NodeList", "apiVersion": "v1", "metadata": metadata, "items": items}
+
     def _leases(self, method: str, namespace: str, name: str | None, body: Any) -> Any:
         if method == "POST" and name is None:
             lease_name = body["metadata"]["name"]
@@ -331,6 +378,53 @@ class FakeApiServer:
             self.leases[key] = self._bump(lease)
             return 200, copy.deepcopy(lease)
         raise ApiError(405, "method not allowed")
+
+    def _configmaps(self, method: str, namespace: str, name: str | None, body: Any) -> Any:
+        details = {"name": name or "", "kind": "configmaps"}
+        if method == "POST" and name is None:
+            name = details["name"] = str((body.get("metadata") or {}).get("name") or "")
+            if (namespace, name) in self.configmaps:
+                raise ApiError(409, f'configmaps "{name}" already exists', details)
+            cm = self._valid_configmap(body, namespace, name)
+            self.configmaps[(namespace, name)] = self._bump(cm)
+            return 201, copy.deepcopy(cm)
+        key = (namespace, name)
+        if key not in self.configmaps:
+            raise ApiError(404, f'configmaps "{name}" not found', details)
+        if method == "GET":
+            return 200, copy.deepcopy(self.configmaps[key])
+        if method == "PUT":
+            self._check_rv(self.configmaps[key], body, "configmaps", str(name))
+            cm = self._valid_configmap(body, namespace, str(name))
+            self.configmaps[key] = self._bump(cm)
+            return 200, copy.deepcopy(cm)
+        raise ApiError(405, "method not allowed")
+
+    def _valid_configmap(self, body: dict[str, Any], namespace: str, name: str) -> dict[str, Any]:
+        """The ConfigMap as stored, or the 422 kube-apiserver's validation gives."""
+        cm = copy.deepcopy(body)
+        cm["metadata"] = dict(cm.get("metadata") or {}, namespace=namespace, name=name)
+        cm["metadata"].pop("resourceVersion", None)
+        data, binary = cm.get("data") or {}, cm.get("binaryData") or {}
+        size = 0
+        for key in list(data) + list(binary):
+            if not CONFIGMAP_KEY.fullmatch(key) or len(key) > 253:
+                raise ApiError(422, f'ConfigMap "{name}" is invalid: data[{key}]: Invalid value: "{key}": '
+                                    "a valid config key must consist of alphanumeric characters, '-', '_' or '.'")
+            if key in data and key in binary:
+                raise ApiError(422, f'ConfigMap "{name}" is invalid: data[{key}]: Invalid value: "{key}": '
+                                    "duplicate of key present in binaryData")
+        for value in data.values():
+            size += len(str(value).encode())
+        for key, value in binary.items():
+            try:
+                size += len(base64.b64decode(value, validate=True))
+            except (binascii.Error, TypeError, ValueError):
+                raise ApiError(400, f"binaryData[{key}] is not base64") from None
+        if size > MAX_CONFIGMAP_BYTES:
+            raise ApiError(422, f'ConfigMap "{name}" is invalid: []: Too long: must have at most '
+                                f"{MAX_CONFIGMAP_BYTES} bytes", {"name": name, "kind": "configmaps"})
+        return cm
 
     def _forced(self, method: str, path: str) -> int | None:
         with self.lock:

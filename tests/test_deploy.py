@@ -3,14 +3,17 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
+import subprocess
 
 import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from conftest import require_tool
 from fake_kube_apiserver import FakeApiServer
 
-from nodehealth import kube
+from nodehealth import config, kube
 from nodehealth.model import Action, Finding, Report, Severity, Status
 
 DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
@@ -31,8 +34,12 @@ def manifests() -> list[tuple[str, dict]]:
     return [(name, doc) for name in kustomization()["resources"] for doc in load(name)]
 
 
-def of_kind(kind: str) -> dict:
-    return next(doc for _, doc in manifests() if doc["kind"] == kind)
+def of_kind(kind: str, name: str | None = None) -> dict:
+    return next(doc for _, doc in manifests() if doc["kind"] == kind and name in (None, doc["metadata"]["name"]))
+
+
+def workloads() -> list[dict]:
+    return [doc for _, doc in manifests() if doc["kind"] in ("DaemonSet", "Deployment")]
 
 
 # -- the ValidatingAdmissionPolicy, evaluated ------------------------------------------------------
@@ -191,11 +198,13 @@ def test_kustomization_lists_files_that_exist_and_parse():
 @pytest.mark.parametrize("name, doc", manifests(), ids=lambda x: x if isinstance(x, str) else x["kind"])
 def test_manifest_validates_against_kubernetes_1_30(name, doc):
     if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-        # A CRD kind: kubernetes-validate bundles only built-in schemas, so check its structure.
-        pod_labels = of_kind("DaemonSet")["spec"]["template"]["metadata"]["labels"]
-        ports = {p["name"] for p in of_kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        # A CRD kind: kubernetes-validate bundles only built-in schemas, so check its structure:
+        # it selects the pods of exactly one workload, on a port they have.
         assert doc["kind"] == "PodMonitor" and doc["apiVersion"] == "monitoring.coreos.com/v1"
-        assert doc["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+        wanted = doc["spec"]["selector"]["matchLabels"].items()
+        selected = [w for w in workloads() if wanted <= w["spec"]["template"]["metadata"]["labels"].items()]
+        assert len(selected) == 1
+        ports = {p["name"] for p in selected[0]["spec"]["template"]["spec"]["containers"][0]["ports"]}
         assert {e["port"] for e in doc["spec"]["podMetricsEndpoints"]} <= ports
         return
     kubernetes_validate.validate(doc, "1.30.0", strict=True)
@@ -228,16 +237,144 @@ def test_daemonset_is_the_unprivileged_agent_the_issue_asks_for():
 
 
 def test_rbac_is_least_privilege():
-    cluster = of_kind("ClusterRole")["rules"]
+    cluster = of_kind("ClusterRole", "nodehealth")["rules"]
     assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in cluster} == {
         (("nodes",), ("get", "list", "patch")),
         (("nodes/status",), ("patch",)),
         (("events",), ("create",)),
     }
-    role = of_kind("Role")
+    role = of_kind("Role", "nodehealth-breaker")
     assert role["metadata"]["namespace"] == kube.DEFAULTS["breaker_namespace"]
     assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
     assert [r.get("resourceNames") for r in role["rules"] if "get" in r["verbs"]] == [[kube.DEFAULTS["breaker_name"]]]
+    # Pingmesh: the agents read the controller's two ConfigMaps (verdicts, inventory), nothing more.
+    reader = of_kind("Role", "nodehealth-pingmesh-reader")
+    assert reader["metadata"]["namespace"] == PINGMESH["controller_namespace"]
+    assert rules(reader) == {("", "configmaps", "get", PINGMESH_CONFIGMAPS)}
+
+
+PINGMESH = config.defaults()["pingmesh"]
+PINGMESH_CONFIGMAPS = (PINGMESH["configmap"], PINGMESH["inventory_configmap"])  # verdicts, inventory
+CONTROLLER = "system:serviceaccount:nodehealth:nodehealth-controller"
+
+
+def rules(role: dict) -> set[tuple]:
+    """(apiGroup, resource, verb, resourceNames) for every combination a role's rules allow."""
+    return {(group, resource, verb, tuple(r.get("resourceNames") or ()))
+            for r in role["rules"] for group in r["apiGroups"] for resource in r["resources"] for verb in r["verbs"]}
+
+
+def granted(subject: str) -> set[tuple]:
+    """(scope, rule) of everything the RBAC objects bind to `subject` (namespace "" = cluster-wide)."""
+    out = set()
+    for _, binding in manifests():
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        names = {f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]}
+        if subject in names:
+            role = of_kind(binding["roleRef"]["kind"], binding["roleRef"]["name"])
+            scope = binding["metadata"].get("namespace", "") if binding["kind"] == "RoleBinding" else ""
+            out |= {(scope, *rule) for rule in rules(role)}
+    return out
+
+
+def test_no_rbac_rule_has_a_wildcard():
+    for _, doc in manifests():
+        if doc["kind"] in ("Role", "ClusterRole"):
+            for group, resource, verb, names in rules(doc):
+                assert "*" not in (group, resource, verb, *names), doc["metadata"]["name"]
+
+
+def test_the_controller_may_write_only_its_lease_and_its_configmaps():
+    ns = PINGMESH["controller_namespace"]
+    assert granted(CONTROLLER) == {
+        ("", "", "nodes", "list", ()),  # the managed Nodes, page by page; no get, no write
+        (ns, "coordination.k8s.io", "leases", "create", ()),  # RBAC cannot restrict create by name
+        (ns, "coordination.k8s.io", "leases", "get", (PINGMESH["controller_lease"],)),
+        (ns, "coordination.k8s.io", "leases", "update", (PINGMESH["controller_lease"],)),
+        (ns, "", "configmaps", "create", ()),
+        (ns, "", "configmaps", "get", PINGMESH_CONFIGMAPS),
+        (ns, "", "configmaps", "update", PINGMESH_CONFIGMAPS),
+    }
+    deployment = of_kind("Deployment", "nodehealth-controller")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "nodehealth-controller"
+    # The admission policy stays about the agent alone, exactly as strict as before.
+    policy = of_kind("ValidatingAdmissionPolicy")["spec"]
+    assert [m["expression"] for m in policy["matchConditions"]] == [
+        "request.userInfo.username == 'system:serviceaccount:nodehealth:nodehealth'"]
+
+
+def test_the_agents_may_read_the_verdicts_and_the_inventory_and_write_no_configmap():
+    agent = granted(AGENT)
+    assert PINGMESH["configmap"] != PINGMESH["inventory_configmap"]
+    assert {r for r in agent if r[2] == "configmaps"} == {
+        (PINGMESH["controller_namespace"], "", "configmaps", "get", PINGMESH_CONFIGMAPS)}
+    assert not {r for r in agent if r[2] == "leases" and PINGMESH["controller_lease"] in r[4]}
+
+
+def test_controller_deployment():
+    spec = of_kind("Deployment", "nodehealth-controller")["spec"]
+    pod = spec["template"]["spec"]
+    container = pod["containers"][0]
+    assert spec["replicas"] >= 1 and spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"][
+        "labels"].items()
+    assert container["args"][0] == "controller" and container["image"] == of_kind("DaemonSet")["spec"]["template"][
+        "spec"]["containers"][0]["image"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True and security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"] and "add" not in security["capabilities"]
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    [port] = container["ports"]
+    assert port["containerPort"] == int(PINGMESH["controller_listen"].rpartition(":")[2])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"]["configMap"]["name"] == of_kind("ConfigMap")["metadata"]["name"]  # the agents' config
+
+
+def test_the_daemonset_declares_the_ping_port_and_the_base_stays_off_the_host_network():
+    spec = of_kind("DaemonSet")["spec"]["template"]["spec"]
+    ports = {p["name"]: p["containerPort"] for p in spec["containers"][0]["ports"]}
+    assert ports == {"metrics": 9456, "pingmesh": int(PINGMESH["listen"].rpartition(":")[2])}
+    assert "hostNetwork" not in spec
+    config_ = yaml.safe_load(of_kind("ConfigMap")["data"]["config.yaml"])
+    assert not config_.get("pingmesh", {}).get("enabled")
+
+
+def test_the_pingmesh_component_turns_on_host_network_and_the_probe():
+    folder = os.path.join(DEPLOY, "components", "pingmesh")
+    component = yaml.safe_load(open(os.path.join(folder, "kustomization.yaml")))
+    assert component["kind"] == "Component"
+    [patch] = [p for p in component["patches"] if "target" in p]
+    assert yaml.safe_load(patch["patch"]) == [
+        {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
+        {"op": "add", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirstWithHostNet"}]
+    [configmap] = load(os.path.join("components", "pingmesh", "configmap.yaml"))
+    assert configmap["metadata"]["name"] == of_kind("ConfigMap")["metadata"]["name"]
+    # The whole config.yaml is replaced: it must be the base's with pingmesh enabled, nothing else.
+    base = yaml.safe_load(of_kind("ConfigMap")["data"]["config.yaml"])
+    assert yaml.safe_load(configmap["data"]["config.yaml"]) == dict(base, pingmesh={"enabled": True})
+    kubernetes_validate.validate(configmap, "1.30.0", strict=True)
+
+
+def test_an_overlay_with_the_pingmesh_component_builds(tmp_path):
+    """kustomize itself: the component applies to the base and the result still validates."""
+    kubectl = require_tool("kubectl")
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../deploy]\ncomponents: [../deploy/components/pingmesh]\n")
+    out = subprocess.run([kubectl, "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
+    assert daemonset["spec"]["template"]["spec"]["hostNetwork"] is True
+    cfg = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"])
+    assert cfg["pingmesh"]["enabled"] is True and cfg["kube"]["dry_run"] is True
+    for doc in docs:
+        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
 
 
 def test_service_selects_the_agent_pods():

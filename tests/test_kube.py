@@ -521,3 +521,73 @@ def test_clear_annotation_calls_back_is_removed_and_recorded(server, make):
     assert "nodehealth.io/clear" not in server.node("gpu-1")["metadata"]["annotations"]
     assert server.events[-1]["reason"] == "NodeHealthCleared"
     assert "GPU reseated" in server.events[-1]["message"]
+
+
+# -- what the pingmesh controller reads and writes --------------------------------------------------
+
+def test_list_nodes_reads_page_by_page_and_keeps_what_the_inventory_needs(server, tmp_path):
+    for i in range(1201):
+        server.add_node(f"gpu-{i:04d}", labels=dict(GPU_LABELS, **{"nodehealth.io/leaf": f"leaf-{i // 32}"}),
+                        annotations={"nodehealth.io/probe-addresses": f"10.0.{i // 256}.{i % 256}"},
+                        internal_ip=f"192.168.{i // 256}.{i % 256}")
+    server.add_node("cpu-1", labels={"nodehealth.io/leaf": "leaf-x"})
+    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    nodes = api.list_nodes("nvidia.com/gpu.present=true")
+    assert len(nodes) == 1201 and len({n["metadata"]["name"] for n in nodes}) == 1201
+    assert [r for r in server.requests if r == ("GET", "/api/v1/nodes")] == [("GET", "/api/v1/nodes")] * 3
+    assert nodes[7] == {
+        "metadata": {"name": "gpu-0007", "labels": {"nvidia.com/gpu.present": "true", "nodehealth.io/leaf": "leaf-0"},
+                     "annotations": {"nodehealth.io/probe-addresses": "10.0.0.7"}},
+        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.0.7"},
+                                 {"type": "Hostname", "address": "gpu-0007"}]}}
+    assert api.count_nodes("nvidia.com/gpu.present=true") == 1201
+
+
+def test_a_paginated_list_is_one_snapshot(server, tmp_path):
+    """Nodes added between pages do not appear in a list already under way (etcd's consistent pages)."""
+    for i in range(600):
+        server.add_node(f"gpu-{i:04d}")
+    first = server.route("GET", "/api/v1/nodes", {"limit": ["500"]}, "", None)[1]
+    server.add_node("gpu-0000a")
+    rest = server.route("GET", "/api/v1/nodes", {"limit": ["500"], "continue": [first["metadata"]["continue"]]},
+                        "", None)[1]
+    assert len(first["items"]) + len(rest["items"]) == 600 and "continue" not in rest["metadata"]
+    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    assert len(api.list_nodes("")) == 601
+
+
+def test_configmaps_create_get_and_compare_and_swap(server, tmp_path):
+    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    assert api.get_configmap("nodehealth", "cm") is None
+    created = api.create_configmap("nodehealth", {"metadata": {"name": "cm"}, "data": {"a": "1"},
+                                                  "binaryData": {"b.gz": "AAEC"}})
+    with pytest.raises(kube.KubeError) as e:
+        api.create_configmap("nodehealth", {"metadata": {"name": "cm"}, "data": {}})
+    assert e.value.kind == "conflict"
+    got = api.get_configmap("nodehealth", "cm")
+    assert (got["data"], got["binaryData"]) == ({"a": "1"}, {"b.gz": "AAEC"})
+    stale = dict(created, data={"a": "2"})
+    api.replace_configmap("nodehealth", dict(got, data={"a": "3"}))
+    with pytest.raises(kube.KubeError) as e:
+        api.replace_configmap("nodehealth", stale)  # the resourceVersion it carries is gone
+    assert e.value.kind == "conflict"
+    assert api.get_configmap("nodehealth", "cm")["data"] == {"a": "3"}
+
+
+def test_a_configmap_answer_over_the_bound_is_not_read(server, tmp_path, monkeypatch):
+    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    server.put_configmap("nodehealth", "cm", data={"verdicts.json": "x" * 5000})
+    monkeypatch.setattr(kube, "MAX_CONFIGMAP_RESPONSE_BYTES", 4096)
+    with pytest.raises(kube.KubeError) as e:
+        api.get_configmap("nodehealth", "cm")
+    assert e.value.kind == "too_large"
+    monkeypatch.setattr(kube, "MAX_CONFIGMAP_RESPONSE_BYTES", 8192)
+    assert api.get_configmap("nodehealth", "cm")["data"]["verdicts.json"] == "x" * 5000
+    assert api.get_configmap("nodehealth", "cm") is not None  # the connection went back to the pool intact
+
+
+def test_pingmesh_findings_taint_the_network_subsystem():
+    f = finding("pingmesh", Severity.DEGRADED, "PingmeshNodeFaulty", action=Action.HW_INSPECTION)
+    assert kube.subsystem_of(f) == "network"
+    state = kube.desired_state(report(f), kube.DEFAULTS)["network"]
+    assert (state.status, state.reason, state.effect) == ("True", "PingmeshNodeFaulty", "PreferNoSchedule")

@@ -1,0 +1,655 @@
+"""`nodehealth controller`: the cluster-wide pingmesh analysis, done by one leader at a time.
+
+The replicas of a Deployment elect a leader through a Lease (compare-and-swap on its
+resourceVersion). Every window the leader lists the managed Nodes, builds the inventory, fetches
+each agent's `/v1/pingmesh` (bounded in concurrency, time and size: the agents are untrusted),
+localizes faults (nodehealth/net/pingmesh.py) and writes the verdicts to one ConfigMap, read by
+every agent every window, and the inventory, when it changed, to another one, read every
+pingmesh.refresh_seconds. It writes nothing else: each agent turns a verdict about its own node
+into a finding, so every Node keeps one writer (docs/architecture.md). It serves /metrics and /healthz.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, Callable
+
+from nodehealth import __version__, exporter, kube
+from nodehealth.kube import KubeApi, KubeError
+from nodehealth.model import Metric
+from nodehealth.net import pingmesh
+from nodehealth.probe import inventory, stats, verdicts
+
+log = logging.getLogger("nodehealth.controller")
+
+# Leader election, as kube-controller-manager does it: a 15 s Lease renewed every 5 s; a leader
+# that could not renew for 10 s (the Lease less one renewal) stops acting before anyone may take over.
+LEASE_SECONDS = 15.0
+RENEW_SECONDS = 5.0
+# Fetching stops this far into the window (what is left unfetched is "deadline"), so one slow
+# analysis never runs into the next; the next one starts where this one stopped.
+FETCH_BUDGET_FRACTION = 0.6
+MAX_CONFIGMAP_BYTES = 1 << 20  # kube-apiserver refuses more data + binaryData in one ConfigMap
+MAX_VERDICT_SERIES = 50  # nodehealth_pingmesh_verdict series; nodehealth_pingmesh_verdicts counts them all
+KIND_ORDER = {"node": 0, "leaf": 1, "path": 2, "inconclusive": 3}  # what the cap keeps first: taints
+FAILURE_EXAMPLES = 5  # failed agents named in the analysis's log line
+REQUEST_TIMEOUT_SECONDS = 5.0  # a scraper that stalls mid-request is dropped
+
+
+class FetchError(Exception):
+    """An agent whose summary could not be used; `reason` is a bounded metric label."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def fetch_summary(address: str, port: int, windows: int, timeout: float) -> stats.Summary:
+    """One agent's summary from `GET /v1/pingmesh?windows=N`: at most stats.MAX_SUMMARY_BYTES, all of
+    it within `timeout` seconds (a slow drip is cut off too), validated by stats.loads_summary."""
+    deadline = time.monotonic() + timeout
+    conn = http.client.HTTPConnection(address, port, timeout=timeout)
+    try:
+        conn.request("GET", f"/v1/pingmesh?windows={windows}", headers={"Accept": "application/json"})
+        sock = conn.sock  # the response reads from it even once the connection lets go of it
+        response = conn.getresponse()
+        if response.status != 200:
+            raise FetchError("http_error", f"HTTP {response.status} {response.reason}")
+        length = response.getheader("Content-Length")
+        if length and length.isdigit() and int(length) > stats.MAX_SUMMARY_BYTES:
+            raise FetchError("too_large", f"a summary of {length} bytes, more than {stats.MAX_SUMMARY_BYTES}")
+        chunks, size = [], 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FetchError("timeout", f"no complete answer within {timeout:g} s")
+            sock.settimeout(left)
+            chunk = response.read1(64 * 1024)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > stats.MAX_SUMMARY_BYTES:
+                raise FetchError("too_large", f"a summary of more than {stats.MAX_SUMMARY_BYTES} bytes")
+            chunks.append(chunk)
+    except TimeoutError:
+        raise FetchError("timeout", f"no complete answer within {timeout:g} s") from None
+    except (OSError, http.client.HTTPException) as e:
+        raise FetchError("unreachable", f"{type(e).__name__}: {e}") from None
+    finally:
+        conn.close()
+    try:
+        return stats.loads_summary(b"".join(chunks))
+    except stats.SummaryError as e:
+        raise FetchError("invalid", str(e)) from None
+
+
+def internal_ip(node: dict[str, Any]) -> str:
+    """A Node's first InternalIP (where a hostNetwork agent listens), or ""."""
+    for address in (node.get("status") or {}).get("addresses") or []:
+        if isinstance(address, dict) and address.get("type") == "InternalIP":
+            return str(address.get("address") or "")
+    return ""
+
+
+def listen_port(listen: str) -> int:
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"a listen address must be ADDR:PORT, not {listen!r}")
+    return int(port)
+
+
+class LeaderElector:
+    """Holds the Lease while it can renew it; takes it over only once it has expired.
+
+    Expiry is judged on this process's monotonic clock from the moment the Lease's record last
+    changed (as client-go does), never from a renewTime written by another machine's clock. Every
+    write is a compare-and-swap on the resourceVersion: of two candidates only one wins.
+    """
+
+    def __init__(self, api: Callable[[], KubeApi], namespace: str, name: str, identity: str,
+                 lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS):
+        self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
+        self.lease_seconds, self.renew_seconds = lease_seconds, renew_seconds
+        self._record: tuple[Any, ...] | None = None
+        self._seen_at = 0.0
+        self._valid_until = -math.inf
+        self.holder = ""  # as last read, for the log
+
+    def is_leader(self) -> bool:
+        return time.monotonic() < self._valid_until
+
+    def tick(self) -> bool:
+        """One try to acquire or renew the Lease; whether this replica leads. Raises KubeError
+        (then a leader stays one until its renewal deadline passes)."""
+        api = self.api()
+        started = time.monotonic()
+        lease = api.get_lease(self.namespace, self.name)
+        if lease is None:
+            return self._write(api, None, started)
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"))
+        if record != self._record:
+            self._record, self._seen_at = record, started
+        duration = spec.get("leaseDurationSeconds")
+        if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration <= 0:
+            duration = self.lease_seconds
+        if holder and holder != self.identity and started - self._seen_at < duration:
+            if self.holder != holder:
+                log.info("the pingmesh controller %s leads; %s stands by", holder, self.identity)
+            self.holder = holder
+            self._valid_until = -math.inf
+            return False
+        return self._write(api, lease, started)
+
+    def _write(self, api: KubeApi, lease: dict[str, Any] | None, started: float) -> bool:
+        now = kube.micro_time(time.time())
+        spec = dict((lease or {}).get("spec") or {})
+        taking = spec.get("holderIdentity") != self.identity
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=max(1, math.ceil(self.lease_seconds)),
+                    renewTime=now)
+        if taking:
+            spec.update(acquireTime=now, leaseTransitions=int(spec.get("leaseTransitions") or 0) + (lease is not None))
+        body = dict(lease or {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                              "metadata": {"name": self.name, "namespace": self.namespace}}, spec=spec)
+        try:
+            if lease is None:
+                api.create_lease(self.namespace, body)
+            else:
+                api.update_lease(self.namespace, body)
+        except KubeError as e:
+            if e.kind != "conflict":  # AlreadyExists or a stale resourceVersion: another candidate won
+                raise
+            self._valid_until = -math.inf
+            return False
+        if taking:
+            log.info("%s leads the pingmesh controller now (Lease %s/%s; it was %s's)", self.identity,
+                     self.namespace, self.name, self.holder or "nobody")
+        self.holder = self.identity
+        self._valid_until = started + self.lease_seconds - self.renew_seconds
+        return True
+
+    def release(self) -> None:
+        """Give the Lease up (a clean stop), so that a standby takes over at once."""
+        if not self.is_leader():
+            return
+        self._valid_until = -math.inf
+        try:
+            api = self.api()
+            lease = api.get_lease(self.namespace, self.name)
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            spec = {k: v for k, v in lease["spec"].items() if k != "holderIdentity"}
+            api.update_lease(self.namespace, dict(lease, spec=dict(spec, leaseDurationSeconds=1,
+                                                                  renewTime=kube.micro_time(time.time()))))
+            log.info("%s gave up the pingmesh controller Lease", self.identity)
+        except KubeError as e:
+            log.warning("could not give up the Lease (%s); a standby takes over once it expires", e)
+
+
+class Controller:
+    """The elector and analysis threads, the two ConfigMaps and the metrics; `cfg` is the whole config."""
+
+    def __init__(self, cfg: dict[str, Any], identity: str, lease_seconds: float = LEASE_SECONDS,
+                 renew_seconds: float = RENEW_SECONDS):
+        self.cfg = cfg
+        self.pm = cfg["pingmesh"]
+        self.kube_cfg = dict(kube.DEFAULTS, **cfg["kube"])
+        self.window = float(self.pm["window_seconds"])
+        self.agent_port = listen_port(cfg["daemon"]["listen"])
+        self.namespace = self.pm["controller_namespace"]
+        self._api: KubeApi | None = None
+        self.elector = LeaderElector(self._client, self.namespace, self.pm["controller_lease"], identity,
+                                     lease_seconds, renew_seconds)
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._configmap_rv: dict[str, str] = {}  # ConfigMap name -> the resourceVersion it last wrote
+        self._rotation = 0  # where in the (name-ordered) agents the next fetch starts
+        self._beats = {"elector": time.monotonic(), "analysis": time.monotonic()}
+        # What the metrics show.
+        self.errors: dict[str, int] = {}
+        self.refused = {self.pm["configmap"]: 0, self.pm["inventory_configmap"]: 0}  # ConfigMap name -> count
+        self.stored: dict[str, int] = {}  # ConfigMap name -> bytes of data it holds, as last written or found
+        self.last: dict[str, Any] = {}  # the last analysis written: time, duration, counts, verdicts
+
+    def _client(self) -> KubeApi:
+        if self._api is None:
+            self._api = kube.ClientApi(self.kube_cfg["kubeconfig"], self.kube_cfg["request_timeout_seconds"])
+        return self._api
+
+    def _error(self, kind: str) -> None:
+        with self._lock:
+            self.errors[kind] = self.errors.get(kind, 0) + 1
+
+    # -- one analysis --------------------------------------------------------------------------
+    def cycle(self, now: float | None = None) -> bool:
+        """List, fetch, analyze, write; True once the verdict ConfigMap holds this window's verdicts.
+
+        Never raises: API trouble is logged, counted and retried by the caller. The inventory is
+        written after the verdicts, and its trouble never holds them back (see _publish_inventory).
+        """
+        now = time.time() if now is None else now
+        started = time.monotonic()
+        if not self.elector.is_leader():
+            return False
+        try:
+            doc, inv_value = self._analyze(now, started)
+            if not self.elector.is_leader():
+                log.info("lost the lead during the analysis; its verdicts are not written")
+                return False
+            text = _dumps(doc)
+            verdicts.parse_verdicts(text)  # what the agents will accept, or a bug here: raises
+            written = self._store(self.pm["configmap"], {"data": {verdicts.VERDICTS_KEY: text}},
+                                  "the agents drop the old verdicts once stale")
+        except KubeError as e:
+            self._error(e.kind)
+            log.warning("pingmesh analysis: Kubernetes API call failed (%s): %s; retrying", e.kind, e)
+            return False
+        except Exception:  # a bug must not stop the controller; count it and try again
+            log.exception("pingmesh analysis failed")
+            self._error("internal")
+            return False
+        if not written:
+            return False
+        self._publish_inventory(inv_value)
+        with self._lock:
+            self.last = dict(doc["agents"], time=now, duration=time.monotonic() - started,
+                             nodes=doc["inventory_nodes"], verdicts=doc["verdicts"])
+        return True
+
+    def _analyze(self, now: float, started: float) -> tuple[dict[str, Any], str]:
+        api = self._client()
+        nodes = api.list_nodes(self.kube_cfg["managed_node_selector"])
+        inv = inventory.from_nodes(nodes, self.pm)
+        for line in inv.problems[:3]:
+            log.info("inventory: %s", line)
+        targets = [(str(n["metadata"]["name"]), internal_ip(n)) for n in nodes if n["metadata"].get("name")]
+        del nodes  # not needed while the summaries stream in
+        if targets:  # where the last analysis ran out of time, this one starts: no agent is always last
+            k = self._rotation % len(targets)
+            targets = targets[k:] + targets[:k]
+        failed: dict[str, list[str]] = {}
+        stream = self._summaries(targets, started + FETCH_BUDGET_FRACTION * self.window, failed)
+        analysis = pingmesh.analyze(stream, self.pm["analysis"], now)
+        for name, why in analysis.rejected:
+            failed.setdefault("rejected", []).append(name)
+            log.debug("agent %s: the analysis did not use its summary: %s", name, why)
+        for note in analysis.notes:
+            log.warning("pingmesh analysis: %s", note)
+        reporting = len(targets) - sum(map(len, failed.values()))
+        self._rotation += len(targets) - len(failed.get("deadline", ()))
+        doc = self._document(analysis.to_dict(), now, reporting, failed)
+        doc["inventory_nodes"] = len(inv.nodes)
+        log.info("pingmesh analysis: %d of %d agents reported%s; %d verdicts", reporting, len(targets),
+                 _failures(failed), len(doc["verdicts"]))
+        return doc, verdicts.encode_inventory(inv)
+
+    def _summaries(self, targets: list[tuple[str, str]], deadline: float,
+                   failed: dict[str, list[str]]) -> Iterator[stats.Summary]:
+        """Every agent's summary, fetched `fetch_concurrency` at a time and handed on as it arrives.
+
+        The analysis aggregates as they come, and a short queue holds the fetchers back while it
+        is busy, so memory holds a few summaries, not 10,000. `failed` gets reason -> node names.
+        """
+        timeout = float(self.pm["fetch_timeout_seconds"])
+        windows = int(self.pm["fetch_windows"])
+        workers = max(1, min(int(self.pm["fetch_concurrency"]), len(targets)))
+        arrived: queue.Queue = queue.Queue(maxsize=2 * workers)
+        done = threading.Event()  # the analysis stopped reading: fetchers drop what they hold
+
+        def hand_on(item: tuple[str, Any]) -> None:
+            while not done.is_set():
+                try:
+                    arrived.put(item, timeout=0.1)
+                    return
+                except queue.Full:
+                    continue
+
+        def one(name: str, address: str) -> None:
+            try:
+                if not address:
+                    raise FetchError("no_address", "the Node has no InternalIP")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise FetchError("deadline", "the analysis ran out of time before this agent")
+                summary = fetch_summary(address, self.agent_port, windows, min(timeout, left))
+                if summary.node != name:
+                    raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
+                hand_on((name, summary))
+            except FetchError as e:
+                hand_on((name, e))
+            except Exception as e:  # one agent's answer must not stop the analysis of all the others
+                log.exception("agent %s: its summary could not be handled", name)
+                hand_on((name, FetchError("internal", str(e))))
+
+        pool = ThreadPoolExecutor(workers, thread_name_prefix="fetch")
+        try:
+            for name, address in targets:
+                pool.submit(one, name, address)
+            for _ in targets:
+                name, got = arrived.get()
+                if isinstance(got, FetchError):
+                    failed.setdefault(got.reason, []).append(name)
+                    log.debug("agent %s: %s", name, got)
+                else:
+                    yield got
+        finally:
+            done.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _document(self, analysis: dict[str, Any], now: float, reporting: int,
+                  failed: dict[str, list[str]]) -> dict[str, Any]:
+        """verdicts.json: the analysis in the agents' schema, actionable verdicts first, capped.
+
+        `time` and `window_seconds` are this controller's: the agents judge staleness by how often
+        it writes.
+        """
+        found = sorted(analysis.get("verdicts") or [], key=lambda v: (KIND_ORDER.get(v.get("kind"), 9),
+                                                                      str(v.get("element"))))
+        doc = dict(analysis, schema_version=verdicts.SCHEMA_VERSION, time=now, window_seconds=self.window,
+                   verdicts=found[:verdicts.MAX_VERDICTS],
+                   agents={"reporting": reporting, "failed": {k: len(v) for k, v in sorted(failed.items())}})
+        while doc["verdicts"] and len(_dumps(doc).encode()) > verdicts.MAX_DOC_BYTES:
+            doc["verdicts"] = doc["verdicts"][:len(doc["verdicts"]) * 9 // 10]  # what the agents accept
+        if len(doc["verdicts"]) < len(found):
+            doc["truncated"] = len(found) - len(doc["verdicts"])
+            log.error("pingmesh analysis: %d verdicts, only the first %d fit the agents' bounds", len(found),
+                      len(doc["verdicts"]))
+        return doc
+
+    def _publish_inventory(self, value: str) -> None:
+        """Write the inventory's ConfigMap when what it holds is not `value`.
+
+        Compared with what is there, not with what this replica last wrote: after a change of leader,
+        or an operator's delete, the stored one may be neither (one read a window, ~0.7 MiB at 10,000
+        nodes, against rewriting it for every agent to fetch again). Trouble is counted and logged,
+        never raised: the verdicts are written, the agents keep the inventory they have, and the
+        next window tries again.
+        """
+        name = self.pm["inventory_configmap"]
+        content = {"binaryData": {verdicts.INVENTORY_KEY: value}}
+        try:
+            current = self._client().get_configmap(self.namespace, name)
+            if current is None:
+                self._configmap_rv.pop(name, None)
+            elif (current.get("binaryData") or {}).get(verdicts.INVENTORY_KEY) == value:
+                self._stored(name, current, _data_bytes(content))
+                return
+            else:
+                self._configmap_rv[name] = current["metadata"]["resourceVersion"]
+            self._store(name, content, "the agents keep the one they have")
+        except KubeError as e:
+            self._error(e.kind)
+            log.warning("pingmesh inventory: Kubernetes API call failed (%s): %s; retrying next window", e.kind, e)
+        except Exception:
+            log.exception("writing the pingmesh inventory failed")
+            self._error("internal")
+
+    def _store(self, name: str, content: dict[str, dict[str, str]], unwritten: str) -> bool:
+        """Create or replace ConfigMap `name` with `content` (its data and binaryData), compare-and-swap
+        on the resourceVersion this replica last wrote or read; False when the data is over what a
+        ConfigMap may hold (nothing is written then; `unwritten` says what follows, for the log)."""
+        size = _data_bytes(content)
+        if size > MAX_CONFIGMAP_BYTES:
+            with self._lock:
+                self.refused[name] += 1
+            log.error("ConfigMap %s/%s would hold %d bytes, more than the %d a ConfigMap may; not written (%s)",
+                      self.namespace, name, size, MAX_CONFIGMAP_BYTES, unwritten)
+            return False
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name, "namespace": self.namespace,
+                             "labels": {"app.kubernetes.io/name": "nodehealth",
+                                        "app.kubernetes.io/component": "controller"}},
+                **content}
+        api = self._client()
+        for _ in range(self.kube_cfg["conflict_retries"]):
+            if name not in self._configmap_rv:
+                current = api.get_configmap(self.namespace, name)
+                if current is None:
+                    try:
+                        stored = api.create_configmap(self.namespace, body)
+                    except KubeError as e:
+                        if e.kind != "conflict":
+                            raise
+                        continue  # created by someone else meanwhile: read it
+                    self._stored(name, stored, size)
+                    return True
+                self._configmap_rv[name] = current["metadata"]["resourceVersion"]
+            body["metadata"]["resourceVersion"] = self._configmap_rv[name]
+            try:
+                stored = api.replace_configmap(self.namespace, body)
+            except KubeError as e:
+                self._configmap_rv.pop(name, None)
+                if e.kind not in ("conflict", "not_found"):
+                    raise
+                continue
+            self._stored(name, stored, size)
+            return True
+        raise KubeError("conflict", f"ConfigMap {self.namespace}/{name} kept changing under us")
+
+    def _stored(self, name: str, stored: dict[str, Any], size: int) -> None:
+        self._configmap_rv[name] = stored["metadata"]["resourceVersion"]
+        with self._lock:
+            self.stored[name] = size
+
+    # -- the loops -----------------------------------------------------------------------------
+    def next_cycle(self, t: float) -> float:
+        """The next analysis time after `t`: just after the agents close a window (a probe sent at
+        its end has answered or timed out), so that each analysis has one more closed window."""
+        offset = min(float(self.pm["timeout_seconds"]) + 1.0, self.window / 2)
+        at = math.floor(t / self.window) * self.window + offset
+        return at if at > t else at + self.window
+
+    def _elect_loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.elector.tick()
+            except KubeError as e:
+                self._error(e.kind)
+                log.warning("leader election: Kubernetes API call failed (%s): %s", e.kind, e)
+            except Exception:
+                log.exception("leader election failed")
+                self._error("internal")
+            self._beats["elector"] = time.monotonic()
+            self.stop.wait(self.elector.renew_seconds)
+
+    def _analysis_loop(self) -> None:
+        failures = 0
+        at = self.next_cycle(time.time())
+        while not self.stop.is_set():
+            self._beats["analysis"] = time.monotonic()
+            now = time.time()
+            if now < at:
+                self.stop.wait(min(at - now, self.elector.renew_seconds))
+                continue
+            if not self.elector.is_leader():
+                at = self.next_cycle(now)
+                continue
+            if self.cycle(now):
+                failures = 0
+                at = self.next_cycle(time.time())
+            else:
+                failures += 1
+                at = min(self.next_cycle(time.time()), time.time() + min(self.window / 4, 2.0 ** (failures - 1)))
+
+    def start(self) -> list[threading.Thread]:
+        threads = [threading.Thread(target=self._elect_loop, name="elector", daemon=True),
+                   threading.Thread(target=self._analysis_loop, name="analysis", daemon=True)]
+        for t in threads:
+            t.start()
+        return threads
+
+    def serve(self) -> int:
+        """Run until SIGTERM/SIGINT: elect, analyze, serve /metrics and /healthz; give the Lease up."""
+        server = make_server(self, self.pm["controller_listen"])
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop.set())
+        http_thread = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+        http_thread.start()
+        threads = []
+        if self.pm["enabled"]:
+            threads = self.start()
+            log.info("nodehealth controller %s on %s:%s; analysis every %gs", self.elector.identity,
+                     *server.server_address[:2], self.window)
+        else:
+            log.info("pingmesh.enabled is false: the controller idles (serving /metrics and /healthz)")
+        self.stop.wait()
+        log.info("stopping")
+        for t in threads:
+            t.join(2.0)
+        self.elector.release()
+        server.shutdown()
+        server.server_close()
+        return 0
+
+    # -- faces ---------------------------------------------------------------------------------
+    def health(self) -> tuple[bool, str]:
+        """Unhealthy only when a loop is stuck; API trouble is the metrics' business, not a restart's."""
+        if not self.pm["enabled"]:
+            return True, "idle: pingmesh.enabled is false"
+        now = time.monotonic()
+        limits = {"elector": 3 * self.elector.lease_seconds, "analysis": 3 * self.window + 60}
+        for loop, beat in self._beats.items():
+            if now - beat > limits[loop]:
+                return False, f"the {loop} loop has not run for {now - beat:.0f} s"
+        return True, "ok: leading" if self.elector.is_leader() else "ok: standing by"
+
+    def metrics(self) -> list[Metric]:
+        leader = self.elector.is_leader()
+        with self._lock:
+            errors, refused, last, stored = dict(self.errors), dict(self.refused), dict(self.last), dict(self.stored)
+        out = []
+        m = Metric("nodehealth_build_info", "The nodehealth version; always 1.", labels=("version",))
+        m.add((__version__,), 1)
+        out.append(m)
+        out.append(_gauge("nodehealth_controller_leader", "1 on the replica that runs the pingmesh analysis.",
+                          int(leader)))
+        m = Metric("nodehealth_controller_errors_total", "Kubernetes API calls of the controller that failed, "
+                   "by kind of error.", "counter", ("kind",))
+        for kind in sorted(errors):
+            m.add((kind,), errors[kind])
+        out.append(m)
+        m = Metric("nodehealth_controller_configmap_refused_total",
+                   "Writes of the controller's ConfigMaps (verdicts, inventory) not made: over 1 MiB of data.",
+                   "counter", ("configmap",))
+        for name in sorted(refused):
+            m.add((name,), refused[name])
+        out.append(m)
+        if not leader or not last:  # a standby shows no analysis: only the leader's is current
+            return out
+        out.append(_gauge("nodehealth_controller_last_analysis_timestamp_seconds",
+                          "Unix time of the last analysis whose verdicts were written.", last["time"]))
+        out.append(_gauge("nodehealth_controller_last_analysis_duration_seconds",
+                          "How long the last written analysis took: listing, fetching, analyzing, writing.",
+                          last["duration"]))
+        m = Metric("nodehealth_controller_configmap_bytes", "Bytes of data in each of the controller's ConfigMaps "
+                   "(verdicts, inventory) as last written or found (at most 1 MiB).", labels=("configmap",))
+        for name in sorted(stored):
+            m.add((name,), stored[name])
+        out.append(m)
+        out.append(_gauge("nodehealth_pingmesh_inventory_nodes", "Nodes in the inventory of the last analysis.",
+                          last["nodes"]))
+        out.append(_gauge("nodehealth_pingmesh_agents_reporting",
+                          "Agents whose summary the last analysis used.", last["reporting"]))
+        m = Metric("nodehealth_pingmesh_agents_failed",
+                   "Agents whose summary the last analysis could not use, by reason.", labels=("reason",))
+        for reason, count in sorted(last["failed"].items()):
+            m.add((reason,), count)
+        out.append(m)
+        counts = Metric("nodehealth_pingmesh_verdicts", "Open pingmesh verdicts by kind.", labels=("kind",))
+        for kind in KIND_ORDER:
+            counts.add((kind,), sum(1 for v in last["verdicts"] if v.get("kind") == kind))
+        out.append(counts)
+        m = Metric("nodehealth_pingmesh_verdict",
+                   f"1 for each open pingmesh verdict (the first {MAX_VERDICT_SERIES}, nodes and leaves first).",
+                   labels=("kind", "element"))
+        for v in last["verdicts"][:MAX_VERDICT_SERIES]:
+            m.add((v.get("kind"), v.get("element")), 1)
+        out.append(m)
+        return out
+
+
+def _dumps(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True)
+
+
+def _data_bytes(content: dict[str, dict[str, str]]) -> int:
+    """What the API server counts against a ConfigMap's 1 MiB: data as UTF-8, binaryData decoded."""
+    return (sum(len(v.encode()) for v in (content.get("data") or {}).values())
+            + sum(len(v) // 4 * 3 - v[-2:].count("=") for v in (content.get("binaryData") or {}).values()))
+
+
+def _gauge(name: str, help_text: str, value: float | None) -> Metric:
+    m = Metric(name, help_text)
+    m.add((), value)
+    return m
+
+
+def _failures(failed: dict[str, list[str]]) -> str:
+    if not failed:
+        return ""
+    counts = ", ".join(f"{reason} {len(names)}" for reason, names in sorted(failed.items()))
+    examples = ", ".join(n for names in failed.values() for n in names[:FAILURE_EXAMPLES])
+    return f", {sum(map(len, failed.values()))} failed ({counts}; e.g. {examples})"
+
+
+def make_server(controller: Controller, listen: str) -> HTTPServer:
+    """/metrics and /healthz, one request at a time: one Prometheus and the kubelet call here."""
+    host = listen.rpartition(":")[0].strip("[]") or "0.0.0.0"
+    port = listen_port(listen)
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = REQUEST_TIMEOUT_SECONDS
+        server_version = "nodehealth-controller"
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, exporter.render(controller.metrics()), exporter.CONTENT_TYPE)
+            elif path == "/healthz":
+                ok, why = controller.health()
+                self._send(200 if ok else 503, (why + "\n").encode(), "text/plain")
+            else:
+                self._send(404, b'{"error": "not found", "paths": ["/metrics", "/healthz"]}\n', "application/json")
+
+        def _send(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            log.debug("%s %s", self.address_string(), fmt % args)
+
+    class Server(HTTPServer):
+        allow_reuse_address = True
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    return Server((host, port), Handler)
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def cmd_controller(args: argparse.Namespace) -> int:
+    from nodehealth import config
+
+    cfg = config.load(args.config)
+    if args.listen:
+        cfg["pingmesh"]["controller_listen"] = args.listen
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    return Controller(cfg, identity).serve()
