@@ -13,10 +13,15 @@ NAME = re.compile(r"\bnodehealth_[a-z0-9_]+")
 
 
 def exported_names() -> set:
+    """Every family in the golden expositions (the fixture machines, the pingmesh agent), and the
+    families the controller declares."""
     names = set()
     for path in glob.glob(os.path.join(HERE, "golden", "*.metrics.txt")):
         with open(path) as f:
-            names |= {line.split()[2] for line in f if line.startswith("# TYPE ")}
+            # Sample names: a histogram's series are NAME_bucket, NAME_count and NAME_sum.
+            names |= {line.split("{")[0].split()[0] for line in f if not line.startswith("#")}
+    with open(os.path.join(ROOT, "nodehealth", "controller.py")) as f:
+        names |= set(re.findall(r'"(nodehealth_[a-z0-9_]+)"', f.read()))
     return names
 
 

@@ -1,0 +1,168 @@
+"""Pingmesh end to end on a real network: 12 daemons in namespaces under 3 leaf bridges and a spine.
+
+Each scenario injects one fault with the kernel's own tools, lets the agents probe for a few
+windows, reads their `/v1/pingmesh` over the management network, and runs the same analysis the
+controller and `nodehealth pingmesh analyze` run. The right node, leaf or path must be named and
+nothing else; a clean mesh must name nothing at all. Windows are short (4 s) so that the batch of
+scenarios shares one topology and one set of daemons and runs in a few minutes.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import IN_CI
+
+from nodehealth.config import PINGMESH_DEFAULTS
+from nodehealth.net.pingmesh import analyze
+
+pytest.importorskip("grpc")
+from netns.mesh import Mesh  # noqa: E402 (after the skip: it needs grpc in the daemons)
+from netns.topology import Topology, Unavailable  # noqa: E402
+
+WINDOW = 4.0
+PINGMESH = {"probe_interval_seconds": 0.25, "window_seconds": WINDOW, "timeout_seconds": 1.0,
+            "windows_kept": 20, "max_probes_per_second": 200.0}
+ANALYSIS = dict(PINGMESH_DEFAULTS["analysis"])
+MAX_WINDOWS_TO_DETECT = 6  # open_windows (2) plus slack for the window the fault started in
+
+
+def _unavailable(why: str):
+    if IN_CI:
+        pytest.fail(f"network namespaces are needed under CI: {why}")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def mesh(tmp_path_factory):
+    if os.geteuid() != 0:
+        _unavailable("network namespaces need root")
+    for tool in ("ip", "nft", "tc"):
+        if shutil.which(tool) is None:
+            _unavailable(f"{tool} is not installed (.ci/run installs iproute2 and nftables)")
+    topo = Topology(leaves=3, per_leaf=4)
+    m = None
+    try:
+        try:
+            topo.build()
+        except Unavailable as e:
+            _unavailable(str(e))
+        m = Mesh(topo, str(tmp_path_factory.mktemp("mesh")), PINGMESH).start()
+        # Every agent has probed a whole window before any scenario starts.
+        time.sleep(2 * WINDOW + PINGMESH["timeout_seconds"])
+        yield m
+    finally:
+        if m is not None:
+            m.stop()
+        topo.close()
+
+
+def watch(mesh: Mesh, expect=None, windows: int = MAX_WINDOWS_TO_DETECT):
+    """Analyse the windows that start after now, once per window, until `expect(verdicts)` holds
+    or `windows` windows have closed; returns the last analysis."""
+    first = math.ceil(time.time() / WINDOW) * WINDOW
+    result = None
+    for n in range(1, windows + 1):
+        close = first + n * WINDOW + PINGMESH["timeout_seconds"] + 0.3
+        time.sleep(max(0.0, close - time.time()))
+        summaries = mesh.summaries()
+        for s in summaries:
+            s["windows"] = [w for w in s["windows"] if w["start"] >= first]
+        result = analyze(summaries, ANALYSIS, time.time())
+        if expect is not None and expect(result.verdicts):
+            return result
+    return result
+
+
+def named(verdicts, kind=None):
+    return {(v.kind, v.element) for v in verdicts if kind is None or v.kind == kind}
+
+
+@pytest.fixture
+def fault(mesh):
+    yield mesh.topo
+    mesh.topo.clear_faults()
+    settle(mesh)
+
+
+def settle(mesh: Mesh, windows: int = 8) -> None:
+    """Wait for a window in which no probe was lost: after a fault, TCP connections that backed off
+    (tbf, heavy loss) take a few seconds to send again, and the next scenario must start clean."""
+    for _ in range(windows):
+        time.sleep(WINDOW)
+        closed = [[w for w in s["windows"] if w["closed"]] for s in mesh.summaries(windows=3)]
+        last = [c[-1] for c in closed if c]
+        if len(last) == len(mesh.topo.nodes) and not any(p["lost"] for w in last for p in w["peers"]):
+            return
+
+
+def test_every_agent_probes_its_pinglist(mesh):
+    for s in mesh.summaries(windows=3):
+        closed = [w for w in s["windows"] if w["closed"]]
+        assert closed, s["node"]
+        peers = {p["node"] for p in closed[-1]["peers"]}
+        leaf_mates = {n.name for n in mesh.topo.nodes if mesh.topo.leaf_name(n.leaf) == s["leaf"]} - {s["node"]}
+        assert leaf_mates <= peers, (s["node"], peers)
+        assert all(p["lost"] == 0 for p in closed[-1]["peers"]), s["node"]
+
+
+def test_a_clean_mesh_names_nothing_for_many_windows(mesh):
+    result = watch(mesh, windows=10)
+    assert result.windows_seen >= 8
+    assert result.verdicts == [], [v.message for v in result.verdicts]
+
+
+def test_the_cli_analyses_live_agents(mesh):
+    urls = [mesh.url(n.name) for n in mesh.topo.nodes]
+    p = subprocess.run([sys.executable, "-m", "nodehealth.cli", "pingmesh", "analyze", "--json", "--from", *urls],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert '"verdicts": []' in p.stdout
+
+
+def test_random_loss_on_one_node_names_that_node(mesh, fault):
+    fault.node_loss("n102", 10)
+    result = watch(mesh, lambda vs: ("node", "n102") in named(vs))
+    assert named(result.verdicts) == {("node", "n102")}, [v.message for v in result.verdicts]
+
+
+def test_a_link_set_down_names_its_node(mesh, fault):
+    fault.link_down("n203")
+    result = watch(mesh, lambda vs: ("node", "n203") in named(vs))
+    assert named(result.verdicts) == {("node", "n203")}, [v.message for v in result.verdicts]
+
+
+def test_a_rate_limited_node_is_named(mesh, fault):
+    fault.rate_limit("n002", "16kbit")
+    result = watch(mesh, lambda vs: ("node", "n002") in named(vs))
+    assert named(result.verdicts) == {("node", "n002")}, [v.message for v in result.verdicts]
+
+
+def test_loss_on_a_leaf_uplink_names_the_leaf(mesh, fault):
+    fault.leaf_uplink_loss(1, 15)
+    result = watch(mesh, lambda vs: ("leaf", "leaf1") in named(vs))
+    assert named(result.verdicts) == {("leaf", "leaf1")}, [v.message for v in result.verdicts]
+
+
+def test_a_leaf_cut_off_from_the_spine_names_the_leaf(mesh, fault):
+    fault.leaf_uplink_loss(2, 100)
+    result = watch(mesh, lambda vs: ("leaf", "leaf2") in named(vs))
+    assert named(result.verdicts) == {("leaf", "leaf2")}, [v.message for v in result.verdicts]
+
+
+def test_loss_on_one_leaf_to_leaf_path_names_the_path(mesh, fault):
+    fault.path_loss(0, 1, 30)
+    paths = {("path", "leaf0->leaf1"), ("path", "leaf1->leaf0")}  # a round trip crosses both directions
+    result = watch(mesh, lambda vs: named(vs) & paths)
+    assert named(result.verdicts) and named(result.verdicts) <= paths, [v.message for v in result.verdicts]
+
+
+@pytest.mark.skip(reason="delay faults need netem, which this host kernel lacks; they belong to the QEMU "
+                         "guest tier (stock Debian kernel with sch_netem) of the RDMA issue, not built yet")
+def test_delay_on_one_node_names_that_node():
+    """`tc qdisc add dev eth0 root netem delay 20ms` on one node: its edges' p99 over the baseline."""
