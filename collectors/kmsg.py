@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import calendar
 import errno
+import io
 import os
 import re
 import select
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -283,25 +285,63 @@ def _collect_files(paths: list[str]) -> KernelLog:
     records = 0
     last_seq: int | None = None
     for path in paths:
+        before, unframed, malformed = records, lines.unframed, lines.malformed
         for record in _saved_records(path, lines):
             records += 1
             if record.seq is not None:
                 last_seq = record.seq if last_seq is None else max(last_seq, record.seq)
             events.extend(parser.feed(record))
         events.extend(parser.flush())
+        framed = records - before - (lines.unframed - unframed)
+        if framed == 0 and (records == before or lines.malformed > malformed):
+            # An empty, binary or still-compressed file: judging it would say "healthy" about nothing.
+            raise CollectError(f"0 records recognised in {path} ({lines.malformed - malformed} lines not text, "
+                               f"{lines.unframed - unframed} in no kernel log framing)")
     return KernelLog(source=", ".join(paths), boot_id=None, records=records, overwritten=0,
                      malformed=lines.malformed, last_seq=last_seq, events=tuple(events), unframed=lines.unframed)
 
 
 def _saved_records(path: str, lines: LogLines) -> Iterator[KernelRecord]:
-    """One saved log's records, streamed line by line."""
+    """One saved log's records, streamed line by line (rotated logs may be gzip, xz or zstd)."""
+    import lzma  # only saved logs pay for it
+
     try:
-        with _open_log(path) as f:
+        with _open_log(path) as raw, _decompressed(raw, path) as f:
             for line, _ in bounded_lines(f, final=True):
                 yield from lines.feed(line.decode("utf-8", "replace"))
-    except OSError as e:
-        raise CollectError(f"cannot read kernel log {path}: {e.strerror or e}") from None
+    except (OSError, EOFError, lzma.LZMAError, *_zstd_errors()) as e:  # evaluated only when one is raised
+        raise CollectError(f"cannot read kernel log {path}: {getattr(e, 'strerror', None) or e}") from None
     yield from lines.flush()
+
+
+_GZIP_MAGIC, _XZ_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
+
+
+def _decompressed(raw: BinaryIO, path: str) -> BinaryIO:
+    """The file's text: told apart by its magic bytes, not its name (logrotate's .1.gz, a renamed copy)."""
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic.startswith(_GZIP_MAGIC):
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if magic.startswith(_XZ_MAGIC):
+        import lzma
+
+        return lzma.LZMAFile(raw)  # type: ignore[return-value]
+    if magic.startswith(_ZSTD_MAGIC):
+        try:
+            import zstandard
+        except ImportError:
+            raise CollectError(f"{path} is zstd-compressed; reading it needs the zstandard package "
+                               "(pip install 'nodehealth[zstd]'), or decompress it first (zstd -d)") from None
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False))  # type: ignore
+    return raw
+
+
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    zstandard = sys.modules.get("zstandard")
+    return (zstandard.ZstdError,) if zstandard is not None else ()
 
 
 def _open_log(path: str) -> BinaryIO:

@@ -67,3 +67,25 @@ def test_kernel_log_that_cannot_be_read_is_unknown(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == 2 and {f["reason"] for f in doc["findings"]} == {"CollectorFailed"}
     assert "absent.log" in doc["findings"][0]["message"]
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00\x01\x02\xff" * 64])
+def test_an_empty_or_binary_kernel_log_is_unknown_not_healthy(tmp_path, data, capsys):
+    path = tmp_path / "kern.log"
+    path.write_bytes(data)
+    code = cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["status"] == "unknown"
+    assert {f["check"] for f in doc["findings"]} == {"xid", "kernel", "link_events"}
+    assert all(f["severity"] == "unknown" and f"0 records recognised in {path}" in f["message"]
+               for f in doc["findings"])
+
+
+def test_a_gzipped_kernel_log_is_judged(tmp_path, capsys):
+    import gzip
+
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "kmsg", "gpud", "dmesg-with-xid-119.log")
+    path = tmp_path / "kern.log.2.gz"
+    path.write_bytes(gzip.compress(open(src, "rb").read()))
+    assert cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"]) == 1
+    assert "Xid119GspRpcTimeout" in {f["reason"] for f in json.loads(capsys.readouterr().out)["findings"]}

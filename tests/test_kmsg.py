@@ -201,6 +201,49 @@ def test_unreadable_file_is_a_collect_error_naming_it(tmp_path, make):
         kmsg.collect(None, {"files": [path]})
 
 
+XID_LOG = (b"[Fri Aug 30 11:43:14 2024] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+           b"[Fri Aug 30 11:43:15 2024] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, An uncorrectable double bit error\n")
+
+
+def compress(kind: str, data: bytes) -> bytes:
+    if kind == "gz":
+        import gzip
+        return gzip.compress(data)
+    if kind == "xz":
+        import lzma
+        return lzma.compress(data)
+    zstandard = pytest.importorskip("zstandard")
+    return zstandard.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize("kind", ["gz", "xz", "zst"])
+def test_rotated_compressed_logs_are_read(tmp_path, kind):
+    path = write(str(tmp_path / f"kern.log.1.{kind}"), compress(kind, XID_LOG))
+    facts = kmsg.collect(None, {"files": [path]})
+    assert [(e.code, e.device) for e in facts.events] == [(79, "0000:3b:00.0"), (48, "0000:3b:00.0")]
+
+
+def test_zstd_without_the_zstandard_package_is_a_clear_error(tmp_path, monkeypatch):
+    path = write(str(tmp_path / "kern.log.zst"), b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # import zstandard raises ImportError
+    with pytest.raises(CollectError, match=r"kern.log.zst is zstd-compressed.*zstandard package"):
+        kmsg.collect(None, {"files": [path]})
+
+
+@pytest.mark.parametrize("kind", ["gz", "xz"])
+def test_corrupt_compressed_log_is_a_collect_error_naming_it(tmp_path, kind):
+    path = write(str(tmp_path / f"kern.{kind}"), compress(kind, XID_LOG * 50)[:40])
+    with pytest.raises(CollectError, match=f"kern.{kind}"):
+        kmsg.collect(None, {"files": [path]})
+
+
+@pytest.mark.parametrize("data", [b"", b"\n\n", os.urandom(4096).replace(b"\n", b"") + b"\n" + bytes(range(256))])
+def test_an_empty_or_binary_log_is_no_record_at_all(tmp_path, data):
+    path = write(str(tmp_path / "kern.bin"), data)
+    with pytest.raises(CollectError, match=r"0 records recognised in .*kern.bin"):
+        kmsg.collect(None, {"files": [path, os.path.join(KMSG, "gpud", "kmsg.1.log")]})
+
+
 def test_supported():
     assert kmsg.supported(HostPaths(os.path.join(MACHINES, "plain-host")), {"files": []}) is None
     empty = HostPaths(tempfile.gettempdir() + "/nodehealth-no-such-root")
@@ -429,6 +472,10 @@ def test_fuzz_saved_log_bytes(data):
     with tempfile.NamedTemporaryFile() as f:
         f.write(data)
         f.flush()
-        facts = kmsg.collect(None, {"files": [f.name]})
+        try:
+            facts = kmsg.collect(None, {"files": [f.name]})
+        except CollectError as e:  # the one clear error for bytes that hold no kernel log at all
+            assert str(e).startswith(("0 records recognised in", "cannot read kernel log")), e
+            return
     assert facts.records + facts.malformed <= data.count(b"\n") + 1
     assert all(e.kind in KINDS for e in facts.events)
