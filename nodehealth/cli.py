@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nodehealth import __version__, config, registry
-from nodehealth.engine import Engine
+from nodehealth.engine import Engine, nothing_checked
 from nodehealth.host import HostPaths, boot_id, hostname
 from nodehealth.model import Report, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile
@@ -46,8 +46,12 @@ def select(only: Sequence[str], skip: Sequence[str]) -> tuple[list, list]:
 
 
 def build_engine(args: argparse.Namespace, cfg: dict[str, Any]) -> Engine:
+    if args.only is not None and not _names(args.only):
+        raise UsageError("--only needs at least one check or collector name")
     collectors, checks = select(_names(args.only or ""), _names(args.skip or ""))
     host = HostPaths(args.root)
+    if not os.path.isdir(host.procfs):  # a typo'd or empty root would otherwise judge nothing as healthy
+        raise UsageError(f"--root {args.root}: no proc/ directory there, so it is no machine's root")
     return Engine(collectors, checks, host, cfg, timeout=cfg["daemon"]["collector_timeout_seconds"],
                   clock=host.now)
 
@@ -63,6 +67,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     engine = build_engine(args, cfg)
     host = engine.host
     results, findings = engine.run()
+    findings += [f for f in [nothing_checked(engine.checks, results)] if f is not None]
     # One pass has nothing to debounce with; the state file (when there is one for this host)
     # still contributes the sticky faults the daemon recorded this boot.
     policy = Policy(cfg["policy"], (), boot_id(host), debounce=False)

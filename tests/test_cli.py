@@ -89,3 +89,27 @@ def test_a_gzipped_kernel_log_is_judged(tmp_path, capsys):
     path.write_bytes(gzip.compress(open(src, "rb").read()))
     assert cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"]) == 1
     assert "Xid119GspRpcTimeout" in {f["reason"] for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
+@pytest.mark.parametrize("root", ["/nonexistent", "EMPTY"])
+def test_a_root_that_is_no_machine_is_a_usage_error(tmp_path, root, capsys):
+    root = str(tmp_path) if root == "EMPTY" else root
+    assert cli.main(["check", "--root", root]) == 2
+    err = capsys.readouterr().err
+    assert f"--root {root}: no proc/" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("only", ["", " , "])
+def test_an_empty_only_is_a_usage_error(only, capsys):
+    assert cli.main(["check", "--only", only]) == 2
+    assert "--only needs at least one" in capsys.readouterr().err
+
+
+def test_only_a_source_this_host_lacks_says_nothing_was_checked(capsys):
+    root = os.path.join(os.path.dirname(__file__), "fixtures", "machines", "plain-host")
+    assert cli.main(["check", "--root", root, "--only", "infiniband"]) == 2
+    out = capsys.readouterr().out
+    assert "UNKNOWN" in out and "Nothing was checked" in out and "no findings" not in out
+    assert cli.main(["check", "--root", root, "--only", "infiniband", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "unknown" and [f["reason"] for f in doc["findings"]] == ["NothingChecked"]
