@@ -28,7 +28,7 @@ from nodehealth.collectors.kernel_events import XID, KernelEvent
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id, write_atomic
 from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
-from nodehealth.policy import Policy, StateFile
+from nodehealth.policy import Policy, StateFile, expect
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -78,11 +78,29 @@ class KernelEvents:
         self.unframed = int(saved.get("unframed", 0))
         self.last_seq = saved.get("last_seq")
         fields = {f.name for f in dataclasses.fields(KernelEvent)}
-        for d in saved.get("events", []):
+        for d in saved.get("events", [])[-MAX_EVENTS:]:
             try:
                 self.events.append(KernelEvent(**{k: v for k, v in d.items() if k in fields}))
             except TypeError:
                 continue
+
+    @staticmethod
+    def validate(state: dict[str, Any]) -> None:
+        """The `kmsg` section has the types restore() and the checks use, else ValueError (StateFile.load)."""
+        saved = expect(state.get("kmsg", {}), dict, "kmsg")
+        expect(saved.get("boot_id"), str, "kmsg.boot_id", optional=True)
+        for name in ("records", "overwritten", "malformed", "unframed"):
+            expect(saved.get(name, 0), int, f"kmsg.{name}")
+        expect(saved.get("last_seq"), int, "kmsg.last_seq", optional=True)
+        for i, d in enumerate(expect(saved.get("events", []), list, "kmsg.events")[-MAX_EVENTS:]):
+            where = f"kmsg.events[{i}]"
+            expect(d, dict, where)
+            for name in ("kind", "device", "text"):
+                expect(d.get(name, ""), str, f"{where}.{name}")
+            for name in ("code", "seq", "monotonic_us"):
+                expect(d.get(name), int, f"{where}.{name}", optional=True)
+            expect(d.get("wall_time"), (int, float), f"{where}.wall_time", optional=True)
+            expect(d.get("detail", {}), dict, f"{where}.detail")
 
     def add(self, batch: Batch) -> None:
         records, overwritten, last_seq, events = batch.records, batch.overwritten, batch.last_seq, batch.events
@@ -166,12 +184,14 @@ class Daemon:
         self.pass_duration = 0.0
         self.follower_alive = False
         self.follower_thread: threading.Thread | None = None
+        self.save_errors = 0
+        self.save_error: str | None = None  # why the last save failed; None once one succeeds
         self.publisher: Any = None  # nodehealth.kube.Publisher when kube.enabled
         self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
-        saved = self.state.load()
+        saved = self.state.load(validate=KernelEvents.validate)
         self.policy.restore(saved)
         self.kernel.restore(saved.get("kmsg", {}))
 
@@ -185,7 +205,15 @@ class Daemon:
             try:
                 self.state.save(data)
             except OSError as e:
-                log.error("cannot write state to %s: %s", self.state.path, e)
+                self.save_errors += 1
+                if self.save_error is None:  # once per outage, not once per kernel record
+                    log.error("cannot write state to %s: %s; sticky faults will not survive a restart",
+                              self.state.path, e)
+                self.save_error = f"cannot save state to {self.state.path}: {e.strerror or e}"
+                return
+            if self.save_error is not None:
+                log.info("state saved to %s again", self.state.path)
+                self.save_error = None
 
     # -- judging -------------------------------------------------------------------------------
     def _kernel_result(self) -> CollectorResult | None:
@@ -342,6 +370,10 @@ class Daemon:
         m = Metric("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.")
         m.add((), duration)
         out.append(m)
+        m = Metric("nodehealth_state_save_errors_total",
+                   "Times the state file could not be written (sticky faults would not survive a restart).", "counter")
+        m.add((), self.save_errors)
+        out.append(m)
         if self.kmsg_module is not None and self.kernel_supported is None:
             m = Metric("nodehealth_kernel_log_follower_up", "1 while the kernel log follower is reading, else 0.")
             m.add((), 1 if self.follower_alive else 0)
@@ -364,6 +396,9 @@ class Daemon:
         # and the follower-up metric 0; only a follower thread that died makes the daemon unhealthy.
         if self.follower_thread is not None and not self.follower_thread.is_alive():
             return False, "kernel log follower thread died"
+        if self.save_error is not None:
+            # Still 200: a restart cannot fix a full or read-only disk and would lose what only memory holds.
+            return True, f"degraded: {self.save_error}"
         return True, "ok" if self.follower_alive or self.follower_thread is None else f"ok ({self.kernel_error})"
 
     def report_json(self) -> str | None:

@@ -137,9 +137,25 @@ def test_unwritable_state_dir_does_not_stop_the_daemon(plain, tmp_path, daemon_f
     blocker.write_text("not a directory")
     d = daemon_factory(str(plain), str(blocker / "state"))
     d.wait_ready()
-    assert d.get("/metrics")[0] == 200
+    code, body = d.get("/metrics")
+    assert code == 200 and metric_value(body.decode(), "nodehealth_state_save_errors_total") >= 1
+    code, body = d.get("/healthz")
+    assert code == 200 and body.decode().startswith("degraded: cannot save state to")  # documented in README
     assert d.stop() < 2.0
-    assert "cannot write state" in d.output()
+    assert d.output().count("cannot write state") == 1  # once per outage, not once per save
+
+
+def test_a_state_file_with_wrong_types_is_set_aside_and_the_daemon_starts_afresh(plain, tmp_path, daemon_factory):
+    state = tmp_path / "state"
+    state.mkdir()
+    boot = (plain / "proc" / "sys" / "kernel" / "random" / "boot_id").read_text().strip()
+    (state / "state.json").write_text(json.dumps({"version": 1, "boot_id": boot, "sticky": [], "debounce": {},
+                                                  "kmsg": {"boot_id": boot, "last_seq": "zz", "events": []}}))
+    d = daemon_factory(str(plain), str(state))
+    d.wait_ready()
+    assert d.stop() < 2.0
+    assert "starting afresh" in d.output() and (state / "state.json.corrupt").exists()
+    assert json.loads((state / "state.json").read_text())["kmsg"]["last_seq"] is not None
 
 
 def test_connections_beyond_the_bound_are_refused_at_once_then_service_resumes(plain, tmp_path, daemon_factory):
