@@ -28,7 +28,7 @@ from nodehealth.collectors.kernel_events import XID, KernelEvent
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id, write_atomic
 from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
-from nodehealth.policy import Policy, StateFile, expect
+from nodehealth.policy import Policy, StateFile, expect, read_regular
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -498,8 +498,7 @@ def take_clear_request(state_dir: str) -> str | None:
     """The reason of a pending clear request, removing it; None when there is none (or it is garbage)."""
     path = os.path.join(state_dir, CLEAR_REQUEST)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.loads(f.read(4096))
+        data = json.loads(read_regular(path, 4096))  # a FIFO put there must not block the passes
         os.unlink(path)
     except (OSError, ValueError):
         return None

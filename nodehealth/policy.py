@@ -57,7 +57,7 @@ class StateFile:
             self._remove_stale_temporaries()
         try:
             try:
-                raw = _read_regular(self.path, MAX_STATE_BYTES + 1)
+                raw = read_regular(self.path, MAX_STATE_BYTES + 1)
             except FileNotFoundError:
                 return {}
             except OSError as e:
@@ -105,7 +105,7 @@ class StateFile:
         text = json.dumps(data, separators=(",", ":"), sort_keys=True, default=str)
         write_atomic(self.path, text.encode("utf-8"), durable=True, mode=0o600)
 
-def _read_regular(path: str, limit: int) -> bytes:
+def read_regular(path: str, limit: int) -> bytes:
     """At most `limit` bytes of a regular file; a FIFO or device in its place is a ValueError, never a wait."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:

@@ -189,3 +189,10 @@ def test_a_crashed_writers_temporaries_are_removed_at_start(tmp_path):
     assert old.exists()  # check never touches the daemon's directory
     StateFile(str(tmp_path)).load()
     assert not old.exists() and fresh.exists()  # one being written right now is left alone
+
+
+def test_a_fifo_in_place_of_a_clear_request_does_not_block_the_pass(tmp_path):
+    from nodehealth.daemon import take_clear_request
+
+    os.mkfifo(tmp_path / "clear-request.json")
+    assert take_clear_request(str(tmp_path)) is None
