@@ -136,6 +136,17 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> float:
+    """A number of seconds above zero (an interval of 0 would spin, a negative one is no interval)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="/", help="read /proc, /sys and /dev under DIR (a saved or fixture machine)")
     p.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
@@ -162,7 +173,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("daemon", help="run passes on an interval and serve /metrics, /healthz, /v1/report")
     _common(d)
     d.add_argument("--listen", metavar="ADDR:PORT", help="HTTP listen address (default 0.0.0.0:9456)")
-    d.add_argument("--interval", type=float, metavar="S", help="seconds between passes (default 30)")
+    d.add_argument("--interval", type=_positive, metavar="S", help="seconds between passes (default 30)")
     d.add_argument("--kube", action="store_true", help="publish taints, conditions and events on this Node")
     d.add_argument("--dry-run", action="store_true", help="compute and export what would be published; write nothing")
     d.add_argument("--hang-dir", metavar="DIR", help="watch training ranks' hang records in DIR ($NODEHEALTH_HANG_DIR)")

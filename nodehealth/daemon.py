@@ -15,9 +15,8 @@ import signal
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from typing import Any
 
 from nodehealth import exporter
@@ -25,8 +24,10 @@ from nodehealth import report as render
 from nodehealth.collectors import kmsg, nvml
 from nodehealth.collectors.gpu_facts import NvmlError
 from nodehealth.collectors.kernel_events import XID, KernelEvent
+from nodehealth.config import ConfigError
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id, write_atomic
+from nodehealth.httpbound import BoundedHandler, BoundedHTTPServer
 from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile, expect, read_regular
 
@@ -36,7 +37,7 @@ MAX_EVENTS = 10000  # kernel events kept for the current boot; the oldest go fir
 XID_MERGE_SECONDS = 2.0  # an NVML Xid event and its kernel line are one Xid (xid.md 4.5)
 NVML_EVENT_WAIT_SECONDS = 0.5
 MAX_CONCURRENT_REQUESTS = 16
-REQUEST_TIMEOUT_SECONDS = 5.0
+REQUEST_TIMEOUT_SECONDS = 5.0  # a request's whole time: reading its head and writing the answer
 STOP_GRACE_SECONDS = 1.5
 
 
@@ -408,11 +409,16 @@ class Daemon:
 
     def serve(self) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        listen = self.cfg["daemon"]["listen"]
+        try:
+            server = make_server(self, listen)
+        except (OSError, ValueError, OverflowError) as e:  # port in use, no such address, not ADDR:PORT
+            raise ConfigError(f"cannot listen on {listen}: {getattr(e, 'strerror', None) or e}") from None
         self.load_state()
         if self.kmsg_module is not None:
             self.kernel_supported = self.kmsg_module.supported(self.host, self.cfg["collectors"].get(kmsg.NAME, {}))
-        server = make_server(self, self.cfg["daemon"]["listen"])
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too: its default kills the process without saving the state.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: self.stop.set())
         threads = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                     name="http", daemon=True),
@@ -453,35 +459,6 @@ class Daemon:
         return 0
 
 
-class _PooledHTTPServer(HTTPServer):
-    """Requests run on a fixed pool of threads: bounded concurrency, and no thread (nor thread
-    stack) created per request. Past the bound a connection is closed at once, not queued."""
-
-    def __init__(self, address, handler, workers: int):
-        super().__init__(address, handler)
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="http")
-        self.slots = threading.BoundedSemaphore(workers)
-
-    def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        self.pool.submit(self._handle, request, client_address)
-
-    def _handle(self, request, client_address) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-            self.slots.release()
-
-    def server_close(self) -> None:
-        super().server_close()
-        self.pool.shutdown(wait=False)
-
-
 CLEAR_REQUEST = "clear-request.json"
 MAX_REASON = 500
 
@@ -512,8 +489,7 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
     if not port.isdigit():
         raise ValueError(f"--listen must be ADDR:PORT, not {listen!r}")
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_SECONDS  # a client that stalls mid-request is dropped
+    class Handler(BoundedHandler):
         server_version = "nodehealth"
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
@@ -548,9 +524,9 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), fmt % args)
 
-    class Server(_PooledHTTPServer):
+    class Server(BoundedHTTPServer):
         allow_reuse_address = True
         request_queue_size = 64
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    return Server((host, int(port)), Handler, MAX_CONCURRENT_REQUESTS)
+    return Server((host, int(port)), Handler, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT_SECONDS)
