@@ -409,6 +409,13 @@ class Daemon:
 
     def serve(self) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if self.cfg["kube"]["enabled"]:
+            from nodehealth.kube import KubeError, require_client
+
+            try:
+                require_client()
+            except KubeError as e:  # said once, at start, instead of at every retry
+                raise ConfigError(f"--kube: {e}") from None
         listen = self.cfg["daemon"]["listen"]
         try:
             server = make_server(self, listen)

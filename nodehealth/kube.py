@@ -148,10 +148,20 @@ class KubeApi(Protocol):
     def count_nodes(self, label_selector: str) -> int: ...
 
 
+def require_client() -> None:
+    """The `kubernetes` package, or one KubeError that names the extra installing it (no traceback)."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        raise KubeError("config", "the kubernetes package is not installed; install it with "
+                                  "pip install 'nodehealth[k8s]'") from None
+
+
 class ClientApi:
     """KubeApi over the official `kubernetes` client: in-cluster config, else a kubeconfig."""
 
     def __init__(self, kubeconfig: str = "", timeout_seconds: float = 10.0):
+        require_client()
         from kubernetes import client, config
 
         configuration = client.Configuration()

@@ -113,3 +113,15 @@ def test_only_a_source_this_host_lacks_says_nothing_was_checked(capsys):
     assert cli.main(["check", "--root", root, "--only", "infiniband", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["status"] == "unknown" and [f["reason"] for f in doc["findings"]] == ["NothingChecked"]
+
+
+@pytest.mark.parametrize("argv", [["breaker", "reset"], ["daemon", "--kube", "--listen", "127.0.0.1:0"]])
+def test_kubernetes_features_without_the_package_name_the_extra_in_one_line(argv, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` raises ImportError
+    root = os.path.join(os.path.dirname(__file__), "fixtures", "machines", "plain-host")
+    extra = ["--root", root, "--state-dir", str(tmp_path)] if argv[0] == "daemon" else []
+    assert cli.main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'nodehealth[k8s]'" in err
