@@ -48,3 +48,22 @@ def test_metric_rejects_bad_shapes_and_skips_absent_values():
         m.add((), 1)
     m.add((3,), 2)
     assert m.samples == [(("3",), 2.0)]
+
+
+def test_the_json_report_is_strict_json_without_nan_or_infinity():
+    import json
+    import math
+
+    from nodehealth import report as render
+    from nodehealth.model import Finding, Report, Severity, Status
+
+    f = Finding("infiniband", Severity.WARNING, "X", "m", evidence={"rate": math.nan, "limits": [math.inf, 1.5]},
+                first_seen=-math.inf, last_seen=2.0)
+    text = render.to_json(Report("n", Status.HEALTHY, [f], []))
+
+    def refuse(name):
+        raise AssertionError(f"{name} in the JSON report")
+
+    doc = json.loads(text, parse_constant=refuse)
+    assert doc["findings"][0]["evidence"] == {"rate": None, "limits": [None, 1.5]}
+    assert doc["findings"][0]["first_seen"] is None and doc["findings"][0]["last_seen"] == 2.0
