@@ -61,6 +61,12 @@ def supported(host: HostPaths, cfg: dict) -> str | None:
     return "no kernel log: /dev/kmsg does not exist and no saved log was given"
 
 
+def deadline(cfg: dict, default: float) -> float | None:
+    """Saved logs (`check --kernel-log`) have none: their size is the user's, and a partial read
+    would judge a log that is not the one given. /dev/kmsg keeps the engine's."""
+    return None if cfg.get("files") else default
+
+
 def collect(host: HostPaths, cfg: dict) -> KernelLog:
     files = list(cfg.get("files") or [])
     if files:

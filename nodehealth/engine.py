@@ -121,12 +121,22 @@ class Engine:
             queue = queue[queue.index(stuck) + 1:]
         return {m.NAME: results[m.NAME] for m in self.collectors}
 
+    def _deadline(self, module: Any) -> float | None:
+        """A collector's deadline: the engine's, unless the collector sets its own from its config
+        (a saved kernel log of a million lines is finite work the user asked for: no deadline)."""
+        fn = getattr(module, "deadline", None)
+        return fn(self.config["collectors"].get(module.NAME, {}), self.timeout) if fn is not None else self.timeout
+
     def _wait(self, worker: _Worker) -> Any:
         """Wait for the worker; return the collector that overran its deadline, if one did."""
         while not worker.finished.is_set():
             with worker.lock:
                 current, started = worker.current, worker.started
-            remaining = started + self.timeout - time.monotonic() if current is not None else self.timeout
+            limit = self._deadline(current) if current is not None else self.timeout
+            if limit is None:
+                worker.finished.wait(0.1)  # until it is done, or the next collector (with a deadline) starts
+                continue
+            remaining = started + limit - time.monotonic() if current is not None else limit
             if current is not None and remaining <= 0:
                 with worker.lock:
                     if worker.current is current:
