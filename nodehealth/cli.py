@@ -158,6 +158,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nodehealth", description="Health checks for GPU cluster nodes.")
+    p.add_argument("--version", action="version", version=f"nodehealth {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("check", help="run one pass and report (exit 0 healthy, 1 unhealthy, 2 unknown)")
