@@ -28,7 +28,7 @@ from nodehealth.config import ConfigError
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id, write_atomic
 from nodehealth.httpbound import BoundedHandler, BoundedHTTPServer
-from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
+from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity, Status, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile, expect, read_regular
 
 log = logging.getLogger("nodehealth.daemon")
@@ -242,7 +242,9 @@ class Daemon:
         if self.hang is not None:
             shown += self.hang.findings()
         ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
+        previous = self.report
         self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now)
+        log_change(previous, self.report)
 
     def _modules(self) -> list[Any]:
         mods = list(self.engine.collectors)
@@ -464,6 +466,28 @@ class Daemon:
             t.join(STOP_GRACE_SECONDS / len(threads))
         self.save_state()
         return 0
+
+
+def _problems(report: Report | None) -> dict[tuple[str, str, str], Finding]:
+    """The findings that decide the verdict: degraded, fatal, and unknown (could not judge)."""
+    if report is None:
+        return {}
+    return {f.key: f for f in report.findings if f.severity.rank >= Severity.UNKNOWN.rank}
+
+
+def log_change(previous: Report | None, current: Report) -> None:
+    """Log a change of the verdict or of what makes it: WARNING when it gets worse, INFO when better."""
+    before, after = _problems(previous), _problems(current)
+    old_status = previous.status.value if previous is not None else None
+    if old_status == current.status.value and before.keys() == after.keys():
+        return
+    new = [f"{f.severity.value} {f.reason}" + (f" on {f.device}" if f.device else "") + f" ({f.check})"
+           for k, f in after.items() if k not in before]
+    gone = [f"{f.reason}" + (f" on {f.device}" if f.device else "") for k, f in before.items() if k not in after]
+    worse = current.status is not Status.HEALTHY and (bool(new) or old_status in (None, Status.HEALTHY.value))
+    log.log(logging.WARNING if worse else logging.INFO, "node %s: %s -> %s%s%s", current.node,
+            old_status or "starting", current.status.value, "; new: " + ", ".join(new) if new else "",
+            "; gone: " + ", ".join(gone) if gone else "")
 
 
 CLEAR_REQUEST = "clear-request.json"

@@ -93,6 +93,9 @@ def test_new_xid_reaches_metrics_at_once_and_survives_restart_without_double_cou
     assert metric_value(text, "nodehealth_gpu_xid_events_total", pci_bus_id="0000:1b:00.0", xid="79") == 1
     assert d.stop() < 2.0
     assert (state / "state.json").exists()
+    # The health change is in the log, with its reason, at WARNING.
+    assert re.search(r"WARNING nodehealth.daemon: node \S+: healthy -> unhealthy; new: fatal Xid79FallenOffBus "
+                     r"on 0000:1b:00.0 \(xid\)", d.output())
 
     again = daemon_factory(str(plain), str(state), interval=60.0)
     again.wait_ready()
@@ -302,3 +305,21 @@ def test_the_daemon_watches_hang_records_when_asked(plain, tmp_path, daemon_fact
     assert metric_value(text, "nodehealth_hang_bundles_total") == 0
     assert d.get("/healthz")[0] == 200
     assert d.stop() < 2.0
+
+
+def test_health_changes_are_logged_worse_at_warning_better_at_info(caplog):
+    import logging
+
+    from nodehealth.daemon import log_change
+    from nodehealth.model import Finding, Report, Severity, Status
+    lost = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "m", "0000:1b:00.0")
+    healthy, sick = Report("n", Status.HEALTHY, [], []), Report("n", Status.UNHEALTHY, [lost], [])
+    caplog.set_level(logging.INFO, "nodehealth.daemon")
+    log_change(None, healthy)
+    log_change(healthy, healthy)  # nothing changed: nothing logged
+    log_change(healthy, sick)
+    log_change(sick, healthy)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", "node n: starting -> healthy"),
+        ("WARNING", "node n: healthy -> unhealthy; new: fatal Xid79FallenOffBus on 0000:1b:00.0 (xid)"),
+        ("INFO", "node n: unhealthy -> healthy; gone: Xid79FallenOffBus on 0000:1b:00.0")]
