@@ -39,6 +39,8 @@ DEFAULTS: dict = {
 }
 
 MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going forever
+# A regular file without inotify is polled: every 10 ms while it grows, backing off to 1 s while idle.
+FILE_POLL_SECONDS = (0.01, 1.0)
 MAX_LINE_BYTES = 64 * 1024  # longer lines keep their head; the rest is skipped
 KMSG_READ_SIZE = 16384  # above the kernel's 8 KiB record limit; a smaller buffer gets EINVAL
 
@@ -194,10 +196,17 @@ class KmsgFollower:
         self._poll = None
         self._read_seq: int | None = None  # last sequence read from the device, skipped or not
         self._offset = 0
+        self._watch: _FileWatch | None = None
+        self._idle = FILE_POLL_SECONDS[0]
         if self._device:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
+        else:
+            try:
+                self._watch = _FileWatch(self.path)
+            except (OSError, AttributeError):  # no inotify (instances used up, not Linux): poll with back-off
+                self._watch = None
 
     @property
     def malformed(self) -> int:
@@ -208,11 +217,15 @@ class KmsgFollower:
         return self._lines.unframed
 
     def wait(self, timeout: float) -> None:
-        """Until a record may be there, or `timeout` seconds; a regular file gives no signal."""
+        """Until a record may be there, or `timeout` seconds: poll on /dev/kmsg, inotify on a file,
+        else a sleep that backs off while the file stays idle."""
         if self._poll is not None:
             self._poll.poll(max(0.0, timeout) * 1000)
+        elif self._watch is not None:
+            self._watch.wait(timeout)
         elif timeout > 0:
-            time.sleep(min(timeout, 0.01))
+            time.sleep(min(timeout, self._idle))
+            self._idle = min(FILE_POLL_SECONDS[1], self._idle * 2)
 
     def read_new(self) -> tuple[int, int, int | None, list[KernelEvent]]:
         """(records, overwritten, last_seq, events) for what arrived since the previous call."""
@@ -232,6 +245,8 @@ class KmsgFollower:
         events.extend(self._events.flush())
         if self.last_seq is not None:
             self._after_seq = self.last_seq
+        if records:
+            self._idle = FILE_POLL_SECONDS[0]
         return count, overwritten, self.last_seq, events
 
     def close(self) -> None:
@@ -239,6 +254,9 @@ class KmsgFollower:
             os.close(self._fd)
             self._fd = None
             self._poll = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def _device_records(self) -> tuple[list[KernelRecord], int]:
         fd = self._fd
@@ -271,6 +289,44 @@ class KmsgFollower:
                     break
         records.extend(self._lines.flush())
         return records
+
+
+class _FileWatch:
+    """inotify on a log file (through ctypes: no dependency), so an idle follower sleeps until the
+    file changes instead of waking on a timer. The watch is renewed after each change: a file
+    replaced by a rename is a new inode."""
+
+    _MASK = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_DELETE_SELF, IN_MOVE_SELF
+    _FLAGS = os.O_NONBLOCK | os.O_CLOEXEC  # IN_NONBLOCK and IN_CLOEXEC have these values
+
+    def __init__(self, path: str):
+        import ctypes
+
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        fd = self._libc.inotify_init1(self._FLAGS)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        self.fd, self.path = fd, os.fsencode(path)
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        if self._libc.inotify_add_watch(fd, self.path, self._MASK) < 0:
+            errno_value = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(errno_value, "inotify_add_watch failed", path)
+
+    def wait(self, timeout: float) -> None:
+        if self._poll.poll(max(0.0, timeout) * 1000):
+            try:
+                while os.read(self.fd, 4096):  # drain: the events only say "look again"
+                    pass
+            except BlockingIOError:
+                pass
+        # Renewed every time (the same inode keeps its one watch): a file deleted and created again
+        # is watched again once it exists.
+        self._libc.inotify_add_watch(self.fd, self.path, self._MASK)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def boot_time(host: HostPaths) -> float | None:

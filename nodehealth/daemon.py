@@ -329,7 +329,7 @@ class Daemon:
                         self.on_kernel(Batch(records, overwritten, last_seq, list(events),
                                              follower.malformed - malformed, follower.unframed - unframed))
                         malformed, unframed = follower.malformed, follower.unframed
-                    follower.wait(0.2)
+                    follower.wait(1.0)  # wakes at once for a record; idle, once a second
             except Exception as e:
                 log.exception("kernel log follower failed; restarting in 5 s")
                 self.kernel_error = f"kernel log reader failed: {e}"

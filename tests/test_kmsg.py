@@ -318,10 +318,7 @@ def test_follower_on_a_file_returns_only_new_records(machine_root):
     follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {})
     count, overwritten, last_seq, events = follower.read_new()
     assert (count, overwritten, last_seq, events) == (320, 0, 321, [])
-    t0 = time.monotonic()
     assert follower.read_new() == (0, 0, 321, [])
-    follower.wait(5.0)
-    assert time.monotonic() - t0 < 1.0  # a regular file gives no signal: a short nap, not the timeout
     append(machine_root, "4,322,348000000,-;NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.\n"
                          "6,323,348000001,-;mlx5_core 0000:1b:00.1 enp27s0f1np1: Link d")
     count, _, last_seq, events = follower.read_new()
@@ -479,3 +476,40 @@ def test_fuzz_saved_log_bytes(data):
             return
     assert facts.records + facts.malformed <= data.count(b"\n") + 1
     assert all(e.kind in KINDS for e in facts.events)
+
+
+def test_an_idle_follower_on_a_file_sleeps_until_the_file_changes(machine_root):
+    """inotify: no wake-up every 10 ms while nothing happens, and a new line wakes it at once."""
+    import threading
+
+    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {})
+    follower.read_new()
+    assert follower._watch is not None  # Linux has inotify
+    t0 = time.monotonic()
+    follower.wait(0.5)
+    assert time.monotonic() - t0 >= 0.45  # slept the whole timeout: nothing changed
+    threading.Timer(0.2, append, (machine_root, "3,999999,5,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics\n")).start()
+    t0 = time.monotonic()
+    follower.wait(5.0)
+    assert time.monotonic() - t0 < 2.0
+    assert [e.code for e in follower.read_new()[3]] == [13]
+    follower.close()
+
+
+def test_without_inotify_an_idle_follower_backs_off(machine_root, monkeypatch):
+    def no_inotify(path):
+        raise OSError(errno.EMFILE, "inotify instances used up")
+
+    monkeypatch.setattr(kmsg, "_FileWatch", no_inotify)
+    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {})
+    follower.read_new()
+    sleeps = []
+    monkeypatch.setattr(kmsg.time, "sleep", sleeps.append)
+    for _ in range(10):
+        follower.wait(5.0)
+    assert sleeps[0] == kmsg.FILE_POLL_SECONDS[0] and sleeps[-1] == kmsg.FILE_POLL_SECONDS[1]
+    append(machine_root, "3,999999,5,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics\n")
+    follower.read_new()
+    follower.wait(5.0)
+    assert sleeps[-1] == kmsg.FILE_POLL_SECONDS[0]  # busy again: back to quick polls
+    follower.close()
