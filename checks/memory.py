@@ -16,13 +16,14 @@ Where /proc/meminfo and /proc/zoneinfo are readable they keep the zone's free li
 - a zone that is still growing (its managed pages rose since the last pass: deferred struct page
   init, a VM adding or accepting memory), or a node whose MemFree is well above what the free
   lists hold (memory not yet handed to the zones), is not judged: its lists describe a moment;
-- low free memory in a zone is a shortage only when MemAvailable is small too: with plenty
-  available the kernel reclaims cache on demand;
+- a zone under its high watermark is low on free memory even above `low_free_bytes`, and low free
+  memory in a zone is a shortage only when MemAvailable is small too: with plenty available the
+  kernel reclaims cache on demand;
 - dropping caches is advised only when reclaimable page cache is a real share of memory.
 """
 from __future__ import annotations
 
-from nodehealth.collectors.buddyinfo import HUGE_BLOCK_BYTES, Buddyinfo, Zone, managed_key
+from nodehealth.collectors.buddyinfo import HUGE_BLOCK_BYTES, Buddyinfo, Zone, ZoneSize, managed_key
 from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "memory"
@@ -77,7 +78,7 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
     findings = []
     for zone in facts.zones:
         if zone.name == JUDGED_ZONE and not obs.rate("buddyinfo", managed_key(zone.node, zone.name)):
-            finding = judge_zone(zone, cfg, facts.meminfo)
+            finding = judge_zone(zone, cfg, facts.meminfo, facts.size_of(zone))
             if finding is not None:
                 findings.append(finding)
     return findings
@@ -114,7 +115,8 @@ def largest_column(zone: Zone, min_bytes: int) -> int:
     return max(zone.free_blocks[start:], default=0)
 
 
-def judge_zone(zone: Zone, cfg: dict, meminfo: dict[str, int] | None = None) -> Finding | None:
+def judge_zone(zone: Zone, cfg: dict, meminfo: dict[str, int] | None = None,
+               size: ZoneSize | None = None) -> Finding | None:
     index = zone.hugepage_unusable_index
     column = largest_column(zone, cfg["large_block_bytes"])
     if index <= cfg["unusable_index"] and column >= cfg["large_block_min_free"]:
@@ -131,7 +133,9 @@ def judge_zone(zone: Zone, cfg: dict, meminfo: dict[str, int] | None = None) -> 
         "most_free_blocks_of_large_size": column,
     }
     amounts = f"{_size(free)} free, {_size(huge_free)} of it in blocks of 2 MiB or more"
-    if free < cfg["low_free_bytes"]:
+    # Below the zone's high watermark kswapd is already reclaiming there: low, whatever the fixed floor.
+    high = size.high_pages * zone.page_size if size is not None and size.high_pages is not None else 0
+    if free < max(cfg["low_free_bytes"], high):
         available = _share(meminfo, (meminfo or {}).get("MemAvailable"))
         if available is not None and available >= cfg["low_available_ratio"]:
             return None  # little free here, but the node has plenty to reclaim: not a shortage

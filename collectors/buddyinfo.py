@@ -122,6 +122,7 @@ class ZoneSize:
     name: str
     managed_pages: int
     present_pages: int | None
+    high_pages: int | None = None  # the high watermark: below it kswapd is reclaiming in this zone
 
 
 @dataclass(frozen=True)
@@ -180,21 +181,22 @@ def parse_meminfo(text: str) -> dict[str, int]:
 
 
 def parse_zoneinfo(text: str) -> tuple[ZoneSize, ...]:
-    """Each `Node N, zone NAME` section's managed and present pages; a section without managed is skipped."""
+    """Each `Node N, zone NAME` section's managed and present pages and high watermark; a section
+    without managed is skipped."""
     sizes: list[ZoneSize] = []
     current: tuple[int, str] | None = None
     values: dict[str, int] = {}
 
     def close() -> None:
         if current is not None and "managed" in values:
-            sizes.append(ZoneSize(current[0], current[1], values["managed"], values.get("present")))
+            sizes.append(ZoneSize(current[0], current[1], values["managed"], values.get("present"), values.get("high")))
 
     for line in text.splitlines():
         fields = line.split()
         if fields[:1] == ["Node"] and len(fields) >= 4 and fields[2] == "zone" and fields[1].rstrip(",").isdigit():
             close()
             current, values = (int(fields[1].rstrip(",")), fields[3]), {}
-        elif len(fields) == 2 and fields[0] in ("managed", "present") and _COUNT.fullmatch(fields[1]):
+        elif len(fields) == 2 and fields[0] in ("managed", "present", "high") and _COUNT.fullmatch(fields[1]):
             values.setdefault(fields[0], int(fields[1]))
     close()
     return tuple(sizes)

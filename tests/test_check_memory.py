@@ -225,3 +225,15 @@ def test_the_development_vm_is_judged_as_captured():
     facts = buddyinfo.collect(HostPaths(os.path.join(FIXTURES, "machines", "plain-host")), {})
     assert facts.meminfo["MemFree"] > 5 * sum(z.free_bytes for z in facts.zones)
     assert memory.judge(Observed({"buddyinfo": facts}), dict(memory.DEFAULTS)) == []
+
+
+def test_a_zone_under_its_high_watermark_is_low_even_above_the_fixed_floor():
+    from nodehealth.collectors.buddyinfo import ZoneSize
+
+    zone = normal(orders(o0=25600))  # 100 MiB free, all in 4 KiB pages: over the 64 MiB floor
+    info = meminfo(free=zone.free_bytes / GIB, available=2, cached=1)
+    high = ZoneSize(0, "Normal", 1 << 22, 1 << 22, high_pages=51200)  # 200 MiB high watermark
+    facts = Buddyinfo(4096, (zone,), None, info, (high,))
+    assert [f.reason for f in memory.judge(Observed({"buddyinfo": facts}), dict(memory.DEFAULTS))] == [
+        "ZoneLowOnMemory"]
+    assert [f.reason for f in judge_with(zone, info)] == ["HugeBlocksExhausted"]  # without zoneinfo
