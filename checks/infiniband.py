@@ -21,6 +21,7 @@ from nodehealth.collectors.infiniband import (
     PHYS_STATE_DISABLED,
     PHYS_STATE_LINK_UP,
     STATE_ACTIVE,
+    Device,
     Port,
     counter_key,
     hw_counter_key,
@@ -37,9 +38,12 @@ DEFAULTS: dict = {
     # "dev" or "dev:port" names that must exist and be up: a missing one is fatal, and a Disabled
     # or Ethernet one is judged like a down InfiniBand port.
     "required_ports": [],
-    # Expected rate per link layer, e.g. {"InfiniBand": 400, "Ethernet": 200}. A link layer not
-    # listed expects the highest rate among the node's ACTIVE ports of that layer, so one rail that
-    # trained to HDR on an NDR node stands out.
+    # Expected rate in Gb/s by port ("mlx5_8:1"), device ("mlx5_8") or link layer ("InfiniBand",
+    # "Ethernet"), the first that is listed. A port with none expects the highest rate among the
+    # ACTIVE ports of the same HCA model (hca_type and board_id) and link layer, so one rail that
+    # trained to HDR on an NDR node stands out, while a slower card of another model (a CX-6 for
+    # storage beside CX-7 rails) is never compared with it; a device whose model is unknown is
+    # compared only with its own ports.
     "expected_rate_gbps": {},
     # NVSentinel fatal tier (degraded here): symbol errors above 120 per hour exceed the 1e-12
     # bit error rate the link is specified for. Its non-fatal tier (> 10 per second) lies inside it.
@@ -77,7 +81,7 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
     findings = _missing(ports, required)
     for port in judged:
         findings.extend(_state(port, _listed(port, required)))
-    findings.extend(_rates(judged, cfg["expected_rate_gbps"]))
+    findings.extend(_rates(obs.facts["infiniband"].devices, ignored, cfg["expected_rate_gbps"]))
     for port in judged:
         findings.extend(_counters(port, obs, cfg))
     return findings
@@ -127,15 +131,23 @@ def _why_down(port: Port) -> str:
             "check the cable, transceiver and switch port (ignore_ports if it is meant to be unused).")
 
 
-def _rates(ports: list[Port], expected: dict) -> list[Finding]:
-    active = [p for p in ports if p.state_id == STATE_ACTIVE and p.rate_gbps is not None]
-    best: dict[str | None, float] = {}
-    for p in active:
-        best[p.link_layer] = max(best.get(p.link_layer, 0.0), p.rate_gbps)
+def _peers(device: Device, port: Port) -> tuple:
+    """Ports whose rates are comparable: the same HCA model and link layer (else the same device)."""
+    if device.hca_type or device.board_id:
+        return port.link_layer, "model", device.hca_type, device.board_id
+    return port.link_layer, "device", device.name
+
+
+def _rates(devices: tuple[Device, ...], ignored: set[str], expected: dict) -> list[Finding]:
+    active = [(d, p) for d in devices for p in d.ports
+              if not _listed(p, ignored) and p.state_id == STATE_ACTIVE and p.rate_gbps is not None]
+    best: dict[tuple, float] = {}
+    for d, p in active:
+        best[_peers(d, p)] = max(best.get(_peers(d, p), 0.0), p.rate_gbps)
     findings = []
-    for p in active:
-        want = expected.get(p.link_layer)
-        want = best[p.link_layer] if want is None else float(want)
+    for d, p in active:
+        want = next((expected[k] for k in (p.name, p.device, p.link_layer) if k in expected), None)
+        want = best[_peers(d, p)] if want is None else float(want)
         if p.rate_gbps < want:
             findings.append(Finding(
                 NAME, Severity.DEGRADED, "PortRateDegraded",

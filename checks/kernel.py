@@ -4,7 +4,9 @@ from __future__ import annotations
 import re
 
 from nodehealth.checks.kernel_log import (
+    is_saved_log,
     latest_distinct,
+    listed_only,
     reference_time,
     seen_range,
     span,
@@ -12,6 +14,7 @@ from nodehealth.checks.kernel_log import (
     times,
     trim,
     whole_numbers,
+    with_earlier,
 )
 from nodehealth.collectors.kernel_events import HARD_LOCKUP, HUNG_TASK, SOFT_LOCKUP, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
@@ -38,20 +41,35 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
     now = reference_time(obs)
     window = cfg.get("window_seconds", DEFAULTS["window_seconds"])
     repeat = cfg.get("hung_task_repeat", DEFAULTS["hung_task_repeat"])
+    saved = is_saved_log(obs)
     hung: dict[str, list[KernelEvent]] = {}
     soft: list[KernelEvent] = []
     hard: list[KernelEvent] = []
+    older_hung: dict[str, list[KernelEvent]] = {}  # a saved log's, listed for the post-mortem
+    older_soft: list[KernelEvent] = []
     for e in events:
-        if e.kind == HUNG_TASK and still_counts(e, now, window):
-            hung.setdefault(e.device, []).append(e)
-        elif e.kind == SOFT_LOCKUP and still_counts(e, now, window):
-            soft.append(e)
+        if e.kind == HUNG_TASK:
+            (hung if still_counts(e, now, window) else older_hung).setdefault(e.device, []).append(e)
+        elif e.kind == SOFT_LOCKUP:
+            (soft if still_counts(e, now, window) else older_soft).append(e)
         elif e.kind == HARD_LOCKUP:
             # The CPU stopped taking interrupts: nothing in this boot is trustworthy after it.
             hard.append(e)
-    findings = [_hung_task(task, items, window, repeat) for task, items in sorted(hung.items())]
+    if not saved:
+        older_hung, older_soft = {}, []
+    findings = []
+    for task in sorted(set(hung) | set(older_hung)):
+        if task in hung:
+            findings.append(with_earlier(_hung_task(task, hung[task], window, repeat), older_hung.get(task, ()),
+                                         window))
+        else:
+            findings.append(listed_only(NAME, "HungTask", task, f"Task {task or '(unnamed)'} was blocked in the kernel",
+                                        older_hung[task], window))
     if soft:
-        findings.append(_soft_lockups(soft, window))
+        findings.append(with_earlier(_soft_lockups(soft, window), older_soft, window))
+    elif older_soft:
+        cpus = _cpus(latest_distinct(e.device for e in older_soft))
+        findings.append(listed_only(NAME, "SoftLockup", "", f"{cpus} hit a soft lockup", older_soft, window))
     if hard:
         findings.append(_hard_lockups(hard))
     return findings

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from nodehealth.collectors.kernel_events import KernelEvent
-from nodehealth.model import Observed
+from nodehealth.model import Finding, Observed, Severity
 
 TEXT_LIMIT = 160
 LIST_LIMIT = 8  # at most this many pids / cpus in evidence and messages
@@ -23,6 +24,49 @@ def reference_time(obs: Observed) -> float:
         if latest is not None:
             return latest
     return obs.now
+
+
+def is_saved_log(obs: Observed) -> bool:
+    """A saved log (`check --kernel-log`): a post-mortem, where every event is listed, counting or not."""
+    return obs.facts["kmsg"].boot_id is None
+
+
+def when(events: Sequence[KernelEvent]) -> str:
+    """When events happened, in words: 'at T', 'N times between T1 and T2', or 'at a time the log does not say'."""
+    first, last = seen_range(events)
+    if first is None or last is None:
+        return f"{times(len(events))}, at times the log does not give"
+    if len(events) == 1 or first == last:
+        return f"{times(len(events))}, at {clock(last)}"
+    return f"{times(len(events))}, between {clock(first)} and {clock(last)}"
+
+
+def _earlier_evidence(events: Sequence[KernelEvent]) -> dict:
+    return {"earlier_count": len(events),
+            "earlier_times": latest_distinct(e.wall_time for e in events if e.wall_time is not None)}
+
+
+def with_earlier(finding: Finding, earlier: Sequence[KernelEvent], window_seconds: float) -> Finding:
+    """A saved log's finding that also names its events from before the window (they no longer count)."""
+    if not earlier:
+        return finding
+    return replace(finding, message=f"{finding.message} Earlier, more than {span(window_seconds)} before the log's "
+                                    f"last record and no longer counted: {when(earlier)}.",
+                   evidence=dict(finding.evidence, **_earlier_evidence(earlier)))
+
+
+def listed_only(check: str, reason: str, device: str, what: str, events: Sequence[KernelEvent],
+                window_seconds: float) -> Finding:
+    """Info about a saved log's events that are all older than the window: a post-mortem lists every
+    event with its time, but a transient one that long before the end no longer counts against the node."""
+    first, last = seen_range(events)
+    return Finding(check, Severity.INFO, reason,
+                   f"{what} {when(events)}, the last saying \"{trim(events[-1].text)}\": more than "
+                   f"{span(window_seconds)} before the log's last record, so it is listed for the post-mortem "
+                   "and no longer counts against the node.",
+                   device=device, evidence=dict(_earlier_evidence(events), count=len(events),
+                                                last_text=trim(events[-1].text), first_time=first, last_time=last),
+                   first_seen=first, last_seen=last)
 
 
 def still_counts(event: KernelEvent, now: float, window_seconds: float, whole_boot: bool = False) -> bool:

@@ -10,7 +10,18 @@ first records, a port's first drop after that is missed; its later ones still co
 """
 from __future__ import annotations
 
-from nodehealth.checks.kernel_log import clock, reference_time, seen_range, span, still_counts, times, trim
+from nodehealth.checks.kernel_log import (
+    clock,
+    is_saved_log,
+    listed_only,
+    reference_time,
+    seen_range,
+    span,
+    still_counts,
+    times,
+    trim,
+    with_earlier,
+)
 from nodehealth.collectors.kernel_events import LINK_DOWN, LINK_UP, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -42,7 +53,8 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
             by_port.setdefault(port_name(e), []).append(e)
     findings = []
     for port, events in sorted(by_port.items()):
-        findings += judge_port(port, events, reference_time(obs), window, flap_count, flap_window)
+        findings += judge_port(port, events, reference_time(obs), window, flap_count, flap_window,
+                               is_saved_log(obs))
     return findings
 
 
@@ -53,15 +65,21 @@ def port_name(e: KernelEvent) -> str:
 
 
 def judge_port(port: str, events: list[KernelEvent], now: float, window: float, flap_count: int,
-               flap_window: float) -> list[Finding]:
-    """One port's link events, in log order."""
+               flap_window: float, saved: bool = False) -> list[Finding]:
+    """One port's link events, in log order; a saved log's downs before the window are listed as info."""
     first_up = next((i for i, e in enumerate(events) if e.kind == LINK_UP), None)
     if first_up is None:
         return []
     events = events[first_up:]
     downs = [e for e in events if e.kind == LINK_DOWN and still_counts(e, now, window)]
+    older = [e for e in events if e.kind == LINK_DOWN and not still_counts(e, now, window)] if saved else []
     if not downs:
-        return []
+        return [listed_only(NAME, "LinkDownRecovered", port, f"Port {port} went down", older, window)] if older else []
+    return [with_earlier(f, older, window) for f in _judge_downs(port, events, downs, window, flap_count, flap_window)]
+
+
+def _judge_downs(port: str, events: list[KernelEvent], downs: list[KernelEvent], window: float, flap_count: int,
+                 flap_window: float) -> list[Finding]:
     still_down = events[-1].kind == LINK_DOWN and downs[-1] is events[-1]
     burst = most_in_span(downs, flap_window)
     findings = []

@@ -30,11 +30,19 @@ HINTS = {
 
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
+    facts = obs.facts["mounts"]
     findings = []
-    for m in obs.facts["mounts"].mounts:
+    for m in facts.mounts:
         finding = _judge_mount(m)
         if finding is not None:
             findings.append(finding)
+    if facts.bad_lines:
+        # Info, not unknown: every other mount was judged; the skipped one may still be a network mount.
+        findings.append(Finding(
+            NAME, Severity.INFO, "MountTableLinesSkipped",
+            f"{facts.bad_lines} line(s) of the mount table could not be parsed and their mounts were not probed "
+            f"(the first: {facts.first_bad_line}); every other mount was checked.",
+            evidence={"lines": facts.bad_lines, "first": facts.first_bad_line}))
     return findings
 
 

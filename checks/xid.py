@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from nodehealth.checks import xid_catalog as catalog
 from nodehealth.checks.kernel_log import (
+    is_saved_log,
     latest_distinct,
+    listed_only,
     reference_time,
     seen_range,
     span,
@@ -18,6 +20,7 @@ from nodehealth.checks.kernel_log import (
     times,
     trim,
     whole_numbers,
+    with_earlier,
 )
 from nodehealth.collectors.kernel_events import GPU_FALLEN_OFF_BUS, SXID, XID, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
@@ -88,21 +91,39 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
         else:
             continue
         groups.setdefault((_family(e), e.device, verdict.reason), []).append((e, verdict))
-    counted = {key: _counting(key, items, reference_time(obs), window) for key, items in groups.items()}
+    saved = is_saved_log(obs)
+    split = {key: _counting(key, items, reference_time(obs), window, saved) for key, items in groups.items()}
+    counted = {key: counting for key, (counting, _) in split.items()}
     fallen_off = any(fam == XID and _code(items[0][0]) == catalog.FALLEN_OFF_BUS_XID
                      for (fam, _, _), items in counted.items() if items)
     link_fault = any(fam == SXID and items[0][0].code == catalog.LINK_FAULT_SXID
                      for (fam, _, _), items in counted.items() if items)
     paired = fallen_off and link_fault
     for key in sorted(counted):
-        fam, device, _ = key
+        fam, device, reason = key
+        earlier = [e for e, _ in split[key][1]]
         if not counted[key]:
+            if earlier:
+                findings.append(listed_only(NAME, reason, device, _what(fam, device, earlier[-1]), earlier, window))
             continue
         if fam == XID:
-            findings.append(_xid_finding(device, counted[key], len(groups[key]), window, repeat, paired))
+            finding = _xid_finding(device, counted[key], len(groups[key]), window, repeat, paired)
         else:
-            findings.append(_sxid_finding(device, counted[key], window, paired))
+            finding = _sxid_finding(device, counted[key], window, paired)
+        findings.append(with_earlier(finding, earlier, window))
     return findings
+
+
+def _what(family: str, device: str, e: KernelEvent) -> str:
+    """'GPU 0000:3b:00.0 logged Xid 13 (Graphics Engine Exception)', for a saved log's older events."""
+    if family == SXID:
+        info = catalog.SXID_CATALOG.get(e.code) if e.code is not None else None
+        return (f"NVSwitch {device or '(address not in the log)'} logged SXid {_number(e.code)}"
+                + (f" ({info.name})" if info else ""))
+    code = _code(e)
+    info = catalog.XID_CATALOG.get(code) if code is not None else None
+    return (f"GPU {device or '(address not in the log)'} logged Xid {_number(code)}"
+            + (f" ({info.mnemonic})" if info and info.mnemonic else ""))
 
 
 def parse_overrides(raw: dict, section: str) -> tuple[dict[int, Override], list[Finding]]:
@@ -241,9 +262,9 @@ def _whole_boot(v: Verdict) -> bool:
     return v.severity is Severity.FATAL and v.action in WHOLE_BOOT_ACTIONS
 
 
-def _counting(key: tuple[str, str, str], items: list[tuple[KernelEvent, Verdict]], now: float,
-              window: float) -> list[tuple[KernelEvent, Verdict]]:
-    """The events of one group that count now.
+def _counting(key: tuple[str, str, str], items: list[tuple[KernelEvent, Verdict]], now: float, window: float,
+              saved: bool) -> tuple[list[tuple[KernelEvent, Verdict]], list[tuple[KernelEvent, Verdict]]]:
+    """The events of one group that count now, and (for a saved log) those older than the window.
 
     Xid 154 is a state, not a count: only its latest value matters (a later 0x0 clears an
     earlier request). An SXid is printed as a headline plus continuation lines (Severity ...,
@@ -254,8 +275,10 @@ def _counting(key: tuple[str, str, str], items: list[tuple[KernelEvent, Verdict]
         items = items[-1:]
     if family == SXID:
         items = [(e, v) for e, v in items if e.detail.get("fatal") is not None] or items
-    return [(e, v) for e, v in items
-            if v.severity is not Severity.OK and still_counts(e, now, window, _whole_boot(v))]
+    live = [(e, v) for e, v in items if v.severity is not Severity.OK]
+    counting = [(e, v) for e, v in live if still_counts(e, now, window, _whole_boot(v))]
+    older = [(e, v) for e, v in live if not still_counts(e, now, window, _whole_boot(v))] if saved else []
+    return counting, older
 
 
 def _worst(items: list[tuple[KernelEvent, Verdict]]) -> Verdict:

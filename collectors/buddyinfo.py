@@ -114,11 +114,30 @@ class PageTypeInfo:
 
 
 @dataclass(frozen=True)
+class ZoneSize:
+    """A zone's size from /proc/zoneinfo: `managed` grows while the kernel still hands memory to it
+    (deferred struct page init, a VM adding or accepting memory); `present` is what it will hold."""
+
+    node: int
+    name: str
+    managed_pages: int
+    present_pages: int | None
+    high_pages: int | None = None  # the high watermark: below it kswapd is reclaiming in this zone
+
+
+@dataclass(frozen=True)
 class Buddyinfo:
     page_size: int
     zones: tuple[Zone, ...]
     # None when /proc/pagetypeinfo is absent or unreadable (root-only, mode 0400, on current kernels).
     pagetypes: PageTypeInfo | None
+    # /proc/meminfo in bytes (kB fields converted, counts such as HugePages_Total as they are);
+    # None when absent or unreadable.
+    meminfo: dict[str, int] | None = None
+    sizes: tuple[ZoneSize, ...] = ()  # from /proc/zoneinfo; empty when it is absent or unreadable
+
+    def size_of(self, zone: Zone) -> ZoneSize | None:
+        return next((s for s in self.sizes if (s.node, s.name) == (zone.node, zone.name)), None)
 
 
 def supported(host: HostPaths, cfg: dict) -> str | None:
@@ -139,7 +158,59 @@ def collect(host: HostPaths, cfg: dict) -> Buddyinfo:
         pagetypes: PageTypeInfo | None = parse_pagetypeinfo(read_text(host.proc("pagetypeinfo")))
     except (FileNotFoundError, PermissionError):
         pagetypes = None
-    return Buddyinfo(size, zones, pagetypes)
+    return Buddyinfo(size, zones, pagetypes, _optional(host.proc("meminfo"), parse_meminfo),
+                     _optional(host.proc("zoneinfo"), parse_zoneinfo) or ())
+
+
+def _optional(path: str, parse):
+    """A file that only refines the verdict: unreadable or absent reads as None, never a failure."""
+    try:
+        return parse(read_text(path))
+    except OSError:
+        return None
+
+
+def parse_meminfo(text: str) -> dict[str, int]:
+    """`MemAvailable:  24109808 kB` lines to bytes; lines that do not parse are skipped."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0].endswith(":") and _COUNT.fullmatch(fields[1]):
+            out[fields[0][:-1]] = int(fields[1]) * (1024 if fields[2:3] == ["kB"] else 1)
+    return out
+
+
+def parse_zoneinfo(text: str) -> tuple[ZoneSize, ...]:
+    """Each `Node N, zone NAME` section's managed and present pages and high watermark; a section
+    without managed is skipped."""
+    sizes: list[ZoneSize] = []
+    current: tuple[int, str] | None = None
+    values: dict[str, int] = {}
+
+    def close() -> None:
+        if current is not None and "managed" in values:
+            sizes.append(ZoneSize(current[0], current[1], values["managed"], values.get("present"), values.get("high")))
+
+    for line in text.splitlines():
+        fields = line.split()
+        if fields[:1] == ["Node"] and len(fields) >= 4 and fields[2] == "zone" and fields[1].rstrip(",").isdigit():
+            close()
+            current, values = (int(fields[1].rstrip(",")), fields[3]), {}
+        elif len(fields) == 2 and fields[0] in ("managed", "present", "high") and _COUNT.fullmatch(fields[1]):
+            values.setdefault(fields[0], int(fields[1]))
+    close()
+    return tuple(sizes)
+
+
+def managed_key(node: int, zone: str) -> str:
+    """Key of a zone's managed pages in counters(): its rate says the zone is still growing."""
+    return f"{node}:{zone}:managed_pages"
+
+
+def counters(facts: Buddyinfo) -> dict[str, float]:
+    """Managed pages per zone. Not a counter of events, but only growth gives a rate (the engine
+    skips decreases), and growth is what the memory check needs to know."""
+    return {managed_key(s.node, s.name): s.managed_pages for s in facts.sizes}
 
 
 def _counts(fields: list[str], where: str) -> tuple[int, ...]:

@@ -28,8 +28,10 @@ BYTES_PER_SECOND_PER_GBPS = 125_000_000
 NOT_COUNTERS = frozenset({"lifespan"})
 
 # The quantities exported as metrics, each with the counters/ file of kernels >= 4.5 and the
-# counters_ext/ file of older kernels. Where both exist the _64 file wins: the legacy counters/
-# data and packet files were 32 bits wide there and stick at their maximum.
+# counters_ext/ file of older kernels, both in the same unit (data in 4-byte words, packets). Where
+# both exist the larger wins: a legacy 32-bit counters/ file sticks at its maximum below the _64
+# one, while a driver whose counters_ext/ is not kept up reads less than counters/. Metrics and
+# rates take the same one.
 TRAFFIC = (
     # (metric suffix, counters/ name, counters_ext/ name, multiplier, help)
     ("transmitted_bytes_total", "port_xmit_data", "port_xmit_data_64", BYTES_PER_DATA_WORD,
@@ -110,9 +112,9 @@ class Port:
         return self.counters.get(name)
 
     def traffic(self, name: str, legacy_name: str) -> int | None:
-        """A traffic counter, preferring the 64-bit counters_ext/ file where the kernel has one."""
-        value = self.counters_ext.get(legacy_name)
-        return value if value is not None else self.counters.get(name)
+        """A traffic counter: the larger of its counters/ and counters_ext/ files (see TRAFFIC)."""
+        values = [v for v in (self.counters.get(name), self.counters_ext.get(legacy_name)) if v is not None]
+        return max(values) if values else None
 
     @property
     def transmitted_bytes(self) -> int | None:
@@ -162,9 +164,12 @@ def parse_state(text: str | None) -> tuple[int | None, str | None]:
 
 
 def parse_rate(text: str | None) -> tuple[float | None, str | None]:
-    """`400 Gb/sec (4X NDR)` -> (400.0, "4X NDR"); `10 Gb/sec (4X)` -> (10.0, "4X")."""
+    """`400 Gb/sec (4X NDR)` -> (400.0, "4X NDR"); `10 Gb/sec (4X)` -> (10.0, "4X"); the kernel's
+    `0 GB/sec` (a rate it does not know, e.g. a port still training) -> (0.0, None)."""
     if text is None:
         return None, None
+    if text.strip() == "0 GB/sec":
+        return 0.0, None
     number, sep, rest = text.partition(" Gb/sec")
     if not sep:
         return None, None
@@ -221,12 +226,19 @@ def hw_counter_key(port: Port, name: str) -> str:
     return f"{port.device}:{port.port}:hw_counters/{name}"
 
 
+_TRAFFIC_NAMES = frozenset(name for _, name, _, _, _ in TRAFFIC)
+
+
 def counters(facts: InfiniBand) -> dict[str, float]:
     """Monotonic counters for per-second rates; data counters in bytes, not words."""
     out: dict[str, float] = {}
     for port in facts.ports:
         for name, value in port.counters.items():
-            if value is not None and name not in ("port_xmit_data", "port_rcv_data"):
+            if value is not None and name not in _TRAFFIC_NAMES:
+                out[counter_key(port, name)] = value
+        for _, name, legacy, mult, _ in TRAFFIC:
+            value = port.traffic(name, legacy)
+            if value is not None and mult == 1:  # data words are exported below, in bytes
                 out[counter_key(port, name)] = value
         for name, value in port.hw_counters.items():
             if value is not None:

@@ -76,7 +76,8 @@ _SXID_HEAD = re.compile(r"(?P<sev>Fatal|Non-fatal|Nonfatal),\s*(?:Link (?P<link>
 _SXID_SEVERITY = re.compile(r"Severity (\d{1,4}) Engine instance (\d{1,6}) Sub-engine instance (\d{1,6})")
 _SXID_DATA = re.compile(r"Data \{(?P<words>[^}]*)\}?")
 
-_ADDRESS = rf"{_HEX}{{1,8}}:{_HEX}{{1,2}}:{_HEX}{{1,2}}(?:\.[0-7])?"
+# The domain is optional: some drivers print `GPU 18:00.0` (canonical_pci adds 0000).
+_ADDRESS = rf"(?:{_HEX}{{1,8}}:)?{_HEX}{{1,2}}:{_HEX}{{1,2}}(?:\.[0-7])?"
 _FALLEN_ONE_LINE = re.compile(rf"NVRM: GPU (?:at )?(?:PCI:)?(?P<addr>{_ADDRESS}):? (?:GPU )?has fallen off the bus")
 _FALLEN_START = re.compile(rf"NVRM: The NVIDIA GPU (?P<addr>{_ADDRESS})")
 _PCI_ID = re.compile(r"\(PCI ID: (?P<id>[0-9a-fA-F]{4}:[0-9a-fA-F]{4})\)")
@@ -173,14 +174,19 @@ class EventParser:
         severity = _SXID_SEVERITY.match(rest)
         data = _SXID_DATA.match(rest)
         if severity or data:
-            if self._sxid is not None and self._sxid[1] == code:
-                detail = self._sxid[4]
-                if severity:
-                    detail["severity"], detail["engine_instance"], detail["sub_engine_instance"] = (
-                        int(g) for g in severity.groups())
-                else:
-                    detail["data"] = " ".join(data.group("words").replace(",", " ").split())
-            return True  # a continuation line whose SXid was not seen (cut off, or an earlier batch) is dropped
+            if self._sxid is None or self._sxid[1] != code:
+                # Its headline is not in the log (the log starts mid-message, the ring lost it, or it
+                # came in an earlier batch): still an SXid of this code, its Fatal/Non-fatal word unknown,
+                # so the catalog rates it (a fatal 20034 must not vanish with its first line).
+                self._sxid = (record, code, canonical_pci(m.group("addr")), "(its first line is not in the log)",
+                              {"fatal": None, "link": None, "nvswitch": m.group("switch")})
+            detail = self._sxid[4]
+            if severity:
+                detail["severity"], detail["engine_instance"], detail["sub_engine_instance"] = (
+                    int(g) for g in severity.groups())
+            else:
+                detail["data"] = " ".join(data.group("words").replace(",", " ").split())
+            return True
         head = _SXID_HEAD.match(rest)
         fatal: bool | None = None
         link: int | None = None

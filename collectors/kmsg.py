@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import calendar
 import errno
+import io
 import os
 import re
 import select
 import stat
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -37,6 +39,8 @@ DEFAULTS: dict = {
 }
 
 MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going forever
+# A regular file without inotify is polled: every 10 ms while it grows, backing off to 1 s while idle.
+FILE_POLL_SECONDS = (0.01, 1.0)
 MAX_LINE_BYTES = 64 * 1024  # longer lines keep their head; the rest is skipped
 KMSG_READ_SIZE = 16384  # above the kernel's 8 KiB record limit; a smaller buffer gets EINVAL
 
@@ -57,6 +61,12 @@ def supported(host: HostPaths, cfg: dict) -> str | None:
     if cfg.get("files") or os.path.exists(host.dev("kmsg")):
         return None
     return "no kernel log: /dev/kmsg does not exist and no saved log was given"
+
+
+def deadline(cfg: dict, default: float) -> float | None:
+    """Saved logs (`check --kernel-log`) have none: their size is the user's, and a partial read
+    would judge a log that is not the one given. /dev/kmsg keeps the engine's."""
+    return None if cfg.get("files") else default
 
 
 def collect(host: HostPaths, cfg: dict) -> KernelLog:
@@ -186,10 +196,17 @@ class KmsgFollower:
         self._poll = None
         self._read_seq: int | None = None  # last sequence read from the device, skipped or not
         self._offset = 0
+        self._watch: _FileWatch | None = None
+        self._idle = FILE_POLL_SECONDS[0]
         if self._device:
             self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
+        else:
+            try:
+                self._watch = _FileWatch(self.path)
+            except (OSError, AttributeError):  # no inotify (instances used up, not Linux): poll with back-off
+                self._watch = None
 
     @property
     def malformed(self) -> int:
@@ -200,11 +217,15 @@ class KmsgFollower:
         return self._lines.unframed
 
     def wait(self, timeout: float) -> None:
-        """Until a record may be there, or `timeout` seconds; a regular file gives no signal."""
+        """Until a record may be there, or `timeout` seconds: poll on /dev/kmsg, inotify on a file,
+        else a sleep that backs off while the file stays idle."""
         if self._poll is not None:
             self._poll.poll(max(0.0, timeout) * 1000)
+        elif self._watch is not None:
+            self._watch.wait(timeout)
         elif timeout > 0:
-            time.sleep(min(timeout, 0.01))
+            time.sleep(min(timeout, self._idle))
+            self._idle = min(FILE_POLL_SECONDS[1], self._idle * 2)
 
     def read_new(self) -> tuple[int, int, int | None, list[KernelEvent]]:
         """(records, overwritten, last_seq, events) for what arrived since the previous call."""
@@ -224,6 +245,8 @@ class KmsgFollower:
         events.extend(self._events.flush())
         if self.last_seq is not None:
             self._after_seq = self.last_seq
+        if records:
+            self._idle = FILE_POLL_SECONDS[0]
         return count, overwritten, self.last_seq, events
 
     def close(self) -> None:
@@ -231,6 +254,9 @@ class KmsgFollower:
             os.close(self._fd)
             self._fd = None
             self._poll = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     def _device_records(self) -> tuple[list[KernelRecord], int]:
         fd = self._fd
@@ -265,6 +291,44 @@ class KmsgFollower:
         return records
 
 
+class _FileWatch:
+    """inotify on a log file (through ctypes: no dependency), so an idle follower sleeps until the
+    file changes instead of waking on a timer. The watch is renewed after each change: a file
+    replaced by a rename is a new inode."""
+
+    _MASK = 0x2 | 0x4 | 0x8 | 0x400 | 0x800  # IN_MODIFY, IN_ATTRIB, IN_CLOSE_WRITE, IN_DELETE_SELF, IN_MOVE_SELF
+    _FLAGS = os.O_NONBLOCK | os.O_CLOEXEC  # IN_NONBLOCK and IN_CLOEXEC have these values
+
+    def __init__(self, path: str):
+        import ctypes
+
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        fd = self._libc.inotify_init1(self._FLAGS)
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        self.fd, self.path = fd, os.fsencode(path)
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
+        if self._libc.inotify_add_watch(fd, self.path, self._MASK) < 0:
+            errno_value = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(errno_value, "inotify_add_watch failed", path)
+
+    def wait(self, timeout: float) -> None:
+        if self._poll.poll(max(0.0, timeout) * 1000):
+            try:
+                while os.read(self.fd, 4096):  # drain: the events only say "look again"
+                    pass
+            except BlockingIOError:
+                pass
+        # Renewed every time (the same inode keeps its one watch): a file deleted and created again
+        # is watched again once it exists.
+        self._libc.inotify_add_watch(self.fd, self.path, self._MASK)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def boot_time(host: HostPaths) -> float | None:
     """Boot time (epoch seconds) from /proc/stat `btime`; None when it cannot be read."""
     try:
@@ -283,25 +347,63 @@ def _collect_files(paths: list[str]) -> KernelLog:
     records = 0
     last_seq: int | None = None
     for path in paths:
+        before, unframed, malformed = records, lines.unframed, lines.malformed
         for record in _saved_records(path, lines):
             records += 1
             if record.seq is not None:
                 last_seq = record.seq if last_seq is None else max(last_seq, record.seq)
             events.extend(parser.feed(record))
         events.extend(parser.flush())
+        framed = records - before - (lines.unframed - unframed)
+        if framed == 0 and (records == before or lines.malformed > malformed):
+            # An empty, binary or still-compressed file: judging it would say "healthy" about nothing.
+            raise CollectError(f"0 records recognised in {path} ({lines.malformed - malformed} lines not text, "
+                               f"{lines.unframed - unframed} in no kernel log framing)")
     return KernelLog(source=", ".join(paths), boot_id=None, records=records, overwritten=0,
                      malformed=lines.malformed, last_seq=last_seq, events=tuple(events), unframed=lines.unframed)
 
 
 def _saved_records(path: str, lines: LogLines) -> Iterator[KernelRecord]:
-    """One saved log's records, streamed line by line."""
+    """One saved log's records, streamed line by line (rotated logs may be gzip, xz or zstd)."""
+    import lzma  # only saved logs pay for it
+
     try:
-        with _open_log(path) as f:
+        with _open_log(path) as raw, _decompressed(raw, path) as f:
             for line, _ in bounded_lines(f, final=True):
                 yield from lines.feed(line.decode("utf-8", "replace"))
-    except OSError as e:
-        raise CollectError(f"cannot read kernel log {path}: {e.strerror or e}") from None
+    except (OSError, EOFError, lzma.LZMAError, *_zstd_errors()) as e:  # evaluated only when one is raised
+        raise CollectError(f"cannot read kernel log {path}: {getattr(e, 'strerror', None) or e}") from None
     yield from lines.flush()
+
+
+_GZIP_MAGIC, _XZ_MAGIC, _ZSTD_MAGIC = b"\x1f\x8b", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd"
+
+
+def _decompressed(raw: BinaryIO, path: str) -> BinaryIO:
+    """The file's text: told apart by its magic bytes, not its name (logrotate's .1.gz, a renamed copy)."""
+    magic = raw.read(6)
+    raw.seek(0)
+    if magic.startswith(_GZIP_MAGIC):
+        import gzip
+
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if magic.startswith(_XZ_MAGIC):
+        import lzma
+
+        return lzma.LZMAFile(raw)  # type: ignore[return-value]
+    if magic.startswith(_ZSTD_MAGIC):
+        try:
+            import zstandard
+        except ImportError:
+            raise CollectError(f"{path} is zstd-compressed; reading it needs the zstandard package "
+                               "(pip install 'nodehealth[zstd]'), or decompress it first (zstd -d)") from None
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=False))  # type: ignore
+    return raw
+
+
+def _zstd_errors() -> tuple[type[BaseException], ...]:
+    zstandard = sys.modules.get("zstandard")
+    return (zstandard.ZstdError,) if zstandard is not None else ()
 
 
 def _open_log(path: str) -> BinaryIO:

@@ -72,6 +72,8 @@ class Mount:
 @dataclass(frozen=True)
 class Mounts:
     mounts: tuple[Mount, ...]  # sorted by mount point
+    bad_lines: int = 0  # mount table lines that could not be parsed (their mounts are not probed)
+    first_bad_line: str = ""  # the first of them, bounded, for the message
 
 
 def supported(host: HostPaths, cfg: dict):
@@ -103,14 +105,15 @@ def _parse_line(line: str) -> MountEntry | None:
     return MountEntry(mountpoint, fstype, unescape(fields[separator + 2]))
 
 
-def parse_mountinfo(text: str, path: str) -> tuple[MountEntry, ...]:
-    """Every mount, in table order.
+def parse_mountinfo(text: str, path: str) -> tuple[tuple[MountEntry, ...], list[str]]:
+    """Every mount, in table order, and the lines that could not be parsed ("line N: text").
 
-    A line we cannot parse fails the whole file rather than being skipped: the kernel writes this
-    file, so such a line means our parser is wrong for this kernel, and a skipped line could be
-    the very mount that hangs.
+    One odd line (a mount point the kernel printed empty) is skipped and counted, so the other
+    mounts are still judged; the check names the skipped lines, since one could be the mount that
+    hangs. A table where no line parses is no mount table: that fails the collector.
     """
     entries = []
+    bad: list[str] = []
     # Only "\n" ends a line: the kernel escapes it in paths, but not other line breaks that
     # str.splitlines() would split on (a FUSE mount point may contain U+2028).
     for number, line in enumerate(text.split("\n"), 1):
@@ -118,9 +121,12 @@ def parse_mountinfo(text: str, path: str) -> tuple[MountEntry, ...]:
             continue
         entry = _parse_line(line)
         if entry is None:
-            raise CollectError(f"{path} line {number} is not a mountinfo line: {line[:100]!r}")
-        entries.append(entry)
-    return tuple(entries)
+            bad.append(f"line {number}: {line[:100]!r}")
+        else:
+            entries.append(entry)
+    if bad and not entries:
+        raise CollectError(f"{path} has no mountinfo line ({len(bad)} unparsed, the first {bad[0]})")
+    return tuple(entries), bad
 
 
 def is_watched(fstype: str, extra_fstypes) -> bool:
@@ -239,13 +245,14 @@ def collect(host: HostPaths, cfg: dict, stat: Callable[[str], object] = os.stat)
     """`stat` is the probe; tests pass one that hangs or fails to stand in for a dead server."""
     settings = {**DEFAULTS, **cfg}
     path, locate = mount_namespace(host)
-    entries = parse_mountinfo(read_text(path), path)
+    entries, bad = parse_mountinfo(read_text(path), path)
     chosen = select(entries, settings["paths"], {str(t) for t in settings["fstypes"]})
     targets = [locate(entry.mountpoint) for entry, _, _ in chosen]
     probes = probe_paths(targets, float(settings["timeout_seconds"]), stat)
     now = time.monotonic()
     return Mounts(tuple(_mount(entry, mounted, configured, probes[target], now)
-                        for (entry, mounted, configured), target in zip(chosen, targets)))
+                        for (entry, mounted, configured), target in zip(chosen, targets)),
+                  len(bad), f"{path} {bad[0]}" if bad else "")
 
 
 def metrics(facts: Mounts) -> list[Metric]:
@@ -259,4 +266,7 @@ def metrics(facts: Mounts) -> list[Metric]:
         if m.responsive is not None:
             responsive.add((m.mountpoint, m.fstype), 1 if m.responsive else 0)
         latency.add((m.mountpoint, m.fstype), m.latency_seconds)
-    return [responsive, latency]
+    bad = Metric("nodehealth_mount_table_unparsed_lines",
+                 "Lines of the mount table that could not be parsed in the last pass; their mounts were not probed.")
+    bad.add((), facts.bad_lines)
+    return [responsive, latency, bad]

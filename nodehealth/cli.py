@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nodehealth import __version__, config, registry
-from nodehealth.engine import Engine
+from nodehealth.engine import Engine, nothing_checked
 from nodehealth.host import HostPaths, boot_id, hostname
 from nodehealth.model import Report, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile
@@ -46,8 +46,12 @@ def select(only: Sequence[str], skip: Sequence[str]) -> tuple[list, list]:
 
 
 def build_engine(args: argparse.Namespace, cfg: dict[str, Any]) -> Engine:
+    if args.only is not None and not _names(args.only):
+        raise UsageError("--only needs at least one check or collector name")
     collectors, checks = select(_names(args.only or ""), _names(args.skip or ""))
     host = HostPaths(args.root)
+    if not os.path.isdir(host.procfs):  # a typo'd or empty root would otherwise judge nothing as healthy
+        raise UsageError(f"--root {args.root}: no proc/ directory there, so it is no machine's root")
     return Engine(collectors, checks, host, cfg, timeout=cfg["daemon"]["collector_timeout_seconds"],
                   clock=host.now)
 
@@ -63,6 +67,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     engine = build_engine(args, cfg)
     host = engine.host
     results, findings = engine.run()
+    findings += [f for f in [nothing_checked(engine.checks, results)] if f is not None]
     # One pass has nothing to debounce with; the state file (when there is one for this host)
     # still contributes the sticky faults the daemon recorded this boot.
     policy = Policy(cfg["policy"], (), boot_id(host), debounce=False)
@@ -145,6 +150,17 @@ def cmd_version(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> float:
+    """A number of seconds above zero (an interval of 0 would spin, a negative one is no interval)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, not {text}")
+    return value
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="/", help="read /proc, /sys and /dev under DIR (a saved or fixture machine)")
     p.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
@@ -156,6 +172,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nodehealth", description="Health checks for GPU cluster nodes.")
+    p.add_argument("--version", action="version", version=f"nodehealth {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("check", help="run one pass and report (exit 0 healthy, 1 unhealthy, 2 unknown)")
@@ -171,7 +188,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("daemon", help="run passes on an interval and serve /metrics, /healthz, /v1/report")
     _common(d)
     d.add_argument("--listen", metavar="ADDR:PORT", help="HTTP listen address (default 0.0.0.0:9456)")
-    d.add_argument("--interval", type=float, metavar="S", help="seconds between passes (default 30)")
+    d.add_argument("--interval", type=_positive, metavar="S", help="seconds between passes (default 30)")
     d.add_argument("--kube", action="store_true", help="publish taints, conditions and events on this Node")
     d.add_argument("--dry-run", action="store_true", help="compute and export what would be published; write nothing")
     d.add_argument("--hang-dir", metavar="DIR", help="watch training ranks' hang records in DIR ($NODEHEALTH_HANG_DIR)")

@@ -225,9 +225,9 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     for key in ("raise_after_passes", "clear_after_passes"):
         if cfg["policy"][key] < 1:
             raise ConfigError(f"policy.{key}: must be at least 1, not {cfg['policy'][key]!r}")
-    for layer, rate in cfg["checks"]["infiniband"]["expected_rate_gbps"].items():
+    for name, rate in cfg["checks"]["infiniband"]["expected_rate_gbps"].items():  # port, device or link layer
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
-            raise ConfigError(f"checks.infiniband.expected_rate_gbps.{layer}: must be a number of Gb/s, not {rate!r}")
+            raise ConfigError(f"checks.infiniband.expected_rate_gbps.{name}: must be a number of Gb/s, not {rate!r}")
     pm = cfg["pingmesh"]
     # A probe may outlive the interval (timeout_seconds >= probe_interval_seconds): it is not refused.
     for key in ("probe_interval_seconds", "timeout_seconds", "max_probes_per_second", "fetch_timeout_seconds"):

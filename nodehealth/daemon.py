@@ -15,9 +15,8 @@ import signal
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from typing import Any
 
 from nodehealth import exporter
@@ -25,10 +24,12 @@ from nodehealth import report as render
 from nodehealth.collectors import kmsg, nvml
 from nodehealth.collectors.gpu_facts import NvmlError
 from nodehealth.collectors.kernel_events import XID, KernelEvent
+from nodehealth.config import ConfigError
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id, write_atomic
-from nodehealth.model import CollectorResult, Finding, Metric, Report, sort_findings, verdict
-from nodehealth.policy import Policy, StateFile
+from nodehealth.httpbound import BoundedHandler, BoundedHTTPServer
+from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity, Status, sort_findings, verdict
+from nodehealth.policy import Policy, StateFile, expect, read_regular
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -36,7 +37,7 @@ MAX_EVENTS = 10000  # kernel events kept for the current boot; the oldest go fir
 XID_MERGE_SECONDS = 2.0  # an NVML Xid event and its kernel line are one Xid (xid.md 4.5)
 NVML_EVENT_WAIT_SECONDS = 0.5
 MAX_CONCURRENT_REQUESTS = 16
-REQUEST_TIMEOUT_SECONDS = 5.0
+REQUEST_TIMEOUT_SECONDS = 5.0  # a request's whole time: reading its head and writing the answer
 STOP_GRACE_SECONDS = 1.5
 
 
@@ -78,11 +79,29 @@ class KernelEvents:
         self.unframed = int(saved.get("unframed", 0))
         self.last_seq = saved.get("last_seq")
         fields = {f.name for f in dataclasses.fields(KernelEvent)}
-        for d in saved.get("events", []):
+        for d in saved.get("events", [])[-MAX_EVENTS:]:
             try:
                 self.events.append(KernelEvent(**{k: v for k, v in d.items() if k in fields}))
             except TypeError:
                 continue
+
+    @staticmethod
+    def validate(state: dict[str, Any]) -> None:
+        """The `kmsg` section has the types restore() and the checks use, else ValueError (StateFile.load)."""
+        saved = expect(state.get("kmsg", {}), dict, "kmsg")
+        expect(saved.get("boot_id"), str, "kmsg.boot_id", optional=True)
+        for name in ("records", "overwritten", "malformed", "unframed"):
+            expect(saved.get(name, 0), int, f"kmsg.{name}")
+        expect(saved.get("last_seq"), int, "kmsg.last_seq", optional=True)
+        for i, d in enumerate(expect(saved.get("events", []), list, "kmsg.events")[-MAX_EVENTS:]):
+            where = f"kmsg.events[{i}]"
+            expect(d, dict, where)
+            for name in ("kind", "device", "text"):
+                expect(d.get(name, ""), str, f"{where}.{name}")
+            for name in ("code", "seq", "monotonic_us"):
+                expect(d.get(name), int, f"{where}.{name}", optional=True)
+            expect(d.get("wall_time"), (int, float), f"{where}.wall_time", optional=True)
+            expect(d.get("detail", {}), dict, f"{where}.detail")
 
     def add(self, batch: Batch) -> None:
         records, overwritten, last_seq, events = batch.records, batch.overwritten, batch.last_seq, batch.events
@@ -166,13 +185,15 @@ class Daemon:
         self.pass_duration = 0.0
         self.follower_alive = False
         self.follower_thread: threading.Thread | None = None
+        self.save_errors = 0
+        self.save_error: str | None = None  # why the last save failed; None once one succeeds
         self.publisher: Any = None  # nodehealth.kube.Publisher when kube.enabled
         self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
         self.pingmesh: Any = None  # nodehealth.probe.mesh.Pingmesh when pingmesh.enabled
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
-        saved = self.state.load()
+        saved = self.state.load(validate=KernelEvents.validate)
         self.policy.restore(saved)
         self.kernel.restore(saved.get("kmsg", {}))
 
@@ -186,7 +207,15 @@ class Daemon:
             try:
                 self.state.save(data)
             except OSError as e:
-                log.error("cannot write state to %s: %s", self.state.path, e)
+                self.save_errors += 1
+                if self.save_error is None:  # once per outage, not once per kernel record
+                    log.error("cannot write state to %s: %s; sticky faults will not survive a restart",
+                              self.state.path, e)
+                self.save_error = f"cannot save state to {self.state.path}: {e.strerror or e}"
+                return
+            if self.save_error is not None:
+                log.info("state saved to %s again", self.state.path)
+                self.save_error = None
 
     # -- judging -------------------------------------------------------------------------------
     def _kernel_result(self) -> CollectorResult | None:
@@ -216,7 +245,9 @@ class Daemon:
         if self.pingmesh is not None:
             shown += self.pingmesh.findings()
         ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
+        previous = self.report
         self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now)
+        log_change(previous, self.report)
 
     def _modules(self) -> list[Any]:
         mods = list(self.engine.collectors)
@@ -301,7 +332,7 @@ class Daemon:
                         self.on_kernel(Batch(records, overwritten, last_seq, list(events),
                                              follower.malformed - malformed, follower.unframed - unframed))
                         malformed, unframed = follower.malformed, follower.unframed
-                    follower.wait(0.2)
+                    follower.wait(1.0)  # wakes at once for a record; idle, once a second
             except Exception as e:
                 log.exception("kernel log follower failed; restarting in 5 s")
                 self.kernel_error = f"kernel log reader failed: {e}"
@@ -345,6 +376,10 @@ class Daemon:
         m = Metric("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.")
         m.add((), duration)
         out.append(m)
+        m = Metric("nodehealth_state_save_errors_total",
+                   "Times the state file could not be written (sticky faults would not survive a restart).", "counter")
+        m.add((), self.save_errors)
+        out.append(m)
         if self.kmsg_module is not None and self.kernel_supported is None:
             m = Metric("nodehealth_kernel_log_follower_up", "1 while the kernel log follower is reading, else 0.")
             m.add((), 1 if self.follower_alive else 0)
@@ -369,7 +404,26 @@ class Daemon:
         # and the follower-up metric 0; only a follower thread that died makes the daemon unhealthy.
         if self.follower_thread is not None and not self.follower_thread.is_alive():
             return False, "kernel log follower thread died"
+        if self.save_error is not None:
+            # Still 200: a restart cannot fix a full or read-only disk and would lose what only memory holds.
+            return True, f"degraded: {self.save_error}"
         return True, "ok" if self.follower_alive or self.follower_thread is None else f"ok ({self.kernel_error})"
+
+    def _start_pingmesh(self, server: Any) -> list[threading.Thread]:
+        """Bind the probe ports now, so that a port in use or a missing extra is a one-line error."""
+        from nodehealth.probe.agent import ProbeError
+        from nodehealth.probe.mesh import Pingmesh  # grpc only where probes run
+
+        try:
+            self.pingmesh = Pingmesh(self.node, self.cfg["pingmesh"], self._inventory_loader())
+            return self.pingmesh.start(self.stop)
+        except ImportError as e:
+            server.server_close()
+            raise ConfigError(f"--probe-listen needs grpcio and protobuf: pip install 'nodehealth[probes]' ({e})") \
+                from None
+        except ProbeError as e:
+            server.server_close()
+            raise ConfigError(str(e)) from None
 
     def _inventory_loader(self) -> Any:
         """The static inventory file, else (in Kubernetes) the one the controller publishes."""
@@ -424,11 +478,24 @@ class Daemon:
 
     def serve(self) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if self.cfg["kube"]["enabled"]:
+            from nodehealth.kube import KubeError, require_client
+
+            try:
+                require_client()
+            except KubeError as e:  # said once, at start, instead of at every retry
+                raise ConfigError(f"--kube: {e}") from None
+        listen = self.cfg["daemon"]["listen"]
+        try:
+            server = make_server(self, listen)
+        except (OSError, ValueError, OverflowError) as e:  # port in use, no such address, not ADDR:PORT
+            raise ConfigError(f"cannot listen on {listen}: {getattr(e, 'strerror', None) or e}") from None
+        probe_threads = self._start_pingmesh(server) if self.cfg["pingmesh"]["enabled"] else []
         self.load_state()
         if self.kmsg_module is not None:
             self.kernel_supported = self.kmsg_module.supported(self.host, self.cfg["collectors"].get(kmsg.NAME, {}))
-        server = make_server(self, self.cfg["daemon"]["listen"])
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        # SIGHUP too: its default kills the process without saving the state.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda *_: self.stop.set())
         threads = [threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2},
                                     name="http", daemon=True),
@@ -443,11 +510,8 @@ class Daemon:
             bundles = hang["bundle_dir"] or os.path.join(self.state.directory, "hang")
             self.hang = Detector(hang["directory"], bundles, hang, node=self.node)
             threads.append(threading.Thread(target=self.hang.run, args=(self.stop,), name="hang", daemon=True))
-        if self.cfg["pingmesh"]["enabled"]:
-            from nodehealth.probe.mesh import Pingmesh  # grpc only where probes run
-
-            self.pingmesh = Pingmesh(self.node, self.cfg["pingmesh"], self._inventory_loader())
-            threads.extend(self.pingmesh.start(self.stop))
+        if self.pingmesh is not None:
+            threads.extend(probe_threads)
             if self.cfg["kube"]["enabled"]:
                 threads.append(threading.Thread(target=self._pingmesh_verdicts, name="pingmesh-verdicts",
                                                 daemon=True))
@@ -479,33 +543,26 @@ class Daemon:
         return 0
 
 
-class _PooledHTTPServer(HTTPServer):
-    """Requests run on a fixed pool of threads: bounded concurrency, and no thread (nor thread
-    stack) created per request. Past the bound a connection is closed at once, not queued."""
+def _problems(report: Report | None) -> dict[tuple[str, str, str], Finding]:
+    """The findings that decide the verdict: degraded, fatal, and unknown (could not judge)."""
+    if report is None:
+        return {}
+    return {f.key: f for f in report.findings if f.severity.rank >= Severity.UNKNOWN.rank}
 
-    def __init__(self, address, handler, workers: int):
-        super().__init__(address, handler)
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="http")
-        self.slots = threading.BoundedSemaphore(workers)
 
-    def process_request(self, request, client_address) -> None:
-        if not self.slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        self.pool.submit(self._handle, request, client_address)
-
-    def _handle(self, request, client_address) -> None:
-        try:
-            self.finish_request(request, client_address)
-        except Exception:
-            self.handle_error(request, client_address)
-        finally:
-            self.shutdown_request(request)
-            self.slots.release()
-
-    def server_close(self) -> None:
-        super().server_close()
-        self.pool.shutdown(wait=False)
+def log_change(previous: Report | None, current: Report) -> None:
+    """Log a change of the verdict or of what makes it: WARNING when it gets worse, INFO when better."""
+    before, after = _problems(previous), _problems(current)
+    old_status = previous.status.value if previous is not None else None
+    if old_status == current.status.value and before.keys() == after.keys():
+        return
+    new = [f"{f.severity.value} {f.reason}" + (f" on {f.device}" if f.device else "") + f" ({f.check})"
+           for k, f in after.items() if k not in before]
+    gone = [f"{f.reason}" + (f" on {f.device}" if f.device else "") for k, f in before.items() if k not in after]
+    worse = current.status is not Status.HEALTHY and (bool(new) or old_status in (None, Status.HEALTHY.value))
+    log.log(logging.WARNING if worse else logging.INFO, "node %s: %s -> %s%s%s", current.node,
+            old_status or "starting", current.status.value, "; new: " + ", ".join(new) if new else "",
+            "; gone: " + ", ".join(gone) if gone else "")
 
 
 CLEAR_REQUEST = "clear-request.json"
@@ -524,8 +581,7 @@ def take_clear_request(state_dir: str) -> str | None:
     """The reason of a pending clear request, removing it; None when there is none (or it is garbage)."""
     path = os.path.join(state_dir, CLEAR_REQUEST)
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.loads(f.read(4096))
+        data = json.loads(read_regular(path, 4096))  # a FIFO put there must not block the passes
         os.unlink(path)
     except (OSError, ValueError):
         return None
@@ -548,8 +604,7 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
     if not port.isdigit():
         raise ValueError(f"--listen must be ADDR:PORT, not {listen!r}")
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = REQUEST_TIMEOUT_SECONDS  # a client that stalls mid-request is dropped
+    class Handler(BoundedHandler):
         server_version = "nodehealth"
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
@@ -587,9 +642,9 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
         def log_message(self, fmt: str, *args: Any) -> None:
             log.debug("%s %s", self.address_string(), fmt % args)
 
-    class Server(_PooledHTTPServer):
+    class Server(BoundedHTTPServer):
         allow_reuse_address = True
         request_queue_size = 64
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    return Server((host, int(port)), Handler, MAX_CONCURRENT_REQUESTS)
+    return Server((host, int(port)), Handler, MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT_SECONDS)

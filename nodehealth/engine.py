@@ -121,12 +121,22 @@ class Engine:
             queue = queue[queue.index(stuck) + 1:]
         return {m.NAME: results[m.NAME] for m in self.collectors}
 
+    def _deadline(self, module: Any) -> float | None:
+        """A collector's deadline: the engine's, unless the collector sets its own from its config
+        (a saved kernel log of a million lines is finite work the user asked for: no deadline)."""
+        fn = getattr(module, "deadline", None)
+        return fn(self.config["collectors"].get(module.NAME, {}), self.timeout) if fn is not None else self.timeout
+
     def _wait(self, worker: _Worker) -> Any:
         """Wait for the worker; return the collector that overran its deadline, if one did."""
         while not worker.finished.is_set():
             with worker.lock:
                 current, started = worker.current, worker.started
-            remaining = started + self.timeout - time.monotonic() if current is not None else self.timeout
+            limit = self._deadline(current) if current is not None else self.timeout
+            if limit is None:
+                worker.finished.wait(0.1)  # until it is done, or the next collector (with a deadline) starts
+                continue
+            remaining = started + limit - time.monotonic() if current is not None else limit
             if current is not None and remaining <= 0:
                 with worker.lock:
                     if worker.current is current:
@@ -176,6 +186,16 @@ def _supported(module: Any, host: HostPaths, cfg: dict[str, Any]) -> str | None:
         return module.supported(host, cfg)
     except Exception as e:
         return f"support probe failed: {_describe(e)}"
+
+
+def nothing_checked(checks: Sequence[Any], results: dict[str, CollectorResult]) -> Finding | None:
+    """An `unknown` finding when no selected check had its sources here: "no findings" would read as healthy."""
+    if any(all(results.get(n) is not None and results[n].supported for n in c.NEEDS) for c in checks):
+        return None
+    missing = sorted({n for c in checks for n in c.NEEDS if results.get(n) is not None})
+    why = "; ".join(f"{n}: {results[n].error}" for n in missing) or "no check was selected"
+    return Finding("nodehealth", Severity.UNKNOWN, "NothingChecked",
+                   f"Nothing was checked: no selected check has its source on this host ({why}).")
 
 
 def run_check(check: Any, results: dict[str, CollectorResult], obs: Observed,

@@ -171,10 +171,20 @@ class KubeApi(Protocol):
         """PUT; the ConfigMap's `metadata.resourceVersion` makes it a compare-and-swap (409 if stale)."""
 
 
+def require_client() -> None:
+    """The `kubernetes` package, or one KubeError that names the extra installing it (no traceback)."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        raise KubeError("config", "the kubernetes package is not installed; install it with "
+                                  "pip install 'nodehealth[k8s]'") from None
+
+
 class ClientApi:
     """KubeApi over the official `kubernetes` client: in-cluster config, else a kubeconfig."""
 
     def __init__(self, kubeconfig: str = "", timeout_seconds: float = 10.0):
+        require_client()
         from kubernetes import client, config
 
         configuration = client.Configuration()

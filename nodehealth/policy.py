@@ -12,9 +12,11 @@ import copy
 import json
 import logging
 import os
+import stat
+import time
 from collections.abc import Iterable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from nodehealth.host import write_atomic
 from nodehealth.model import Action, Finding, Severity
@@ -24,7 +26,10 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 STATE_FILE = "state.json"
 STICKY_ACTIONS = (Action.RESET_GPU, Action.REBOOT, Action.HW_INSPECTION)
-MAX_STATE_BYTES = 64 << 20
+# Read no more than this: 10,000 kernel events (daemon.MAX_EVENTS) and the sticky faults fit in a few
+# MiB; a larger file was not written by us, and parsing it whole would stall the start.
+MAX_STATE_BYTES = 16 << 20
+TEMP_MAX_AGE_SECONDS = 60.0  # a write_atomic temporary this old was left by a writer that died
 
 
 def is_sticky(f: Finding) -> bool:
@@ -42,41 +47,127 @@ class StateFile:
         self.directory = directory
         self.path = os.path.join(directory, STATE_FILE)
 
-    def load(self, read_only: bool = False) -> dict[str, Any]:
-        """The saved state; an unusable file is set aside (renamed) unless `read_only` (the
-        one-shot check must not touch the daemon's file: it may be a newer daemon's)."""
+    def load(self, read_only: bool = False,
+             validate: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """The saved state; an unusable file (unparseable, wrong types, too large, not a regular
+        file) is set aside (renamed) unless `read_only` (the one-shot check must not touch the
+        daemon's file: it may be a newer daemon's). `validate` checks the sections other modules
+        own, raising ValueError. A daemon's load also removes temporaries a crashed writer left."""
+        if not read_only:
+            self._remove_stale_temporaries()
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read(MAX_STATE_BYTES + 1)
-        except FileNotFoundError:
-            return {}
-        except OSError as e:
-            log.warning("cannot read state file %s: %s; starting without history", self.path, e)
-            return {}
-        try:
+            try:
+                raw = read_regular(self.path, MAX_STATE_BYTES + 1)
+            except FileNotFoundError:
+                return {}
+            except OSError as e:
+                log.warning("cannot read state file %s: %s; starting without history", self.path, e)
+                return {}
             if len(raw) > MAX_STATE_BYTES:
                 raise ValueError(f"larger than {MAX_STATE_BYTES} bytes")
             data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
                 raise ValueError(f"not a nodehealth state document of version {STATE_VERSION}")
+            validate_state(data)
+            if validate is not None:
+                validate(data)
             return data
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             if read_only:
                 log.warning("state file %s is unusable (%s); ignoring it", self.path, e)
                 return {}
             aside = self.path + ".corrupt"
-            log.error("state file %s is unusable (%s); moved to %s, starting without history", self.path, e, aside)
+            log.error("state file %s is unusable (%s); moved to %s, starting afresh without history",
+                      self.path, e, aside)
             try:
                 os.replace(self.path, aside)
             except OSError:
                 pass
             return {}
 
+    def _remove_stale_temporaries(self) -> None:
+        try:
+            names = [n for n in os.listdir(self.directory) if n.startswith(".tmp-")]
+        except OSError:
+            return
+        for name in names:
+            path = os.path.join(self.directory, name)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > TEMP_MAX_AGE_SECONDS:
+                    os.unlink(path)
+            except OSError:
+                continue
+
     def save(self, data: dict[str, Any]) -> None:
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         data = dict(data, version=STATE_VERSION)
         text = json.dumps(data, separators=(",", ":"), sort_keys=True, default=str)
         write_atomic(self.path, text.encode("utf-8"), durable=True, mode=0o600)
+
+def read_regular(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file; a FIFO or device in its place is a ValueError, never a wait."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks, total = [], 0
+        while total < limit:
+            chunk = os.read(fd, min(1 << 20, limit - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def expect(value: Any, types: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
+    """`value` if it has one of `types` (a bool is no number), else ValueError naming `where`."""
+    if value is None and optional:
+        return value
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise ValueError(f"{where} is {value!r}, not a number")
+    if not isinstance(value, types):
+        raise ValueError(f"{where} is {type(value).__name__} {str(value)[:40]!r}, not the type a state file holds")
+    return value
+
+
+def _check_finding(d: Any, where: str) -> None:
+    expect(d, dict, where)
+    for name in ("check", "reason", "message"):
+        expect(d.get(name), str, f"{where}.{name}")
+    expect(d.get("device", ""), str, f"{where}.device")
+    expect(d.get("evidence"), dict, f"{where}.evidence", optional=True)
+    for name in ("first_seen", "last_seen"):
+        expect(d.get(name), (int, float), f"{where}.{name}", optional=True)
+    try:
+        Severity(d.get("severity"))
+        Action(d.get("action", "none"))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def validate_state(data: dict[str, Any]) -> None:
+    """The policy's sections of a state document have the types this code uses, else ValueError:
+    a wrong type would crash every pass, and a daemon restarted by its supervisor would crash-loop."""
+    expect(data.get("boot_id"), str, "boot_id", optional=True)
+    for i, d in enumerate(expect(data.get("sticky", []), list, "sticky")):
+        _check_finding(d, f"sticky[{i}]")
+    for key, track in expect(data.get("debounce", {}), dict, "debounce").items():
+        where = f"debounce[{key[:60]!r}]"
+        expect(track, dict, where)
+        for name in ("bad", "good"):
+            expect(track.get(name, 0), int, f"{where}.{name}")
+        for name in ("first_seen", "last_bad"):
+            expect(track.get(name), (int, float), f"{where}.{name}", optional=True)
+        for name in ("raised", "event"):
+            expect(track.get(name, False), bool, f"{where}.{name}")
+        expect(track.get("check"), str, f"{where}.check", optional=True)
+        if track.get("finding") is not None:
+            _check_finding(track["finding"], f"{where}.finding")
+
 
 class Policy:
     """Turns each pass's raw findings into the node's current findings, remembering across passes."""

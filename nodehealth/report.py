@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import textwrap
+from typing import Any
 
 from nodehealth.model import Report, Severity
 
@@ -11,10 +13,21 @@ SCHEMA_VERSION = 1
 
 
 def to_json(report: Report) -> str:
-    """The stable `check --json` / `/v1/report` document (see README, "JSON report")."""
+    """The stable `check --json` / `/v1/report` document (see README, "JSON report"): strict JSON."""
     doc = {"schema_version": SCHEMA_VERSION}
     doc.update(report.to_dict())
-    return json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n"
+    return json.dumps(_finite(doc), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or Infinity (jq and Go reject them): a number that is not finite becomes null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def to_table(report: Report, width: int = 0, verbose: bool = False) -> str:

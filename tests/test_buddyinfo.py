@@ -386,3 +386,13 @@ def test_fuzz_mutated_real_buddyinfo(position, garbage_index):
         buddyinfo.parse_buddyinfo(text, 4096)
     except CollectError as e:
         assert "/proc/buddyinfo" in str(e)
+
+
+def test_zoneinfo_sizes_and_meminfo_bytes():
+    sizes = buddyinfo.parse_zoneinfo(read("dev-vm-6.18/zoneinfo"))
+    normal = next(s for s in sizes if s.name == "Normal")
+    assert (normal.node, normal.managed_pages, normal.present_pages, normal.high_pages) == (0, 720896, 5505024, 12199)
+    assert buddyinfo.counters(buddyinfo.Buddyinfo(4096, (), None, None, sizes))["0:Normal:managed_pages"] == 720896
+    info = buddyinfo.parse_meminfo(read("dev-vm-6.18/meminfo"))
+    assert info["MemTotal"] == 24731708 * 1024 and info["HugePages_Total"] == 0
+    assert buddyinfo.parse_zoneinfo("Node 0, zone Normal\n  managed x\n") == ()

@@ -168,3 +168,30 @@ def test_thresholds_are_configurable():
 
 def test_module_contract():
     assert check.NAME == "infiniband" and check.NEEDS == ("infiniband",) and check.DEBOUNCE is True
+
+
+def mixed_node(storage_model=("MT4123", "MT_0000000223")):
+    """Eight CX-7 NDR rails and a CX-6 HDR card for storage, all InfiniBand."""
+    rails = node()
+    storage = Device("mlx5_8", "20.39.1002", storage_model[1], storage_model[0], None,
+                     (port("mlx5_8", rate=(200.0, "4X HDR")),))
+    return InfiniBand(rails.devices + (storage,))
+
+
+def test_rates_are_compared_only_within_one_hca_model_and_link_layer():
+    assert judge(mixed_node()) == []  # a CX-6 at HDR is not a CX-7 that trained down
+    assert judge(mixed_node(storage_model=(None, None))) == []  # unknown model: compared with itself only
+    slow = replace(mixed_node(), devices=mixed_node().devices[:2] + (
+        replace(mixed_node().devices[2], ports=(port("mlx5_2", rate=(200.0, "4X HDR")),)),) + mixed_node().devices[3:])
+    assert summary(judge(slow)) == [("PortRateDegraded", DEGRADED, "mlx5_2:1")]
+
+
+@pytest.mark.parametrize("expected", [{"mlx5_8": 400}, {"mlx5_8:1": 400}, {"InfiniBand": 400}])
+def test_a_configured_expectation_per_port_device_or_layer(expected):
+    assert summary(judge(mixed_node(), expected_rate_gbps=expected)) == [("PortRateDegraded", DEGRADED, "mlx5_8:1")]
+
+
+
+def test_the_most_specific_expectation_wins():
+    assert judge(mixed_node(), expected_rate_gbps={"InfiniBand": 400, "mlx5_8": 200}) == []
+    assert judge(mixed_node(), expected_rate_gbps={"mlx5_8": 400, "mlx5_8:1": 200}) == []

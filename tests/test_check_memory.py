@@ -1,6 +1,8 @@
 """The memory (fragmentation) check: table-driven, no files."""
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from nodehealth.checks import memory
@@ -9,6 +11,7 @@ from nodehealth.engine import run_check
 from nodehealth.model import Action, CollectorResult, Observed, Severity
 
 MIB = 1 << 20
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 
 # Real rows (host-memory.md and tests/fixtures/memory): free blocks per order 0..10.
 RHCOS_NORMAL = (356, 154, 571, 302, 143, 14, 7, 4, 3, 2, 0)  # 42.4 MiB free, index 0.906
@@ -138,7 +141,8 @@ def test_thresholds_come_from_config(cfg, expected):
 
 def test_defaults_are_the_documented_ones():
     assert memory.DEFAULTS == {"unusable_index": 0.9, "large_block_bytes": MIB, "large_block_min_free": 10,
-                               "low_free_bytes": 64 * MIB, "min_free_2mib_blocks": 8}
+                               "low_free_bytes": 64 * MIB, "min_free_2mib_blocks": 8, "low_available_ratio": 0.1,
+                               "drop_caches_min_ratio": 0.1, "unsettled_free_ratio": 0.5}
     assert memory.NEEDS == ("buddyinfo",) and memory.DEBOUNCE is True
 
 
@@ -167,3 +171,69 @@ def test_judged_through_the_engine():
     results = {"buddyinfo": CollectorResult("buddyinfo", True, True, facts=facts)}
     [f] = run_check(memory, results, Observed({"buddyinfo": facts}), dict(memory.DEFAULTS))
     assert f.severity is Severity.DEGRADED
+
+
+GIB = 1 << 30
+
+
+def meminfo(total=64, free=None, available=None, cached=1, shmem=0):
+    """/proc/meminfo in bytes, sizes in GiB."""
+    return {"MemTotal": total * GIB, "MemFree": int((free if free is not None else 0.1) * GIB),
+            "MemAvailable": int((available if available is not None else 1) * GIB), "Cached": int(cached * GIB),
+            "Buffers": 0, "SReclaimable": 0, "Shmem": int(shmem * GIB)}
+
+
+def judge_with(zone, info, rates=None, **cfg):
+    facts = Buddyinfo(4096, (zone,), None, info)
+    return memory.judge(Observed({"buddyinfo": facts}, {"buddyinfo": rates or {}}), {**memory.DEFAULTS, **cfg})
+
+
+def test_a_zone_low_on_free_memory_is_no_shortage_while_memavailable_is_large():
+    rhcos = normal(RHCOS_NORMAL)  # 42 MiB free in the zone
+    free = rhcos.free_bytes / GIB
+    assert judge_with(rhcos, meminfo(free=free, available=40, cached=38)) == []
+    (f,) = judge_with(rhcos, meminfo(free=free, available=2, cached=1.5))
+    assert f.reason == "ZoneLowOnMemory" and "drop_caches" not in f.message  # caches are not the cause
+    (f,) = judge_with(rhcos, meminfo(free=free, available=6, cached=7, shmem=0.5))
+    assert "drop_caches" in f.message  # 6.5 GiB of reclaimable cache is a tenth of memory
+
+
+def test_dropping_caches_is_advised_for_fragmentation_only_when_caches_are_the_cause():
+    zone = normal(NODE_EXPORTER_NORMAL)
+    free = zone.free_bytes / GIB
+    (f,) = judge_with(zone, meminfo(free=free, cached=20))
+    assert f.reason == "HugeBlocksExhausted" and "drop_caches" in f.message
+    (f,) = judge_with(zone, meminfo(free=free, cached=20, shmem=19))  # shmem cannot be dropped
+    assert "drop_caches" not in f.message and "compact_memory" in f.message
+
+
+def test_a_zone_still_growing_is_not_judged():
+    """A VM whose Normal zone is still being handed memory looks low and fragmented for a while."""
+    vm = normal(DEV_VM_NORMAL)
+    low = normal(orders(o0=1000))  # 4 MiB free: low and fragmented on its own
+    assert [f.reason for f in judge_with(low, None)] == ["ZoneLowOnMemory"]
+    assert judge_with(low, None, rates={"0:Normal:managed_pages": 2048.0}) == []  # managed pages grew
+    # The development VM: MemFree 22 GiB while the free lists hold 3 GiB.
+    assert judge_with(low, meminfo(total=24, free=22, available=1)) == []
+    assert judge_with(vm, meminfo(total=24, free=22, available=23)) == []
+
+
+def test_the_development_vm_is_judged_as_captured():
+    from nodehealth.collectors import buddyinfo
+    from nodehealth.host import HostPaths
+
+    facts = buddyinfo.collect(HostPaths(os.path.join(FIXTURES, "machines", "plain-host")), {})
+    assert facts.meminfo["MemFree"] > 5 * sum(z.free_bytes for z in facts.zones)
+    assert memory.judge(Observed({"buddyinfo": facts}), dict(memory.DEFAULTS)) == []
+
+
+def test_a_zone_under_its_high_watermark_is_low_even_above_the_fixed_floor():
+    from nodehealth.collectors.buddyinfo import ZoneSize
+
+    zone = normal(orders(o0=25600))  # 100 MiB free, all in 4 KiB pages: over the 64 MiB floor
+    info = meminfo(free=zone.free_bytes / GIB, available=2, cached=1)
+    high = ZoneSize(0, "Normal", 1 << 22, 1 << 22, high_pages=51200)  # 200 MiB high watermark
+    facts = Buddyinfo(4096, (zone,), None, info, (high,))
+    assert [f.reason for f in memory.judge(Observed({"buddyinfo": facts}), dict(memory.DEFAULTS))] == [
+        "ZoneLowOnMemory"]
+    assert [f.reason for f in judge_with(zone, info)] == ["HugeBlocksExhausted"]  # without zoneinfo

@@ -87,3 +87,12 @@ def test_unmounted_path_is_described_as_a_path():
 
 def test_module_contract():
     assert check.NAME == "mounts" and check.NEEDS == ("mounts",) and check.DEBOUNCE is True
+
+
+def test_skipped_mount_table_lines_are_named_and_the_rest_judged():
+    hung = Mount("/mnt/home", "nfs4", "s:/h", True, False, False, None, 6.0)
+    facts = Mounts((hung,), bad_lines=1, first_bad_line="/proc/self/mountinfo line 2: '413 29 0:59 /  rw'")
+    findings = check.judge(Observed({"mounts": facts}), {})
+    assert [(f.reason, f.severity) for f in findings] == [("MountUnresponsive", Severity.DEGRADED),
+                                                          ("MountTableLinesSkipped", Severity.INFO)]
+    assert "line 2" in findings[1].message

@@ -432,3 +432,34 @@ def test_kernel_log_checks_never_raise_and_give_valid_findings(events, repeat, w
             assert re.match(r"^[A-Z][A-Za-z0-9]*$", f.reason)
             assert f.message.strip() and f.message.endswith(".")
             assert isinstance(f.device, str)
+
+
+def saved(events):
+    """Judged as `check --kernel-log` does: a saved log (no boot id), as of its last event."""
+    obs = Observed({"kmsg": KmsgFacts(tuple(events), boot_id=None)}, now=NOW + 30 * DAY)
+    return (xid.judge(obs, dict(xid.DEFAULTS)) + kernel.judge(obs, dict(kernel.DEFAULTS))
+            + link_events.judge(obs, dict(link_events.DEFAULTS)))
+
+
+def test_a_saved_log_lists_every_event_older_ones_as_info_fatal_as_they_are():
+    """A post-mortem must show what happened days before the end, with its time, without counting it."""
+    events = [ev(13, "Graphics Exception", age=3 * DAY), ev(79, "GPU has fallen off the bus", age=2 * DAY),
+              ev(13, "Graphics Exception", device=GPU2, age=2 * DAY), ev(13, "Graphics Exception", device=GPU2),
+              KernelEvent("hung_task", "python", text="INFO: task python:7 blocked for more than 120 seconds",
+                          wall_time=NOW - 4 * DAY, detail={"pid": 7, "seconds": 120}),
+              KernelEvent("link_up", "eth1", text="mlx5_core 0000:9d:00.1 eth1: Link up", wall_time=NOW - 5 * DAY),
+              KernelEvent("link_down", "eth1", text="mlx5_core 0000:9d:00.1 eth1: Link down", wall_time=NOW - 4 * DAY),
+              ev(31, "MMU Fault", age=0)]
+    found = {(f.reason, f.device): f for f in saved(events)}
+    old13 = found[("Xid13GraphicsException", GPU)]
+    assert old13.severity is Severity.INFO and old13.action is Action.NONE
+    assert "2023-11-11 22:13:20 UTC" in old13.message and "no longer counts" in old13.message
+    assert old13.evidence["earlier_times"] == [NOW - 3 * DAY]
+    assert found[("Xid79FallenOffBus", GPU)].severity is Severity.FATAL  # fatal counts all boot
+    recent13 = found[("Xid13GraphicsException", GPU2)]
+    assert recent13.severity is Severity.WARNING and recent13.evidence["count"] == 1
+    assert recent13.evidence["earlier_count"] == 1 and "Earlier" in recent13.message
+    assert found[("HungTask", "python")].severity is Severity.INFO
+    assert found[("LinkDownRecovered", "eth1")].severity is Severity.INFO
+    # On a live node the old transient ones are simply out of the window.
+    assert [f.reason for f in judge(events[:1] + events[-1:])] == ["Xid31MmuFault"]

@@ -67,3 +67,61 @@ def test_kernel_log_that_cannot_be_read_is_unknown(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert code == 2 and {f["reason"] for f in doc["findings"]} == {"CollectorFailed"}
     assert "absent.log" in doc["findings"][0]["message"]
+
+
+@pytest.mark.parametrize("data", [b"", b"\x00\x01\x02\xff" * 64])
+def test_an_empty_or_binary_kernel_log_is_unknown_not_healthy(tmp_path, data, capsys):
+    path = tmp_path / "kern.log"
+    path.write_bytes(data)
+    code = cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["status"] == "unknown"
+    assert {f["check"] for f in doc["findings"]} == {"xid", "kernel", "link_events"}
+    assert all(f["severity"] == "unknown" and f"0 records recognised in {path}" in f["message"]
+               for f in doc["findings"])
+
+
+def test_a_gzipped_kernel_log_is_judged(tmp_path, capsys):
+    import gzip
+
+    src = os.path.join(os.path.dirname(__file__), "fixtures", "kmsg", "gpud", "dmesg-with-xid-119.log")
+    path = tmp_path / "kern.log.2.gz"
+    path.write_bytes(gzip.compress(open(src, "rb").read()))
+    assert cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"]) == 1
+    assert "Xid119GspRpcTimeout" in {f["reason"] for f in json.loads(capsys.readouterr().out)["findings"]}
+
+
+@pytest.mark.parametrize("root", ["/nonexistent", "EMPTY"])
+def test_a_root_that_is_no_machine_is_a_usage_error(tmp_path, root, capsys):
+    root = str(tmp_path) if root == "EMPTY" else root
+    assert cli.main(["check", "--root", root]) == 2
+    err = capsys.readouterr().err
+    assert f"--root {root}: no proc/" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("only", ["", " , "])
+def test_an_empty_only_is_a_usage_error(only, capsys):
+    assert cli.main(["check", "--only", only]) == 2
+    assert "--only needs at least one" in capsys.readouterr().err
+
+
+def test_only_a_source_this_host_lacks_says_nothing_was_checked(capsys):
+    root = os.path.join(os.path.dirname(__file__), "fixtures", "machines", "plain-host")
+    assert cli.main(["check", "--root", root, "--only", "infiniband"]) == 2
+    out = capsys.readouterr().out
+    assert "UNKNOWN" in out and "Nothing was checked" in out and "no findings" not in out
+    assert cli.main(["check", "--root", root, "--only", "infiniband", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["status"] == "unknown" and [f["reason"] for f in doc["findings"]] == ["NothingChecked"]
+
+
+@pytest.mark.parametrize("argv", [["breaker", "reset"], ["daemon", "--kube", "--listen", "127.0.0.1:0"]])
+def test_kubernetes_features_without_the_package_name_the_extra_in_one_line(argv, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` raises ImportError
+    root = os.path.join(os.path.dirname(__file__), "fixtures", "machines", "plain-host")
+    extra = ["--root", root, "--state-dir", str(tmp_path)] if argv[0] == "daemon" else []
+    assert cli.main(argv + extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'nodehealth[k8s]'" in err

@@ -58,9 +58,13 @@ class Policy:
     def admit(self, old: dict, new: dict, user: str = AGENT, node_name: str | None = "gpu-1",
               subresource: str = "") -> str:
         """"not matched", "allowed", or the first failing validation's message."""
-        extra = {NODE_NAME_EXTRA: [node_name]} if node_name is not None else {}
+        # The API server leaves `extra` out of userInfo when a token carries none (a token that is not
+        # node-bound), so the policy must not assume the key exists.
+        user_info = {"username": user}
+        if node_name is not None:
+            user_info["extra"] = {NODE_NAME_EXTRA: [node_name]}
         request = {"operation": "UPDATE", "subResource": subresource, "name": new["metadata"]["name"],
-                   "userInfo": {"username": user, "extra": extra}}
+                   "userInfo": user_info}
         activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(new),
                       "oldObject": celpy.json_to_cel(old)}
         if not all(bool(p.evaluate(activation)) for p in self.match):
@@ -220,7 +224,8 @@ def test_daemonset_is_the_unprivileged_agent_the_issue_asks_for():
     assert spec["hostPID"] is True and spec["priorityClassName"] == "system-node-critical"
     assert "nvidia.com/gpu" not in str(container["resources"])  # never takes GPUs from jobs
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
-    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    assert {"name": "NODE_NAME",
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}} in container["env"]
     assert "runtimeClassName" in spec
     assert container["args"][:3] == ["daemon", "--root", "/host"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}

@@ -117,3 +117,18 @@ def test_a_failed_pass_does_not_inflate_the_next_rate():
     for _ in range(4):
         e.run()
     assert seen == [None, 1.0]  # 90 over the 90 s since the last good sample, not over 30 s
+
+
+def test_a_collector_may_lift_its_deadline_for_finite_work():
+    """`check --kernel-log` on a log of a million lines takes longer than the collector deadline."""
+    from nodehealth.collectors import kmsg
+
+    slow = collector("saved", lambda host, cfg: (time.sleep(0.5), Facts(1))[1])
+    slow.deadline = kmsg.deadline
+    e = engine([slow], [check("s", ("saved",), says("s"))], timeout=0.1)
+    e.config["collectors"]["saved"] = {"files": ["kern.log"]}
+    results, findings = e.run()
+    assert results["saved"].success and [f.reason for f in findings] == ["Saw"]
+    e.config["collectors"]["saved"] = {"files": []}  # the live /dev/kmsg keeps the engine's deadline
+    results, findings = e.run()
+    assert not results["saved"].success and "timed out" in results["saved"].error

@@ -128,14 +128,17 @@ def test_the_real_h100_node_is_healthy_on_the_first_pass():
 
 # --- node_exporter and procfs trees ---------------------------------------------------------------
 
-def test_node_exporter_mlx4_prefers_64_bit_counters_ext():
-    p = port(collect(NODE_EXPORTER), "mlx4_0:1")
+def test_node_exporter_mlx4_takes_the_larger_of_counters_and_counters_ext():
+    facts = collect(NODE_EXPORTER)
+    p = port(facts, "mlx4_0:1")
     assert p.counters_ext["port_xmit_data_64"] is not None
-    assert p.transmitted_bytes == p.counters_ext["port_xmit_data_64"] * 4
-    # the _64 file wins even where this test tree gives it a smaller value than the legacy file,
-    # whose 32-bit counters stick at their maximum (see port_xmit_wait)
-    assert p.traffic("port_rcv_packets", "port_rcv_packets_64") == 0
-    assert p.counter("port_rcv_packets") == 6825908347
+    assert p.transmitted_bytes == max(p.counters_ext["port_xmit_data_64"], p.counter("port_xmit_data")) * 4
+    # counters_ext/ says 0 where counters/ holds 6825908347 (more than 32 bits: not a stuck legacy file)
+    assert p.counters_ext["port_rcv_packets_64"] == 0
+    assert p.traffic("port_rcv_packets", "port_rcv_packets_64") == p.counter("port_rcv_packets") == 6825908347
+    # /metrics and the rates read the same source
+    exported = samples(infiniband.metrics(facts), "nodehealth_infiniband_port_received_packets_total")
+    assert exported[("mlx4_0", "1")] == infiniband.counters(facts)["mlx4_0:1:port_rcv_packets"] == 6825908347
     assert p.counter("port_xmit_wait") == 2**32 - 1
     assert p.counter("port_rcv_discards") is not None
     assert (p.rate_gbps, p.rate_text) == (40.0, "4X QDR")
@@ -243,6 +246,9 @@ def test_parse_state(text, expected):
     ("2.5 Gb/sec (1X SDR)", (2.5, "1X SDR")),
     ("10 Gb/sec (4X)", (10.0, "4X")),
     ("56 Gb/sec", (56.0, None)),
+    ("0 GB/sec", (0.0, None)),  # the kernel's rate_show for a rate it does not know
+    ("0 GB/sec\n", (0.0, None)),
+    ("5 GB/sec", (None, None)),
     ("nan Gb/sec (4X)", (None, None)),
     ("inf Gb/sec (4X)", (None, None)),
     ("Unknown", (None, None)),

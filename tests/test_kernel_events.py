@@ -184,8 +184,10 @@ def test_sxid_takes_its_continuation_lines():
 
 
 def test_sxid_in_real_logs():
-    events = events_of_file("issues/nvtrust-124.sxid-22013-minion-dlreq.h100-tdx.partial.txt")
-    # The excerpt starts with the Data line of an SXid that was cut off: it is no event.
+    orphan, *events = events_of_file("issues/nvtrust-124.sxid-22013-minion-dlreq.h100-tdx.partial.txt")
+    # The excerpt starts with the Data line of an SXid whose first line was cut off: still an SXid.
+    assert (orphan.kind, orphan.device, orphan.code, orphan.detail["fatal"]) == (SXID, "0000:04:00.0", 22013, None)
+    assert orphan.detail["data"].startswith("0x0000002b")
     assert [(e.kind, e.device, e.code, e.detail["link"]) for e in events] == [
         (SXID, "0000:04:00.0", 22013, 44), (SXID, "0000:04:00.0", 22013, 45), (SXID, "0000:04:00.0", 22013, 46)]
     assert all(e.detail["fatal"] is False for e in events)
@@ -398,3 +400,24 @@ def test_a_userspace_write_to_kmsg_cannot_fake_an_xid():
     assert [r.facility for r in records] == [1, 0]
     events = list(events_from_records(records))
     assert [(e.kind, e.seq) for e in events] == [("xid", 901)]
+
+
+def test_gpu_fallen_off_the_bus_without_a_pci_domain():
+    [event] = events_of_lines("NVRM: GPU 18:00.0: GPU has fallen off the bus.")
+    assert (event.kind, event.device) == (GPU_FALLEN_OFF_BUS, "0000:18:00.0")
+
+
+def test_an_sxid_whose_headline_is_missing_is_still_found():
+    """A log that starts mid-message: the Severity and Data lines of a fatal SXid 20034, no headline."""
+    from conftest import KmsgFacts
+
+    from nodehealth.checks import xid
+    from nodehealth.model import Observed, Severity
+
+    events = events_of_lines(
+        "[6781753.404848] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60 "
+        "Sub-engine instance 00",
+        "[6781753.406566] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Data {0x10000000, 0x10000000}")
+    assert [(e.kind, e.code, e.device, e.detail["severity"]) for e in events] == [(SXID, 20034, "0000:07:00.0", 1)]
+    [finding] = xid.judge(Observed({"kmsg": KmsgFacts(tuple(events))}, now=1e9), dict(xid.DEFAULTS))
+    assert (finding.reason, finding.severity) == ("SXid20034LtssmFaultUp", Severity.FATAL)

@@ -201,6 +201,49 @@ def test_unreadable_file_is_a_collect_error_naming_it(tmp_path, make):
         kmsg.collect(None, {"files": [path]})
 
 
+XID_LOG = (b"[Fri Aug 30 11:43:14 2024] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.\n"
+           b"[Fri Aug 30 11:43:15 2024] NVRM: Xid (PCI:0000:3b:00): 48, pid=1, An uncorrectable double bit error\n")
+
+
+def compress(kind: str, data: bytes) -> bytes:
+    if kind == "gz":
+        import gzip
+        return gzip.compress(data)
+    if kind == "xz":
+        import lzma
+        return lzma.compress(data)
+    zstandard = pytest.importorskip("zstandard")
+    return zstandard.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize("kind", ["gz", "xz", "zst"])
+def test_rotated_compressed_logs_are_read(tmp_path, kind):
+    path = write(str(tmp_path / f"kern.log.1.{kind}"), compress(kind, XID_LOG))
+    facts = kmsg.collect(None, {"files": [path]})
+    assert [(e.code, e.device) for e in facts.events] == [(79, "0000:3b:00.0"), (48, "0000:3b:00.0")]
+
+
+def test_zstd_without_the_zstandard_package_is_a_clear_error(tmp_path, monkeypatch):
+    path = write(str(tmp_path / "kern.log.zst"), b"\x28\xb5\x2f\xfd" + b"\x00" * 20)
+    monkeypatch.setitem(__import__("sys").modules, "zstandard", None)  # import zstandard raises ImportError
+    with pytest.raises(CollectError, match=r"kern.log.zst is zstd-compressed.*zstandard package"):
+        kmsg.collect(None, {"files": [path]})
+
+
+@pytest.mark.parametrize("kind", ["gz", "xz"])
+def test_corrupt_compressed_log_is_a_collect_error_naming_it(tmp_path, kind):
+    path = write(str(tmp_path / f"kern.{kind}"), compress(kind, XID_LOG * 50)[:40])
+    with pytest.raises(CollectError, match=f"kern.{kind}"):
+        kmsg.collect(None, {"files": [path]})
+
+
+@pytest.mark.parametrize("data", [b"", b"\n\n", os.urandom(4096).replace(b"\n", b"") + b"\n" + bytes(range(256))])
+def test_an_empty_or_binary_log_is_no_record_at_all(tmp_path, data):
+    path = write(str(tmp_path / "kern.bin"), data)
+    with pytest.raises(CollectError, match=r"0 records recognised in .*kern.bin"):
+        kmsg.collect(None, {"files": [path, os.path.join(KMSG, "gpud", "kmsg.1.log")]})
+
+
 def test_supported():
     assert kmsg.supported(HostPaths(os.path.join(MACHINES, "plain-host")), {"files": []}) is None
     empty = HostPaths(tempfile.gettempdir() + "/nodehealth-no-such-root")
@@ -275,10 +318,7 @@ def test_follower_on_a_file_returns_only_new_records(machine_root):
     follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {})
     count, overwritten, last_seq, events = follower.read_new()
     assert (count, overwritten, last_seq, events) == (320, 0, 321, [])
-    t0 = time.monotonic()
     assert follower.read_new() == (0, 0, 321, [])
-    follower.wait(5.0)
-    assert time.monotonic() - t0 < 1.0  # a regular file gives no signal: a short nap, not the timeout
     append(machine_root, "4,322,348000000,-;NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus.\n"
                          "6,323,348000001,-;mlx5_core 0000:1b:00.1 enp27s0f1np1: Link d")
     count, _, last_seq, events = follower.read_new()
@@ -429,6 +469,47 @@ def test_fuzz_saved_log_bytes(data):
     with tempfile.NamedTemporaryFile() as f:
         f.write(data)
         f.flush()
-        facts = kmsg.collect(None, {"files": [f.name]})
+        try:
+            facts = kmsg.collect(None, {"files": [f.name]})
+        except CollectError as e:  # the one clear error for bytes that hold no kernel log at all
+            assert str(e).startswith(("0 records recognised in", "cannot read kernel log")), e
+            return
     assert facts.records + facts.malformed <= data.count(b"\n") + 1
     assert all(e.kind in KINDS for e in facts.events)
+
+
+def test_an_idle_follower_on_a_file_sleeps_until_the_file_changes(machine_root):
+    """inotify: no wake-up every 10 ms while nothing happens, and a new line wakes it at once."""
+    import threading
+
+    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {})
+    follower.read_new()
+    assert follower._watch is not None  # Linux has inotify
+    t0 = time.monotonic()
+    follower.wait(0.5)
+    assert time.monotonic() - t0 >= 0.45  # slept the whole timeout: nothing changed
+    threading.Timer(0.2, append, (machine_root, "3,999999,5,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics\n")).start()
+    t0 = time.monotonic()
+    follower.wait(5.0)
+    assert time.monotonic() - t0 < 2.0
+    assert [e.code for e in follower.read_new()[3]] == [13]
+    follower.close()
+
+
+def test_without_inotify_an_idle_follower_backs_off(machine_root, monkeypatch):
+    def no_inotify(path):
+        raise OSError(errno.EMFILE, "inotify instances used up")
+
+    monkeypatch.setattr(kmsg, "_FileWatch", no_inotify)
+    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {})
+    follower.read_new()
+    sleeps = []
+    monkeypatch.setattr(kmsg.time, "sleep", sleeps.append)
+    for _ in range(10):
+        follower.wait(5.0)
+    assert sleeps[0] == kmsg.FILE_POLL_SECONDS[0] and sleeps[-1] == kmsg.FILE_POLL_SECONDS[1]
+    append(machine_root, "3,999999,5,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics\n")
+    follower.read_new()
+    follower.wait(5.0)
+    assert sleeps[-1] == kmsg.FILE_POLL_SECONDS[0]  # busy again: back to quick polls
+    follower.close()

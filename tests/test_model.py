@@ -38,9 +38,15 @@ def test_finding_round_trips_through_dict():
 
 def test_metric_rejects_bad_shapes_and_skips_absent_values():
     with pytest.raises(ValueError):
-        Metric("x_total", "h", kind="histogram")
+        Metric("x_total", "h", kind="summary")
     with pytest.raises(ValueError):
         Metric("x", "h", kind="counter")
+    with pytest.raises(ValueError):  # a histogram's samples come from add_histogram only
+        Metric("x", "h", kind="gauge").add_histogram((), (1.0,), {}, 0.0)
+    h = Metric("h_seconds", "h", kind="histogram", labels=("g",))
+    h.add_histogram(("a",), (1.0, 2.0), {0: 1}, 0.5)
+    with pytest.raises(ValueError):  # every series of one family shares its buckets
+        h.add_histogram(("b",), (1.0, 3.0), {}, 0.0)
     m = Metric("x", "h", labels=("a",))
     m.add(("1",), None)
     assert m.samples == []
@@ -48,3 +54,22 @@ def test_metric_rejects_bad_shapes_and_skips_absent_values():
         m.add((), 1)
     m.add((3,), 2)
     assert m.samples == [(("3",), 2.0)]
+
+
+def test_the_json_report_is_strict_json_without_nan_or_infinity():
+    import json
+    import math
+
+    from nodehealth import report as render
+    from nodehealth.model import Finding, Report, Severity, Status
+
+    f = Finding("infiniband", Severity.WARNING, "X", "m", evidence={"rate": math.nan, "limits": [math.inf, 1.5]},
+                first_seen=-math.inf, last_seen=2.0)
+    text = render.to_json(Report("n", Status.HEALTHY, [f], []))
+
+    def refuse(name):
+        raise AssertionError(f"{name} in the JSON report")
+
+    doc = json.loads(text, parse_constant=refuse)
+    assert doc["findings"][0]["evidence"] == {"rate": None, "limits": [None, 1.5]}
+    assert doc["findings"][0]["first_seen"] is None and doc["findings"][0]["last_seen"] == 2.0

@@ -106,7 +106,7 @@ def by_mountpoint(facts):
 # --- parsing ----------------------------------------------------------------------------------
 
 def test_parse_this_machines_real_mountinfo():
-    entries = mounts.parse_mountinfo(sample("self-vm-6.18.mountinfo"), "x")
+    entries = mounts.parse_mountinfo(sample("self-vm-6.18.mountinfo"), "x")[0]
     assert len(entries) == 20
     assert mounts.MountEntry("/", "ext4", "/dev/vda") in entries
     assert [e.mountpoint for e in entries].count("/dev/pts") == 2  # over-mounted: both lines are kept here
@@ -123,17 +123,17 @@ def test_parse_this_machines_real_mountinfo():
     (ODD_ESCAPES, mounts.MountEntry("/mnt/a\\b\tc\nd", "9p", "share")),
 ])
 def test_parse_lines(line, expected):
-    assert mounts.parse_mountinfo(line + "\n", "x") == (expected,)
+    assert mounts.parse_mountinfo(line + "\n", "x")[0] == (expected,)
 
 
 def test_only_newline_ends_a_line():
     odd = "540 29 0:63 / /home/bob/a\u2028b\x0cc rw - fuse.sshfs bob@h:/ rw"
-    (entry,) = mounts.parse_mountinfo(odd + "\n", "x")
+    (entry,) = mounts.parse_mountinfo(odd + "\n", "x")[0]
     assert entry.mountpoint == "/home/bob/a\u2028b\x0cc"
 
 
 def test_blank_lines_and_no_final_newline_are_fine():
-    assert len(mounts.parse_mountinfo(ROOT + "\n\n" + NFS4, "x")) == 2
+    assert len(mounts.parse_mountinfo(ROOT + "\n\n" + NFS4, "x")[0]) == 2
 
 
 @pytest.mark.parametrize("line", [
@@ -146,9 +146,20 @@ def test_blank_lines_and_no_final_newline_are_fine():
     "412 29 0:58 / /mnt rw -  s rw",  # empty fstype
     "garbage",
 ])
-def test_malformed_line_fails_naming_file_and_line(line):
-    with pytest.raises(CollectError, match=r"/proc/self/mountinfo line 2 "):
-        mounts.parse_mountinfo(ROOT + "\n" + line + "\n", "/proc/self/mountinfo")
+def test_a_malformed_line_is_skipped_and_counted_and_the_rest_parsed(line):
+    entries, bad = mounts.parse_mountinfo(ROOT + "\n" + line + "\n" + NFS4 + "\n", "/proc/self/mountinfo")
+    assert [e.mountpoint for e in entries] == [mounts.parse_mountinfo(ROOT, "x")[0][0].mountpoint, "/mnt/home"]
+    assert bad == [f"line 2: {line!r}"]
+
+
+def test_an_empty_mount_point_costs_only_its_line(tmp_path):
+    """Peers' data: one line whose mount point the kernel printed empty; the NFS mount after it is still judged."""
+    empty = "413 29 0:59 /  rw,relatime - nfs4 10.20.0.6:/export/x rw"
+    host = machine_root(tmp_path, ROOT, empty, NFS4)
+    facts = mounts.collect(host, {"timeout_seconds": TIMEOUT}, stat=lambda path: None)
+    assert [m.mountpoint for m in facts.mounts] == ["/mnt/home"]
+    assert (facts.bad_lines, facts.first_bad_line) == (1, f"{host.proc('self', 'mountinfo')} line 2: {empty!r}")
+    assert {m.name: m.samples for m in mounts.metrics(facts)}["nodehealth_mount_table_unparsed_lines"] == [((), 1.0)]
 
 
 # --- selection --------------------------------------------------------------------------------
@@ -169,7 +180,7 @@ def test_extra_fstypes_from_config():
 
 
 def test_select_network_fuse_and_configured_paths():
-    entries = mounts.parse_mountinfo("\n".join([ROOT, EXT4_NO_OPTIONAL, NFS4, SSHFS]), "x")
+    entries = mounts.parse_mountinfo("\n".join([ROOT, EXT4_NO_OPTIONAL, NFS4, SSHFS]), "x")[0]
     chosen = mounts.select(entries, ["/data/", "/scratch"], set())
     assert [(e.mountpoint, mounted, configured) for e, mounted, configured in chosen] == [
         ("/data", True, True),  # a local mount, probed because configured
@@ -181,7 +192,7 @@ def test_select_network_fuse_and_configured_paths():
 
 def test_select_last_entry_of_a_mount_point_wins():
     over = "413 412 0:59 / /mnt/home rw - nfs4 10.20.0.6:/export/home2 rw"
-    (chosen,) = mounts.select(mounts.parse_mountinfo(NFS4 + "\n" + over, "x"), [], set())
+    (chosen,) = mounts.select(mounts.parse_mountinfo(NFS4 + "\n" + over, "x")[0], [], set())
     assert chosen[0].source == "10.20.0.6:/export/home2"
 
 
@@ -336,7 +347,7 @@ def test_metrics():
 @given(st.text(max_size=400))
 def test_fuzz_any_text(text):
     try:
-        entries = mounts.parse_mountinfo(text, "fuzz")
+        entries = mounts.parse_mountinfo(text, "fuzz")[0]
     except CollectError:
         return
     assert all(e.mountpoint.startswith("/") and e.fstype for e in entries)
@@ -353,7 +364,7 @@ token = st.one_of(
 def test_fuzz_token_lines(lines):
     text = "\n".join(" ".join(tokens) for tokens in lines)
     try:
-        entries = mounts.parse_mountinfo(text, "fuzz")
+        entries = mounts.parse_mountinfo(text, "fuzz")[0]
     except CollectError:
         return
     assert len(entries) <= len(lines)

@@ -1,4 +1,9 @@
 import json
+import os
+import stat
+import time
+
+import pytest
 
 from nodehealth.config import POLICY_DEFAULTS
 from nodehealth.model import Action, Finding, Severity
@@ -118,3 +123,76 @@ def test_check_reads_the_daemon_state_without_touching_it(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({"version": 99}))  # a newer daemon's file
     assert StateFile(str(tmp_path)).load(read_only=True) == {}
     assert (tmp_path / "state.json").exists() and not (tmp_path / "state.json.corrupt").exists()
+
+
+KMSG_OK = {"boot_id": "b", "records": 1, "last_seq": 3, "events": [{"kind": "xid", "device": "0000:3b:00.0",
+                                                                   "code": 79, "text": "x", "detail": {}}]}
+
+
+@pytest.mark.parametrize("bad", [
+    {"kmsg": []},
+    {"kmsg": dict(KMSG_OK, records="12")},
+    {"kmsg": dict(KMSG_OK, last_seq="zz")},
+    {"kmsg": dict(KMSG_OK, events=[dict(KMSG_OK["events"][0], device=3)])},
+    {"kmsg": dict(KMSG_OK, events="xid")},
+    {"debounce": {"infiniband|PortRateDegraded|mlx5_0:1": {"bad": "2", "good": 0}}},
+    {"debounce": {"k": {"bad": 1, "good": 0, "raised": "yes"}}},
+    {"sticky": [dict(LOST.to_dict(), severity="very")]},
+    {"sticky": {"a": 1}},
+    {"boot_id": 7},
+])
+def test_valid_json_with_wrong_types_is_set_aside_and_the_daemon_starts_afresh(tmp_path, bad, caplog):
+    from nodehealth.daemon import KernelEvents
+
+    good = {"version": 1, "boot_id": "b", "sticky": [LOST.to_dict()], "debounce": {}, "kmsg": KMSG_OK}
+    (tmp_path / "state.json").write_text(json.dumps(good))
+    assert StateFile(str(tmp_path)).load(validate=KernelEvents.validate) == good
+    (tmp_path / "state.json").write_text(json.dumps(dict(good, **bad)))
+    assert StateFile(str(tmp_path)).load(validate=KernelEvents.validate) == {}
+    assert (tmp_path / "state.json.corrupt").exists() and not (tmp_path / "state.json").exists()
+    assert "starting afresh" in caplog.text
+
+
+def test_a_fifo_in_place_of_the_state_file_does_not_block(tmp_path):
+    os.mkfifo(tmp_path / "state.json")
+    assert StateFile(str(tmp_path)).load(read_only=True) == {}  # check: ignored, untouched
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "state.json").st_mode)
+    assert StateFile(str(tmp_path)).load() == {}  # daemon: set aside
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "state.json.corrupt").st_mode)
+
+
+def test_a_huge_state_file_is_not_read_whole(tmp_path, monkeypatch):
+    from nodehealth import daemon, policy
+
+    event = {"kind": "xid", "device": "0000:3b:00.0", "code": 13, "text": "x" * 40, "seq": 1, "detail": {}}
+    (tmp_path / "state.json").write_text(json.dumps({"version": 1, "boot_id": "b",
+                                                     "kmsg": {"boot_id": "b", "events": [event] * 400000}}))
+    reads = []
+    real_read = os.read
+    monkeypatch.setattr(policy.os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    assert StateFile(str(tmp_path)).load(validate=daemon.KernelEvents.validate) == {}
+    assert sum(reads) <= policy.MAX_STATE_BYTES + 1
+    # Under the size cap, only the newest MAX_EVENTS are kept.
+    (tmp_path / "state.json").write_text(json.dumps({"version": 1, "boot_id": "b", "kmsg": {
+        "boot_id": "b", "events": [dict(event, seq=i) for i in range(daemon.MAX_EVENTS + 5)]}}))
+    kernel = daemon.KernelEvents("b", "/dev/kmsg")
+    kernel.restore(StateFile(str(tmp_path)).load(validate=daemon.KernelEvents.validate)["kmsg"])
+    assert len(kernel.events) == daemon.MAX_EVENTS and kernel.events[0].seq == 5
+
+
+def test_a_crashed_writers_temporaries_are_removed_at_start(tmp_path):
+    old, fresh = tmp_path / ".tmp-abc", tmp_path / ".tmp-def"
+    old.write_text("{}")
+    fresh.write_text("{}")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    StateFile(str(tmp_path)).load(read_only=True)
+    assert old.exists()  # check never touches the daemon's directory
+    StateFile(str(tmp_path)).load()
+    assert not old.exists() and fresh.exists()  # one being written right now is left alone
+
+
+def test_a_fifo_in_place_of_a_clear_request_does_not_block_the_pass(tmp_path):
+    from nodehealth.daemon import take_clear_request
+
+    os.mkfifo(tmp_path / "clear-request.json")
+    assert take_clear_request(str(tmp_path)) is None
