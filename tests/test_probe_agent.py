@@ -198,11 +198,11 @@ def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_facto
         assert code == 200
         doc = json.loads(body)
         closed = [w for w in doc["windows"] if w["closed"]]
-        if closed or time.monotonic() > deadline:
+        if len(closed) >= 2 or time.monotonic() > deadline:  # the first window may be partial
             break
         time.sleep(0.5)
     assert doc["node"] == "a" and doc["leaf"] == "l0"
-    assert closed, doc
+    assert len(closed) >= 2, doc
     peers = {(p["node"], p["probe"]): p for p in closed[-1]["peers"]}
     assert peers[("b", "ping")]["sent"] >= 3 and peers[("b", "ping")]["lost"] == 0
     assert peers[("b", "tcp")]["lost"] == 0
