@@ -102,7 +102,9 @@ PINGMESH_DEFAULTS: dict[str, Any] = {
     "max_concurrency": 16,  # probes in flight at once
     "max_probes_per_second": 100.0,  # across all peers; past it probes are skipped and counted
     "window_seconds": 30.0,  # R-Pingmesh's window; windows are aligned to the wall clock
-    "windows_kept": 20,
+    # Windows an agent keeps for /v1/pingmesh: the controller reads fetch_windows (6) of them; ten
+    # keep five minutes for an operator's `pingmesh analyze` (each costs ~0.25 MiB at 330 peers).
+    "windows_kept": 10,
     "refresh_seconds": 300.0,  # re-read the inventory and recompute the pinglist
     "epoch_seconds": 3600.0,  # inter-leaf representatives rotate every epoch
     "inter_leaf_pairs": 2,  # representative server pairs per leaf pair and rail
