@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any, Callable
 
-from nodehealth.host import write_atomic
+from nodehealth.host import read_bytes, write_atomic
 from nodehealth.model import Action, Finding, Severity
 
 log = logging.getLogger(__name__)
@@ -106,21 +106,11 @@ class StateFile:
         write_atomic(self.path, text.encode("utf-8"), durable=True, mode=0o600)
 
 def read_regular(path: str, limit: int) -> bytes:
-    """At most `limit` bytes of a regular file; a FIFO or device in its place is a ValueError, never a wait."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("not a regular file")
-        chunks, total = [], 0
-        while total < limit:
-            chunk = os.read(fd, min(1 << 20, limit - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    """At most `limit` bytes of a regular file; a FIFO or device in its place is a ValueError, never a
+    wait (and one swapped in after the check reads without blocking: host.read_bytes)."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ValueError("not a regular file")
+    return read_bytes(path, limit)
 
 
 def expect(value: Any, types: type | tuple[type, ...], where: str, optional: bool = False) -> Any:
