@@ -221,3 +221,33 @@ def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_facto
     assert p.returncode == 0, p.stdout.decode() + p.stderr.decode()
     code, body = http_get(daemons["a"].url + "/v1/report")
     assert code == 200 and json.loads(body)["status"] == "healthy"
+
+
+def test_a_flood_of_connects_on_the_tcp_probe_port_never_stops_our_own_probes(port):
+    """Anyone can connect to the TCP probe port: the loop answers a bounded number per turn."""
+    listener = agent.listen_tcp("127.0.0.6", free_port())
+    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    stop_flood = threading.Event()
+
+    def flood():
+        while not stop_flood.is_set():
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                s.connect_ex(listener.getsockname())
+    floods = [threading.Thread(target=flood, daemon=True) for _ in range(4)]
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port), rec)
+        prober.accept_probes(listener)
+        prober.set_targets([target("node-b", "127.0.0.2")])
+        for t in floods:
+            t.start()
+        run_prober(prober, 2.0)
+    finally:
+        stop_flood.set()
+        for t in floods:
+            t.join(2)
+        server.stop(0)
+        listener.close()
+    pings = rec.of("node-b", "ping")
+    assert len(pings) >= 6 and all(r is not None for r in pings)

@@ -38,6 +38,7 @@ log = logging.getLogger("nodehealth.probe")
 
 SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow retransmitted
 MAX_WAIT_SECONDS = 0.5  # the loop wakes at least this often to start due probes and expire late ones
+MAX_ACCEPTS_PER_WAKE = 64  # peers' TCP probes answered per turn of the loop (330 peers send 33 a second)
 
 # record(target, probe, sent_at_wall, rtt_seconds_or_None, retransmitted)
 Record = Callable[[Target, str, float, "float | None", bool], None]
@@ -245,8 +246,10 @@ class Prober:
                 self._finish_connect(sel, key.fileobj, key.data, None)
 
     def _accept_all(self) -> None:
-        """Accept and close every pending probe connection: the handshake was the answer."""
-        while True:
+        """Accept and close pending probe connections: the handshake was the answer. At most
+        MAX_ACCEPTS_PER_WAKE at a time, so a flood of connects from anyone delays our own probes by a
+        bounded amount (the kernel's backlog drops the excess)."""
+        for _ in range(MAX_ACCEPTS_PER_WAKE):
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
