@@ -34,6 +34,7 @@ class Rating:
     repeat: int = 0  # this many events in the window raise the severity to `repeated` (0: never)
     repeated: Severity | None = None
     repeated_action: Action | None = None
+    weight: int = 1  # how many errors the event reports (an EDAC line may count 262 at once)
 
 
 def judge_events(check: str, obs: Observed, cfg: dict, kinds: Iterable[str],
@@ -69,11 +70,12 @@ def _finding(check: str, device: str, items: list[tuple[KernelEvent, Rating]], w
     events = [e for e, _ in items]
     worst = max(items, key=lambda item: item[1].severity.rank)[1]
     severity, action, todo = worst.severity, worst.action, worst.todo
-    if worst.repeat and len(events) >= worst.repeat and worst.repeated is not None \
+    total = sum(max(r.weight, 1) for _, r in items)
+    if worst.repeat and total >= worst.repeat and worst.repeated is not None \
             and worst.repeated.rank > severity.rank:
         severity = worst.repeated
         action = worst.repeated_action or action
-        todo = f"it repeated {len(events)} times (limit {worst.repeat}); {todo}"
+        todo = f"{total} in all, at or over the limit of {worst.repeat}; {todo}"
     last = events[-1]
     first, latest = seen_range(events)
     when = "this boot" if worst.whole_boot else f"in the last {span(window)}"
@@ -81,8 +83,8 @@ def _finding(check: str, device: str, items: list[tuple[KernelEvent, Rating]], w
         check, severity, worst.reason,
         f"{worst.what} {times(len(events))} {when}, the last saying \"{trim(last.text)}\": {todo}.",
         device=device, action=action,
-        evidence={"count": len(events), "last_text": trim(last.text), "first_time": first, "last_time": latest,
-                  "details": latest_distinct(_detail(e) for e in events)},
+        evidence={"count": len(events), "errors": total, "last_text": trim(last.text), "first_time": first,
+                  "last_time": latest, "details": latest_distinct(_detail(e) for e in events)},
         first_seen=first, last_seen=latest)
 
 

@@ -68,14 +68,10 @@ def rate(e: KernelEvent, limit: int, throttle: int) -> Rating | None:
             return Rating("MemoryUncorrectable", _F, Action.HW_INSPECTION,
                           f"Memory controller {e.device} reported an uncorrectable error on {label}",
                           "data was lost; replace that DIMM", True)
-        if count >= limit:
-            return Rating("MemoryCorrectedHigh", _D, Action.HW_INSPECTION,
-                          f"Memory controller {e.device} reported {count} corrected errors at once on {label}",
-                          f"at or over the limit of {limit}, the DIMM is failing; replace it at the next drain")
         return Rating("MemoryCorrected", _W, Action.NONE,
                       f"Memory controller {e.device} reported corrected errors on {label}",
-                      "corrected by ECC; a rising count means a failing DIMM",
-                      repeat=limit, repeated=_D, repeated_action=Action.HW_INSPECTION)
+                      "corrected by ECC; at the limit the DIMM is failing: replace it at the next drain",
+                      repeat=limit, repeated=_D, repeated_action=Action.HW_INSPECTION, weight=max(count, 1))
     if e.kind == MEMORY_FAILURE:
         if d.get("result") in ("Failed", "Ignored"):
             return Rating("MemoryFailureUnrecovered", _F, Action.HW_INSPECTION,

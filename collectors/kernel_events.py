@@ -414,8 +414,8 @@ class EventParser:
         if "Hardware Error" in message or "achine check" in message:
             m = _CPER.search(message)
             if m:
-                return _event(CPER, f"record {m.group('record')}", record, None, message[m.start():].strip(),
-                              {"severity": m.group("severity")})
+                return _event(CPER, "apei", record, None, message[m.start():].strip(),
+                              {"severity": m.group("severity"), "record": int(m.group("record"))})
             m = _MCE.search(message)
             if m:
                 status = int(m.group("status"), 16)
@@ -435,7 +435,7 @@ class EventParser:
         if "Kernel panic" in message or "GHES" in message:
             m = _GHES_FATAL.search(message)
             if m:
-                return _event(CPER, "ghes", record, None, m.group(0), {"severity": "fatal"})
+                return _event(CPER, "apei", record, None, m.group(0), {"severity": "fatal"})
         if "EDAC MC" in message:
             m = _EDAC.search(message)
             if m:

@@ -1,0 +1,153 @@
+"""Host hardware and kernel faults (issue 13): real kernel lines in several framings (dmesg, dmesg -T,
+journal, syslog, bare messages) from tests/fixtures/kmsg/host/ (sources in its README) through the
+saved-log collector, the parser and the five new checks; fuzzed parser; a healthy node's full boot
+log raises nothing new."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import HERE, KmsgFacts
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodehealth.checks import crashes, memory_errors, nic_health, storage_errors
+from nodehealth.collectors import kmsg
+from nodehealth.collectors.kernel_events import (
+    HOST_KINDS,
+    KERNEL_CRASH,
+    EventParser,
+    KernelRecord,
+    events_from_records,
+)
+from nodehealth.model import Action, Observed, Severity
+
+HOST = os.path.join(HERE, "fixtures", "kmsg", "host")
+CHECKS = (memory_errors, crashes, storage_errors, nic_health)
+
+
+def judge_file(name: str):
+    log = kmsg._collect_files([os.path.join(HOST, name)])
+    obs = Observed({"kmsg": log}, now=1e10)  # a saved log: judged as of its last record
+    return [f for c in CHECKS for f in c.judge(obs, dict(c.DEFAULTS))], log
+
+
+@pytest.mark.parametrize("name,check,reason,severity,action,device", [
+    ("radiasoft-134.journal.mce-edac-ce.txt", "memory_errors", "MemoryCorrected", Severity.WARNING, Action.NONE,
+     "mc1"),
+    ("machine-shop-66.dmesg-T.edac-ce-overflow.txt", "memory_errors", "MemoryCorrected", Severity.DEGRADED,
+     Action.HW_INSPECTION, "mc1"),  # 262 at once
+    ("osm-ops-300.syslog.mce-edac-ce.txt", "memory_errors", "MemoryCorrected", Severity.DEGRADED,
+     Action.HW_INSPECTION, "mc0"),  # 4 + 2 + 6 = 12 over three lines
+    ("mcelog-70.syslog.mce-record.txt", "memory_errors", "MachineCheckFatal", Severity.FATAL,
+     Action.HW_INSPECTION, "cpu0"),  # status a6...: UC and PCC set
+    ("node-exporter-3511.journal.cper-corrected.txt", "memory_errors", "HardwareErrorCorrected", Severity.WARNING,
+     Action.NONE, "apei"),
+    ("npd-pr-846.journal.cper-recoverable.txt", "memory_errors", "HardwareErrorRecoverable", Severity.FATAL,
+     Action.HW_INSPECTION, "apei"),
+    ("npd-hardware_error.txt", "memory_errors", "HardwareErrorFatal", Severity.FATAL, Action.HW_INSPECTION, "apei"),
+    ("npd-null_pointer.txt", "crashes", "KernelCrash", Severity.FATAL, Action.REBOOT, "kernel"),
+    ("npd-divide_zero.txt", "crashes", "KernelCrash", Severity.FATAL, Action.REBOOT, "dm_thin_pool"),
+    ("npd-readonly_filesystem.txt", "storage_errors", "FilesystemReadOnly", Severity.FATAL, Action.REBOOT, "sda1"),
+    ("nvmecha-6.buffer-io-error.txt", "storage_errors", "BlockIoError", Severity.DEGRADED, Action.HW_INSPECTION,
+     "nvme0n1"),
+    ("npd-unregister_netdevice.txt", "nic_health", "NetdevUnregisterStuck", Severity.WARNING, Action.REBOOT, "lo"),
+    ("mptcp-61.syslog.netdev-watchdog-old.txt", "nic_health", "NetdevTransmitTimeout", Severity.WARNING,
+     Action.HW_INSPECTION, "eth2"),
+])
+def test_real_lines_become_one_finding(name, check, reason, severity, action, device):
+    findings, _ = judge_file(name)
+    assert len(findings) == 1, [(f.reason, f.device) for f in findings]
+    f = findings[0]
+    assert (f.check, f.reason, f.severity, f.action, f.device) == (check, reason, severity, action, device)
+
+
+def test_nvme_escalates_from_abort_to_reset_to_removal():
+    findings, _ = judge_file("propolis-1156.dmesg.nvme-timeout-reset.txt")
+    assert {(f.reason, f.severity) for f in findings} == {("NvmeIoTimeout", Severity.WARNING),
+                                                         ("NvmeControllerReset", Severity.DEGRADED)}
+    findings, _ = judge_file("nvme-cli-151.dmesg.nvme-removed.txt")
+    assert ("NvmeControllerLost", Severity.FATAL, "nvme2") in {(f.reason, f.severity, f.device) for f in findings}
+
+
+def test_crash_names_its_function_and_module_and_merges_its_headers():
+    _, log = judge_file("npd-null_pointer.txt")
+    [crash] = [e for e in log.events if e.kind == KERNEL_CRASH]
+    assert crash.detail["function"] == "pick_next_task_fair" and crash.detail["module"] is None
+    assert crash.detail["headers"] == ["BUG: unable to handle kernel NULL pointer dereference at 0000000000000078",
+                                       "Oops: 0000 [#1] SMP"]
+    findings, _ = judge_file("npd-divide_zero.txt")
+    assert "pool_io_hints of module dm_thin_pool" in findings[0].message
+
+
+def test_new_style_netdev_watchdog_names_driver_and_bus_id():
+    _, log = judge_file("openwrt-drivers-11.dmesg.netdev-watchdog-new.txt")
+    assert [(e.device, e.detail["driver"], e.detail["pci_bus_id"]) for e in log.events] == [
+        ("eth4", "r8125", "0000:22:04.0"), ("eth1", "r8125", "0000:22:01.0")]
+
+
+def _records(*messages):
+    return [KernelRecord(m, seq=i, monotonic_us=i, wall_time=1_700_000_000.0 + i) for i, m in enumerate(messages)]
+
+
+@pytest.mark.parametrize("message,reason,severity", [
+    # mlx5 health.c / cmd.c formats (host-hardware.md section 5)
+    ("mlx5_core 0000:0c:00.0: poll_health:800:(pid 0): device's health compromised - reached miss count",
+     "NicFirmwareHeartbeatLost", Severity.FATAL),
+    ("mlx5_core 0000:0c:00.0: print_health_info:424:(pid 0): synd 0x8: unrecoverable hardware error",
+     "NicFirmwareFatal", Severity.FATAL),
+    ("mlx5_core 0000:0c:00.0: print_health_info:386:(pid 0): PCI slot is unavailable", "NicOffPcie", Severity.FATAL),
+    ("mlx5_core 0000:0c:00.0: wait_func:1031:(pid 12): QUERY_VPORT_COUNTER(0x770) timeout. Will cause a leak of a "
+     "command resource", "NicCommandTimeout", Severity.FATAL),
+])
+def test_mlx5_health(message, reason, severity):
+    events = list(events_from_records(_records(message)))
+    obs = Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0)
+    [f] = nic_health.judge(obs, dict(nic_health.DEFAULTS))
+    assert (f.reason, f.severity, f.device) == (reason, severity, "0000:0c:00.0")
+
+
+def test_eq_overrun_syndrome_is_not_fatal():
+    events = list(events_from_records(_records("mlx5_core 0000:0c:00.0: print_health_info:424:(pid 0): "
+                                               "synd 0xc: async EQ buffer overrun")))
+    obs = Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0)
+    assert nic_health.judge(obs, dict(nic_health.DEFAULTS)) == []
+
+
+def test_user_space_traps_and_soft_lockups_are_not_kernel_crashes():
+    events = list(events_from_records(_records(
+        "traps: python3[4211] general protection fault ip:7f3c sp:7ffd error:0 in libc.so.6[7f3c+195000]",
+        "watchdog: BUG: soft lockup - CPU#3 stuck for 22s! [kworker/3:1:123]",
+        "rcu: INFO: rcu_sched self-detected stall on CPU")))
+    assert [e.kind for e in events] == ["soft_lockup", "rcu_stall"]
+
+
+@pytest.mark.parametrize("path", [
+    "gpud/full-boot-ctime.dmesg.0.log", "gpud/dmesg.decode.iso.log.1", "m4-logs/jean-zay-iam06.a100.dmesg-T.hung-tasks.txt",
+])
+def test_healthy_full_boot_logs_raise_nothing_new(path):
+    log = kmsg._collect_files([os.path.join(HERE, "fixtures", "kmsg", path)])
+    assert log.records > 800
+    assert [e for e in log.events if e.kind in HOST_KINDS] == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.text(max_size=200),
+    st.sampled_from(["BUG: kernel NULL pointer dereference, address: 0000000000000010", "RIP: 0010:",
+                     "RIP: 0010:foo+0x1/0x2 [bar]", "{1}[Hardware Error]: event severity: ",
+                     "mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 4: ", "EDAC MC0: 99999999999 CE on ",
+                     "mlx5_core 0000:00:00.0: synd 0x", "nvme nvme0: I/O 1 QID 1 timeout, ",
+                     "Memory failure: 0x1: recovery action for dirty LRU page: Failed"]),
+    st.tuples(st.sampled_from(["mlx5_core 0000:0c:00.0: ", "EDAC MC1: 3 UE ", "XFS (sdb1): ", "NETDEV WATCHDOG: "]),
+              st.text(max_size=120)).map("".join)), max_size=30))
+def test_fuzzed_records_never_crash_the_parser_or_checks(messages):
+    parser = EventParser()
+    events = []
+    for i, m in enumerate(messages):
+        events.extend(parser.feed(KernelRecord(m, seq=i, wall_time=1_700_000_000.0)))
+    events.extend(parser.flush())
+    obs = Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0)
+    for c in CHECKS:
+        for f in c.judge(obs, dict(c.DEFAULTS)):
+            assert f.severity in (Severity.INFO, Severity.WARNING, Severity.DEGRADED, Severity.FATAL)
