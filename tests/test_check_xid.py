@@ -337,7 +337,8 @@ def test_sxid_known_fatal_code():
     f = one(judge([sxid(20034, "Fatal, Link 48 LTSSM Fault Up", True, link=48)]))
     assert (f.reason, f.severity, f.action, f.device) == ("SXid20034LtssmFaultUp", Severity.FATAL,
                                                           Action.RESET_GPU, SWITCH)
-    assert f"NVSwitch {SWITCH} (nvidia-nvswitch1) logged SXid 20034 (NVSWITCH_ERR_HW_DLPL_LTSSM_FAULT_UP) on link 48" in f.message
+    assert (f"NVSwitch {SWITCH} (nvidia-nvswitch1) logged SXid 20034 (NVSWITCH_ERR_HW_DLPL_LTSSM_FAULT_UP) on link 48"
+            in f.message)
     assert "Xid 79" not in f.message
 
 

@@ -123,7 +123,8 @@ def test_user_space_traps_and_soft_lockups_are_not_kernel_crashes():
 
 
 @pytest.mark.parametrize("path", [
-    "gpud/full-boot-ctime.dmesg.0.log", "gpud/dmesg.decode.iso.log.1", "m4-logs/jean-zay-iam06.a100.dmesg-T.hung-tasks.txt",
+    "gpud/full-boot-ctime.dmesg.0.log", "gpud/dmesg.decode.iso.log.1",
+    "m4-logs/jean-zay-iam06.a100.dmesg-T.hung-tasks.txt",
 ])
 def test_healthy_full_boot_logs_raise_nothing_new(path):
     log = kmsg._collect_files([os.path.join(HERE, "fixtures", "kmsg", path)])
