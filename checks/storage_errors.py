@@ -2,7 +2,10 @@
 Buffer I/O errors and NVMe timeouts, resets and removals (host-hardware.md sections 6 and 9)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nodehealth.checks.host_log import Rating, judge_events
+from nodehealth.checks.kernel_log import is_saved_log
 from nodehealth.collectors.kernel_events import FS_ERROR, FS_READONLY, IO_ERROR, NVME_ERROR, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -19,7 +22,24 @@ _INSPECT = "check the disk's SMART/NVMe health log and the cabling or slot, and 
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     cfg = dict(DEFAULTS, **cfg)
-    return judge_events(NAME, obs, cfg, (FS_ERROR, FS_READONLY, IO_ERROR, NVME_ERROR), rate)
+    mounts = obs.facts.get("mounts")
+    # A saved log may come from another host: this host's mount table says nothing about it.
+    table = dict(mounts.block_devices) if mounts is not None and not is_saved_log(obs) else {}
+    return judge_events(NAME, obs, cfg, (FS_ERROR, FS_READONLY, IO_ERROR, NVME_ERROR),
+                        lambda e: mounted(rate(e), e.device, table))
+
+
+def mount_points(device: str, table: dict[str, str]) -> list[str]:
+    """Where a device is mounted: the device itself, its partitions, or an NVMe controller's namespaces."""
+    prefix = device + "n" if device.startswith("nvme") and "n" not in device[4:] else device
+    return sorted({m for name, m in table.items() if name == device or name.startswith(prefix)})
+
+
+def mounted(rating: Rating | None, device: str, table: dict[str, str]) -> Rating | None:
+    points = mount_points(device, table) if rating is not None else []
+    if not points:
+        return rating
+    return replace(rating, what=f"{rating.what} (mounted on {', '.join(points[:4])})")
 
 
 def rate(e: KernelEvent) -> Rating | None:

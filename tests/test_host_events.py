@@ -152,3 +152,29 @@ def test_fuzzed_records_never_crash_the_parser_or_checks(messages):
     for c in CHECKS:
         for f in c.judge(obs, dict(c.DEFAULTS)):
             assert f.severity in (Severity.INFO, Severity.WARNING, Severity.DEGRADED, Severity.FATAL)
+
+
+@pytest.mark.parametrize("device,points", [
+    ("nvme0", ["/data", "/scratch"]),  # a controller: all its namespaces' partitions
+    ("nvme0n1p1", ["/data"]),
+    ("sda1", ["/"]),
+    ("sdb", []),
+])
+def test_storage_findings_name_the_mount_point(device, points):
+    table = {"nvme0n1p1": "/data", "nvme0n2": "/scratch", "sda1": "/", "nvme1n1": "/other"}
+    assert storage_errors.mount_points(device, table) == points
+
+
+def test_mount_points_come_from_this_host_only_for_its_own_log():
+    from nodehealth.collectors.mounts import Mounts
+
+    events = list(events_from_records(_records("Buffer I/O error on dev nvme0n1p1, logical block 0, async page read")))
+    live = KmsgFacts(tuple(events))
+    mounts = Mounts((), block_devices=(("nvme0n1p1", "/data"),))
+    [f] = storage_errors.judge(Observed({"kmsg": live, "mounts": mounts}, now=1_700_000_100.0),
+                               dict(storage_errors.DEFAULTS))
+    assert "(mounted on /data)" in f.message
+    saved = KmsgFacts(tuple(events), boot_id=None)
+    [f] = storage_errors.judge(Observed({"kmsg": saved, "mounts": mounts}, now=1_700_000_100.0),
+                               dict(storage_errors.DEFAULTS))
+    assert "mounted on" not in f.message
