@@ -104,9 +104,11 @@ def _csrow(path: str, row: str) -> list[Dimm]:
 
 
 def metrics(facts: Edac) -> list[Metric]:
-    mc = Metric("nodehealth_edac_errors", "EDAC memory errors since boot, by memory controller and type "
-                "(corrected, uncorrected); absent where the counter cannot be read.", labels=("controller", "type"))
-    dimm = Metric("nodehealth_edac_dimm_errors", "EDAC memory errors since boot, by DIMM (with its label) and type.",
+    mc = Metric("nodehealth_edac_errors_total", "EDAC memory errors since boot, by memory controller and type "
+                "(corrected, uncorrected); absent where the counter cannot be read.", "counter",
+                labels=("controller", "type"))
+    dimm = Metric("nodehealth_edac_dimm_errors_total",
+                  "EDAC memory errors since boot, by DIMM (with its label) and type.", "counter",
                   labels=("controller", "dimm", "label", "type"))
     for c in facts.controllers:
         for kind, value in (("corrected", c.ce_count), ("uncorrected", c.ue_count)):
