@@ -117,10 +117,28 @@ _MLX_LINK = re.compile(rf"^(?:mlx[45]_core|mlx4_en) (?P<pci>{_HEX}{{4,8}}:{_HEX}
 _MLX4_LINK = re.compile(r"^mlx4_en: (?P<name>[^\s:]{1,64}): Link (?P<state>Up|Down)\b")
 _LINK_STATES = {"up": LINK_UP, "active": LINK_UP, "down": LINK_DOWN}
 
-# Host hardware and kernel. One cheap search decides whether a record can be any of them.
-_HOST_HINT = re.compile(r"Hardware Error|EDAC MC|Memory failure|above threshold|BUG|Oops|protection fault|"
-                        r"Kernel panic|divide error|invalid opcode|stall|unregister_netdevice|NETDEV WATCHDOG|"
-                        r"EXT4-fs|XFS \(|Buffer I/O error|nvme|mlx5_core|[Mm]achine check")
+# Host hardware and kernel. Each of these messages starts with one of a few words, except the
+# newer NETDEV WATCHDOG line (which starts with its driver's name), so one startswith() and one
+# substring test decide whether a record can be any of them: most records pay only those.
+_HOST_PREFIXES = ("mce:", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
+                  "general protection", "Kernel panic", "divide error", "invalid opcode", "kernel BUG", "rcu:",
+                  "INFO: rcu_", "unregister_netdevice", "NETDEV WATCHDOG", "EXT4-fs", "XFS (", "Buffer I/O error",
+                  "nvme ", "mlx5_core")
+
+
+def _may_be_host_fault(message: str) -> bool:
+    if message.startswith(_HOST_PREFIXES) or "NETDEV WATCHDOG" in message:
+        return True
+    # A line no framing recognised ("Feb 23 03:28:16 kernel: [ 0.06] EDAC MC1: ...") is its own message.
+    at = message.find("kernel: ")
+    if at < 0:
+        return False
+    rest = message[at + 8:].lstrip()
+    if rest.startswith("["):
+        rest = rest[rest.find("]") + 1:].lstrip()
+    return rest.startswith(_HOST_PREFIXES)
+
+
 _MCE = re.compile(r"\[Hardware Error\]: CPU (?P<cpu>\d{1,5}): Machine Check(?: Exception)?: "
                   r"(?P<mcg>[0-9a-fA-F]{1,16}) Bank (?P<bank>\d{1,4}): (?P<status>[0-9a-fA-F]{1,16})")
 # AMD's decoder states the severity in words on the record's first line.
@@ -213,7 +231,7 @@ class EventParser:
                  or self._lockup(record) or self._link(record))
         if event is not None:
             out.append(event)
-        elif self._crash is not None or _HOST_HINT.search(message):
+        elif self._crash is not None or _may_be_host_fault(message):
             out.extend(self._host(record))
         return out
 
@@ -397,7 +415,7 @@ class EventParser:
                 out = self._crash_event(None, None)
             else:
                 self._crash = (first, headers, left - 1)
-            if not _HOST_HINT.search(message):
+            if not _may_be_host_fault(message):
                 return out
         event = self._host_event(record, message)
         return out + [event] if event is not None else out
