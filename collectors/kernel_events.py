@@ -514,9 +514,11 @@ class EventParser:
                 return _event(NVME_ERROR, m.group("ctrl"), record, None, message[m.start():].strip(), {"step": step})
         if message.startswith("mlx5_core"):
             return self._mlx5(record, message)
-        m = _CRASH.search(message) if "lockup" not in message else None
-        if m:
-            self._crash = (record, [m.group("head").strip()], _CRASH_TRAIL_RECORDS)
+        if ("BUG" in message or "Oops" in message or "[#" in message or "panic" in message) \
+                and "lockup" not in message:
+            m = _CRASH.search(message)
+            if m:
+                self._crash = (record, [m.group("head").strip()], _CRASH_TRAIL_RECORDS)
         return None
 
     def _mlx5(self, record: KernelRecord, message: str) -> KernelEvent | None:
