@@ -178,3 +178,36 @@ def test_mount_points_come_from_this_host_only_for_its_own_log():
     [f] = storage_errors.judge(Observed({"kmsg": saved, "mounts": mounts}, now=1_700_000_100.0),
                                dict(storage_errors.DEFAULTS))
     assert "mounted on" not in f.message
+
+
+FRAMINGS = {
+    "kmsg": lambda i, m: f"4,{100 + i},{(1000 + i) * 1_000_000},-;{m}",
+    "dmesg": lambda i, m: f"[{1000 + i:>5}.000123] {m}",
+    "dmesg -T": lambda i, m: f"[Mon Oct  3 13:52:{10 + i % 50:02d} 2022] {m}",
+    "journal": lambda i, m: f"Oct 03 13:52:{10 + i % 50:02d} gpu-node-7 kernel: {m}",
+    "syslog": lambda i, m: f"Oct  3 13:52:{10 + i % 50:02d} gpu-node-7 kernel: [{1000 + i:>5}.000123] {m}",
+    "iso": lambda i, m: f"2022-10-03T13:52:{10 + i % 50:02d},000123+00:00 {m}",
+}
+
+
+def _fixture_messages(name):
+    log_lines = kmsg.LogLines()
+    out = []
+    with open(os.path.join(HOST, name), encoding="utf-8") as f:
+        for line in f:
+            out.extend(log_lines.feed(line))
+    out.extend(log_lines.flush())
+    return [r.message for r in out if "\n" not in r.message]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(HOST) if n.endswith(".txt")
+                                        and "radiasoft" not in n))  # radiasoft's own framing is unrecognised
+@pytest.mark.parametrize("framing", sorted(FRAMINGS))
+def test_every_fixture_gives_the_same_events_in_every_framing(name, framing, tmp_path):
+    """Each fixture's real messages re-framed: the events (kind, device, detail) do not depend on the framing."""
+    messages = _fixture_messages(name)
+    path = tmp_path / "log"
+    path.write_text("".join(FRAMINGS[framing](i, m) + "\n" for i, m in enumerate(messages)), encoding="utf-8")
+    expected = [(e.kind, e.device, e.detail) for e in events_from_records(_records(*messages))]
+    got = [(e.kind, e.device, e.detail) for e in kmsg._collect_files([str(path)]).events]
+    assert got == expected and expected, name
