@@ -3,7 +3,10 @@ syndromes, the device gone from PCIe, command timeouts), NETDEV WATCHDOG transmi
 unregister_netdevice leaks (host-hardware.md sections 4, 5 and 9)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nodehealth.checks.host_log import Rating, judge_events
+from nodehealth.checks.kernel_log import is_saved_log
 from nodehealth.collectors.kernel_events import MLX5_HEALTH, NETDEV_UNREGISTER, NETDEV_WATCHDOG, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -30,8 +33,24 @@ _RAIL = ("every port of this adapter (its rail) is down until the device recover
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     cfg = dict(DEFAULTS, **cfg)
     unregister, watchdog = int(cfg["unregister_repeat"]), int(cfg["watchdog_repeat"])
+    ib = obs.facts.get("infiniband")
+    # A saved log may come from another host: this host's RDMA devices say nothing about it.
+    rails = rails_by_pci(ib.devices) if ib is not None and not is_saved_log(obs) else {}
     return judge_events(NAME, obs, cfg, (MLX5_HEALTH, NETDEV_UNREGISTER, NETDEV_WATCHDOG),
-                        lambda e: rate(e, unregister, watchdog))
+                        lambda e: with_rail(rate(e, unregister, watchdog), e, rails))
+
+
+def rails_by_pci(devices) -> dict[str, str]:
+    """PCI address -> "RDMA device mlx5_3 (ports 1, 2)" for the devices whose PCI function is known."""
+    return {d.pci_bus_id: f"RDMA device {d.name} (port{'s' if len(d.ports) != 1 else ''} "
+                          f"{', '.join(str(p.port) for p in d.ports) or 'none'})"
+            for d in devices if d.pci_bus_id}
+
+
+def with_rail(rating: Rating | None, e: KernelEvent, rails: dict[str, str]) -> Rating | None:
+    pci = e.device if e.kind == MLX5_HEALTH else e.detail.get("pci_bus_id")
+    rail = rails.get(str(pci)) if rating is not None and pci else None
+    return replace(rating, what=f"{rating.what}, which is {rail}") if rail else rating
 
 
 def rate(e: KernelEvent, unregister: int, watchdog: int) -> Rating | None:

@@ -211,3 +211,25 @@ def test_every_fixture_gives_the_same_events_in_every_framing(name, framing, tmp
     expected = [(e.kind, e.device, e.detail) for e in events_from_records(_records(*messages))]
     got = [(e.kind, e.device, e.detail) for e in kmsg._collect_files([str(path)]).events]
     assert got == expected and expected, name
+
+
+def test_nic_faults_name_the_rdma_device_and_ports_of_their_rail(tmp_path):
+    from nodehealth.collectors import infiniband
+    from nodehealth.host import HostPaths
+
+    dev = tmp_path / "sys" / "class" / "infiniband" / "mlx5_3"
+    (dev / "ports" / "1").mkdir(parents=True)
+    (dev / "ports" / "1" / "state").write_text("4: ACTIVE\n")
+    os.symlink("../../../0000:0c:00.0", dev / "device")
+    ib = infiniband.collect(HostPaths(str(tmp_path)), {})
+    assert ib.devices[0].pci_bus_id == "0000:0c:00.0"
+    events = list(events_from_records(_records(
+        "mlx5_core 0000:0c:00.0: poll_health:800:(pid 0): device's health compromised - reached miss count",
+        "mlx5_core 0000:0c:00.0 ens3np0: NETDEV WATCHDOG: CPU: 3: transmit queue 7 timed out 5120 ms")))
+    live = Observed({"kmsg": KmsgFacts(tuple(events)), "infiniband": ib}, now=1_700_000_100.0)
+    findings = nic_health.judge(live, dict(nic_health.DEFAULTS))
+    assert [(f.reason, f.device) for f in findings] == [("NetdevTransmitTimeout", "ens3np0"),
+                                                        ("NicFirmwareHeartbeatLost", "0000:0c:00.0")]
+    assert all("which is RDMA device mlx5_3 (port 1)" in f.message for f in findings)
+    saved = Observed({"kmsg": KmsgFacts(tuple(events), boot_id=None), "infiniband": ib}, now=1_700_000_100.0)
+    assert not any("RDMA device" in f.message for f in nic_health.judge(saved, dict(nic_health.DEFAULTS)))
