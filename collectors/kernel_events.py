@@ -165,7 +165,7 @@ _RCU = re.compile(r"INFO: (?P<flavor>rcu_\w{1,16}) (?P<what>self-detected stall 
 _UNREGISTER = re.compile(r"unregister_netdevice: waiting for (?P<dev>\S{1,64}) to become free\. "
                          r"Usage count = (?P<count>-?\d{1,10})")
 _WATCHDOG_OLD = re.compile(r"NETDEV WATCHDOG: (?P<dev>\S{1,64}) \((?P<driver>[^)\s]{1,64})\): transmit queue "
-                           r"(?P<queue>\d{1,6}) timed out")
+                           r"(?:(?P<queue>\d{1,6}) )?timed out")
 _WATCHDOG_NEW = re.compile(r"^(?P<driver>[\w-]{1,64}) (?P<bus>\S{1,64}) (?P<dev>[^\s:]{1,64}): NETDEV WATCHDOG: "
                            r"(?:CPU: \d{1,5}: )?transmit queue (?P<queue>\d{1,6}) timed out")
 _EXT4_ERROR = re.compile(r"EXT4-fs error \(device (?P<dev>[^)\s]{1,64})\)")
@@ -487,7 +487,8 @@ class EventParser:
                 groups = m.groupdict()
                 bus = canonical_pci(groups.get("bus") or "")
                 return _event(NETDEV_WATCHDOG, m.group("dev"), record, None, message.strip(),
-                              {"driver": m.group("driver"), "queue": int(m.group("queue")), "pci_bus_id": bus or None})
+                              {"driver": m.group("driver"), "queue": _number(m.group("queue")),
+                               "pci_bus_id": bus or None})
         if "EXT4-fs" in message:
             m = _EXT4_RO.search(message)
             if m:

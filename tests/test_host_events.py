@@ -62,6 +62,16 @@ def test_real_lines_become_one_finding(name, check, reason, severity, action, de
     assert (f.check, f.reason, f.severity, f.action, f.device) == (check, reason, severity, action, device)
 
 
+def test_mlx5_health_lines_of_a_peer_and_access_reg_noise():
+    findings, log = judge_file("nvsentinel-syslog-test.mlx5-health.txt")
+    assert sorted((f.reason, f.severity, f.device) for f in findings) == [
+        ("NetdevTransmitTimeout", Severity.WARNING, "eth0"),
+        ("NicCommandTimeout", Severity.FATAL, "0000:03:00.0"),
+        ("NicFirmwareFatal", Severity.FATAL, "0000:41:00.0"),
+        ("NicFirmwareHeartbeatLost", Severity.FATAL, "0000:41:00.0")]
+    assert not any(e.device == "0000:d2:00.0" for e in log.events)  # ACCESS_REG on a restricted PF is noise
+
+
 def test_nvme_escalates_from_abort_to_reset_to_removal():
     findings, _ = judge_file("propolis-1156.dmesg.nvme-timeout-reset.txt")
     assert {(f.reason, f.severity) for f in findings} == {("NvmeIoTimeout", Severity.WARNING),
