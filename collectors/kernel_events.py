@@ -217,6 +217,9 @@ class EventParser:
         self._fallen: tuple[KernelRecord, str, str | None, int] | None = None
         self._hung: tuple[int, int] | None = None  # pid, records left to see its task: line
         self._crash: tuple[KernelRecord, list[str], int] | None = None  # header record, headers, records left
+        # Sequence number of the last crash reported: a batch may end inside a crash dump (the daemon
+        # flushes after each read), and the rest of that dump must not become a second crash.
+        self._crash_seq: int | None = None
 
     def feed(self, record: KernelRecord) -> list[KernelEvent]:
         if record.facility:  # written by a userspace process, not the kernel: it cannot fake an Xid
@@ -423,6 +426,7 @@ class EventParser:
     def _crash_event(self, function: str | None, module: str | None) -> list[KernelEvent]:
         first, headers, _ = self._crash
         self._crash = None
+        self._crash_seq = first.seq
         return [_event(KERNEL_CRASH, module or "kernel", first, None, headers[0],
                        {"headers": headers, "function": function, "module": module,
                         "panic": any(h.startswith("Kernel panic") for h in headers)})]
@@ -518,7 +522,8 @@ class EventParser:
         if ("BUG" in message or "Oops" in message or "[#" in message or "panic" in message) \
                 and "lockup" not in message:
             m = _CRASH.search(message)
-            if m:
+            if m and not (record.seq is not None and self._crash_seq is not None
+                          and 0 < record.seq - self._crash_seq <= _CRASH_TRAIL_RECORDS):
                 self._crash = (record, [m.group("head").strip()], _CRASH_TRAIL_RECORDS)
         return None
 

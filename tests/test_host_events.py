@@ -243,3 +243,20 @@ def test_nic_faults_name_the_rdma_device_and_ports_of_their_rail(tmp_path):
     assert all("which is RDMA device mlx5_3 (port 1)" in f.message for f in findings)
     saved = Observed({"kmsg": KmsgFacts(tuple(events), boot_id=None), "infiniband": ib}, now=1_700_000_100.0)
     assert not any("RDMA device" in f.message for f in nic_health.judge(saved, dict(nic_health.DEFAULTS)))
+
+
+def test_a_crash_dump_split_across_two_reads_is_one_crash():
+    """The daemon flushes the parser after each read of /dev/kmsg: the dump's second half is not a new crash."""
+    records = _records("BUG: kernel NULL pointer dereference, address: 0000000000000010",
+                       "#PF: supervisor read access in kernel mode",
+                       "Oops: 0000 [#1] PREEMPT SMP NOPTI",
+                       "RIP: 0010:mlx5e_xmit+0x3c/0x5d0 [mlx5_core]")
+    parser = EventParser()
+    first = [e for r in records[:2] for e in parser.feed(r)] + parser.flush()
+    second = [e for r in records[2:] for e in parser.feed(r)] + parser.flush()
+    assert [e.kind for e in first] == [KERNEL_CRASH] and second == []
+    later = KernelRecord("general protection fault, probably for non-canonical address 0xdead: 0000 [#2] SMP",
+                         seq=500, wall_time=1_700_000_500.0)
+    assert [e.kind for e in parser.feed(later) + parser.flush()] == [KERNEL_CRASH]  # a new crash much later
+    whole = list(events_from_records(records))
+    assert [(e.detail["function"], e.detail["module"]) for e in whole] == [("mlx5e_xmit", "mlx5_core")]
