@@ -260,3 +260,16 @@ def test_a_crash_dump_split_across_two_reads_is_one_crash():
     assert [e.kind for e in parser.feed(later) + parser.flush()] == [KERNEL_CRASH]  # a new crash much later
     whole = list(events_from_records(records))
     assert [(e.detail["function"], e.detail["module"]) for e in whole] == [("mlx5e_xmit", "mlx5_core")]
+
+
+@pytest.mark.parametrize("setting", ["memory_errors: {corrected_limit: 0}", "edac: {corrected_limit: 0}",
+                                     "crashes: {window_seconds: 0}", "nic_health: {watchdog_repeat: 0}"])
+def test_a_limit_that_would_fire_on_nothing_is_a_config_error(setting, tmp_path):
+    from nodehealth import config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f"checks:\n  {setting}\n")
+    with pytest.raises(config.ConfigError, match=setting.split(":")[0]):
+        config.load(str(path))
+    path.write_text("checks:\n  memory_errors: {corrected_limit: 25}\n")
+    assert config.load(str(path))["checks"]["memory_errors"]["corrected_limit"] == 25
