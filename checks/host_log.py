@@ -35,6 +35,7 @@ class Rating:
     repeated: Severity | None = None
     repeated_action: Action | None = None
     weight: int = 1  # how many errors the event reports (an EDAC line may count 262 at once)
+    episode: object = None  # events of one episode (one line per CPU of one throttle) count once toward `repeat`
 
 
 def judge_events(check: str, obs: Observed, cfg: dict, kinds: Iterable[str],
@@ -70,7 +71,11 @@ def _finding(check: str, device: str, items: list[tuple[KernelEvent, Rating]], w
     events = [e for e, _ in items]
     worst = max(items, key=lambda item: item[1].severity.rank)[1]
     severity, action, todo = worst.severity, worst.action, worst.todo
-    total = sum(max(r.weight, 1) for _, r in items)
+    episodes: dict[object, int] = {}
+    for i, (_, r) in enumerate(items):
+        key = ("event", i) if r.episode is None else ("episode", r.episode)
+        episodes[key] = max(episodes.get(key, 0), max(r.weight, 1))
+    total = sum(episodes.values())
     if worst.repeat and total >= worst.repeat and worst.repeated is not None \
             and worst.repeated.rank > severity.rank:
         severity = worst.repeated

@@ -82,7 +82,10 @@ def rate(e: KernelEvent, limit: int, throttle: int) -> Rating | None:
                       "the process using it was killed; repeated failures mean a failing DIMM",
                       repeat=3, repeated=_D, repeated_action=Action.HW_INSPECTION)
     if e.kind == CPU_THROTTLE:
+        # The kernel prints one line per CPU of a package when it throttles: the lines of one second are one episode.
+        second = (e.monotonic_us // 1_000_000 if e.monotonic_us is not None
+                  else int(e.wall_time) if e.wall_time is not None else e.seq)
         return Rating("CpuThermalThrottling", _W, Action.NONE, "CPUs were throttled for temperature",
                       "the CPUs run slower while hot; check the fans, airflow and inlet temperature",
-                      repeat=throttle, repeated=_D, repeated_action=Action.HW_INSPECTION)
+                      repeat=throttle, repeated=_D, repeated_action=Action.HW_INSPECTION, episode=second)
     return None

@@ -161,7 +161,7 @@ _CRASH = re.compile(r"(?P<head>BUG: (?!soft lockup)[^\n]{1,160}|kernel BUG at [^
 _RIP = re.compile(r"RIP: [0-9a-fA-F]{4}:(?:\[<[0-9a-fA-F]+>\]\s+\[<[0-9a-fA-F]+>\] )?(?P<fn>[\w.]{1,80})\+"
                   r"0x[0-9a-fA-F]{1,8}/0x[0-9a-fA-F]{1,8}(?: \[(?P<module>\w{1,64})\])?")
 _RCU = re.compile(r"INFO: (?P<flavor>rcu_\w{1,16}) (?P<what>self-detected stall on CPU|detected (?:expedited )?"
-                  r"stalls on CPUs/tasks)")
+                  r"stalls? on CPUs?(?:/tasks)?)")  # old kernels: "rcu_sched_state detected stall on CPU 0"
 _UNREGISTER = re.compile(r"unregister_netdevice: waiting for (?P<dev>\S{1,64}) to become free\. "
                          r"Usage count = (?P<count>-?\d{1,10})")
 _WATCHDOG_OLD = re.compile(r"NETDEV WATCHDOG: (?P<dev>\S{1,64}) \((?P<driver>[^)\s]{1,64})\): transmit queue "

@@ -54,6 +54,17 @@ def judge_file(name: str):
     ("npd-unregister_netdevice.txt", "nic_health", "NetdevUnregisterStuck", Severity.WARNING, Action.REBOOT, "lo"),
     ("mptcp-61.syslog.netdev-watchdog-old.txt", "nic_health", "NetdevTransmitTimeout", Severity.WARNING,
      Action.HW_INSPECTION, "eth2"),
+    # ten lines, one per CPU, of one throttling episode: not a repeat
+    ("throttled-186.dmesg.cpu-throttle.txt", "memory_errors", "CpuThermalThrottling", Severity.WARNING,
+     Action.NONE, "cpu"),
+    ("npd-pr-845.journal.xfs-shutdown.txt", "storage_errors", "FilesystemShutdown", Severity.FATAL, Action.REBOOT,
+     "dm-4"),
+    ("coreos-bugs-1396.journal.xfs-log-shutdown.txt", "storage_errors", "FilesystemShutdown", Severity.FATAL,
+     Action.REBOOT, "xvdb"),
+    ("tetragon-328.dmesg.rcu-stall.txt", "crashes", "RcuStall", Severity.DEGRADED, Action.REBOOT, "rcu_sched"),
+    ("t113-2.dmesg.rcu-self-detected.txt", "crashes", "RcuStall", Severity.DEGRADED, Action.REBOOT, "rcu_sched"),
+    ("openzfs-557.syslog.rcu-stall-old.txt", "crashes", "RcuStall", Severity.FATAL, Action.REBOOT,
+     "rcu_sched_state"),  # three reports: persistent
 ])
 def test_real_lines_become_one_finding(name, check, reason, severity, action, device):
     findings, _ = judge_file(name)
@@ -70,6 +81,20 @@ def test_mlx5_health_lines_of_a_peer_and_access_reg_noise():
         ("NicFirmwareFatal", Severity.FATAL, "0000:41:00.0"),
         ("NicFirmwareHeartbeatLost", Severity.FATAL, "0000:41:00.0")]
     assert not any(e.device == "0000:d2:00.0" for e in log.events)  # ACCESS_REG on a restricted PF is noise
+
+
+def test_throttling_in_separate_episodes_escalates():
+    lines = [f"CPU{c}: Package temperature above threshold, cpu clock throttled (total events = {n})"
+             for n in (10, 11, 12) for c in range(4)]
+    records = [KernelRecord(m, seq=i, monotonic_us=(i // 4) * 60_000_000, wall_time=1_700_000_000.0 + (i // 4) * 60)
+               for i, m in enumerate(lines)]
+    obs = Observed({"kmsg": KmsgFacts(tuple(events_from_records(records)))}, now=1_700_000_300.0)
+    [f] = memory_errors.judge(obs, dict(memory_errors.DEFAULTS))
+    assert (f.severity, f.action, f.evidence["count"], f.evidence["errors"]) == (
+        Severity.DEGRADED, Action.HW_INSPECTION, 12, 3)
+    [f] = memory_errors.judge(Observed({"kmsg": KmsgFacts(tuple(events_from_records(records[:8])))},
+                                       now=1_700_000_300.0), dict(memory_errors.DEFAULTS))
+    assert f.severity is Severity.WARNING  # two episodes
 
 
 def test_nvme_escalates_from_abort_to_reset_to_removal():
