@@ -120,7 +120,7 @@ _LINK_STATES = {"up": LINK_UP, "active": LINK_UP, "down": LINK_DOWN}
 # Host hardware and kernel. Each of these messages starts with one of a few words, except the
 # newer NETDEV WATCHDOG line (which starts with its driver's name), so one startswith() and one
 # substring test decide whether a record can be any of them: most records pay only those.
-_HOST_PREFIXES = ("mce:", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
+_HOST_PREFIXES = ("mce:", "MCE 0x", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
                   "general protection", "Kernel panic", "divide error", "invalid opcode", "kernel BUG", "rcu:",
                   "INFO: rcu_", "unregister_netdevice", "NETDEV WATCHDOG", "EXT4-fs", "XFS (", "Buffer I/O error",
                   "nvme ", "mlx5_core")
@@ -151,7 +151,7 @@ _CPER = re.compile(r"\{(?P<record>\d{1,10})\}\[Hardware Error\]: event severity:
 _GHES_FATAL = re.compile(r"Kernel panic - not syncing: Fatal hardware error|GHES: Fatal hardware error")
 _EDAC = re.compile(r"EDAC (?P<mc>MC\d{1,4}): (?P<count>\d{1,10}) (?P<type>CE|UE) (?P<msg>.{0,80}?) ?on "
                    r"(?P<label>[^\s(]{1,120})")
-_MEMORY_FAILURE = re.compile(r"Memory failure: (?P<pfn>0x[0-9a-fA-F]{1,16}): (?:recovery action for )?"
+_MEMORY_FAILURE = re.compile(r"(?:Memory failure:|MCE) (?P<pfn>0x[0-9a-fA-F]{1,16}): (?:recovery action for )?"
                              r"(?P<what>[^:]{1,80}): (?P<result>Recovered|Ignored|Failed|Delayed)")
 _THROTTLE = re.compile(r"(?P<cpu>CPU\d{1,5}): (?P<scope>Core|Package) temperature (?:is )?above threshold, "
                        r"cpu clock (?:is )?throttled \(total events = (?P<total>\d{1,12})\)")
@@ -464,7 +464,7 @@ class EventParser:
                 return _event(EDAC_ERROR, m.group("mc").lower(), record, None, message[m.start():].strip(),
                               {"count": int(m.group("count")), "type": m.group("type"), "label": m.group("label")})
             return None
-        if "Memory failure" in message:
+        if "recovery action" in message:  # "Memory failure: 0x..: ..." (old kernels: "MCE 0x..: ...")
             m = _MEMORY_FAILURE.search(message)
             if m:
                 return _event(MEMORY_FAILURE, m.group("pfn").lower(), record, None, message[m.start():].strip(),
