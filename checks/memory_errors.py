@@ -75,10 +75,10 @@ def rate(e: KernelEvent, limit: int, throttle: int) -> Rating | None:
     if e.kind == MEMORY_FAILURE:
         if d.get("result") in ("Failed", "Ignored"):
             return Rating("MemoryFailureUnrecovered", _F, Action.HW_INSPECTION,
-                          f"The kernel could not recover memory page {e.device} after a hardware error",
+                          f"The kernel could not recover a memory page ({d.get('pfn')}) after a hardware error",
                           "the bad page may still be in use; " + _INSPECT, True)
         return Rating("MemoryFailureRecovered", _W, Action.NONE,
-                      f"The kernel took memory page {e.device} out of use after a hardware error",
+                      f"The kernel took a memory page ({d.get('pfn')}) out of use after a hardware error",
                       "the process using it was killed; repeated failures mean a failing DIMM",
                       repeat=3, repeated=_D, repeated_action=Action.HW_INSPECTION)
     if e.kind == CPU_THROTTLE:

@@ -467,8 +467,9 @@ class EventParser:
         if "recovery action" in message:  # "Memory failure: 0x..: ..." (old kernels: "MCE 0x..: ...")
             m = _MEMORY_FAILURE.search(message)
             if m:
-                return _event(MEMORY_FAILURE, m.group("pfn").lower(), record, None, message[m.start():].strip(),
-                              {"result": m.group("result"), "page": m.group("what").strip()})
+                return _event(MEMORY_FAILURE, "memory", record, None, message[m.start():].strip(),
+                              {"result": m.group("result"), "page": m.group("what").strip(),
+                               "pfn": m.group("pfn").lower()})
         if "above threshold" in message:
             m = _THROTTLE.search(message)
             if m:
