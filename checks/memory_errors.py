@@ -63,13 +63,14 @@ def rate(e: KernelEvent, limit: int, throttle: int) -> Rating | None:
         return None  # "info" records need nothing
     if e.kind == EDAC_ERROR:
         label = d.get("label") or "an unnamed DIMM"
+        mc = d.get("controller") or e.device
         count = d.get("count") if isinstance(d.get("count"), int) else 1
         if d.get("type") == "UE":
             return Rating("MemoryUncorrectable", _F, Action.HW_INSPECTION,
-                          f"Memory controller {e.device} reported an uncorrectable error on {label}",
+                          f"Memory controller {mc} reported an uncorrectable error on {label}",
                           "data was lost; replace that DIMM", True)
         return Rating("MemoryCorrected", _W, Action.NONE,
-                      f"Memory controller {e.device} reported corrected errors on {label}",
+                      f"Memory controller {mc} reported corrected errors on {label}",
                       "corrected by ECC; at the limit the DIMM is failing: replace it at the next drain",
                       repeat=limit, repeated=_D, repeated_action=Action.HW_INSPECTION, weight=max(count, 1))
     if e.kind == MEMORY_FAILURE:

@@ -461,8 +461,11 @@ class EventParser:
         if "EDAC MC" in message:
             m = _EDAC.search(message)
             if m:
-                return _event(EDAC_ERROR, m.group("mc").lower(), record, None, message[m.start():].strip(),
-                              {"count": int(m.group("count")), "type": m.group("type"), "label": m.group("label")})
+                # One DIMM is the unit that fails and is replaced: events group by controller and label.
+                return _event(EDAC_ERROR, f"{m.group('mc').lower()}/{m.group('label')}", record, None,
+                              message[m.start():].strip(),
+                              {"count": int(m.group("count")), "type": m.group("type"), "label": m.group("label"),
+                               "controller": m.group("mc").lower()})
             return None
         if "recovery action" in message:  # "Memory failure: 0x..: ..." (old kernels: "MCE 0x..: ...")
             m = _MEMORY_FAILURE.search(message)

@@ -34,11 +34,11 @@ def judge_file(name: str):
 
 @pytest.mark.parametrize("name,check,reason,severity,action,device", [
     ("radiasoft-134.journal.mce-edac-ce.txt", "memory_errors", "MemoryCorrected", Severity.WARNING, Action.NONE,
-     "mc1"),
+     "mc1/CPU_SrcID#1_Ha#0_Chan#0_DIMM#0"),
     ("machine-shop-66.dmesg-T.edac-ce-overflow.txt", "memory_errors", "MemoryCorrected", Severity.DEGRADED,
-     Action.HW_INSPECTION, "mc1"),  # 262 at once
+     Action.HW_INSPECTION, "mc1/CPU_SrcID#0_Ha#0_Chan#1_DIMM#0"),  # 262 at once
     ("osm-ops-300.syslog.mce-edac-ce.txt", "memory_errors", "MemoryCorrected", Severity.DEGRADED,
-     Action.HW_INSPECTION, "mc0"),  # 4 + 2 + 6 = 12 over three lines
+     Action.HW_INSPECTION, "mc0/CPU#0Channel#2_DIMM#0"),  # 4 + 2 + 6 = 12 over three lines
     ("mcelog-70.syslog.mce-record.txt", "memory_errors", "MachineCheckFatal", Severity.FATAL,
      Action.HW_INSPECTION, "cpu0"),  # status a6...: UC and PCC set
     ("node-exporter-3511.journal.cper-corrected.txt", "memory_errors", "HardwareErrorCorrected", Severity.WARNING,
