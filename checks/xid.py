@@ -123,7 +123,7 @@ def _what(family: str, device: str, e: KernelEvent) -> str:
     code = _code(e)
     info = catalog.XID_CATALOG.get(code) if code is not None else None
     return (f"GPU {device or '(address not in the log)'} logged Xid {_number(code)}"
-            + (f" ({info.mnemonic})" if info and info.mnemonic else ""))
+            + (f" ({_title(info)})" if info else ""))
 
 
 def parse_overrides(raw: dict, section: str) -> tuple[dict[int, Override], list[Finding]]:
@@ -164,8 +164,9 @@ def judge_xid(e: KernelEvent, overrides: dict[int, Override]) -> Verdict:
     if info is None:
         verdict = Verdict(f"Xid{code}" if code is not None and code >= 0 else "XidUnknown",
                           Severity.WARNING, Action.NONE,
-                          f"this code is not in Xid catalog version {catalog.CATALOG_VERSION}; look it up "
-                          "in NVIDIA's Xid documentation and set checks.xid.overrides if it needs more")
+                          f"this code is not in {catalog.XID_DOCUMENT} (nodehealth catalog {catalog.CATALOG_VERSION}); "
+                          "look it up in NVIDIA's newer Xid documentation and set checks.xid.overrides if it "
+                          "needs more")
     elif code == catalog.RECOVERY_ACTION_CODE:
         verdict = _recovery_action(info, e.text)
     elif code in catalog.NVLINK5_CODES:
@@ -234,7 +235,8 @@ def judge_sxid(e: KernelEvent, overrides: dict[int, Override]) -> Verdict:
             verdict = Verdict(info.reason, Severity.FATAL, action, f"{info.meaning}; the driver marked it Fatal")
     else:
         reason = f"SXid{e.code}" if e.code is not None and e.code >= 0 else "SXidUnknown"
-        unlisted = f"this SXid is not in nodehealth's SXid table ({catalog.CATALOG_VERSION})"
+        unlisted = (f"this SXid is not in {catalog.SXID_DOCUMENT} nor nodehealth's additions "
+                    f"({catalog.SXID_CATALOG_VERSION})")
         if fatal is True:
             verdict = Verdict(reason, Severity.FATAL, Action.RESET_GPU,
                               f"{unlisted}; the driver marked it Fatal, so the switch's links are in error")
@@ -318,7 +320,7 @@ def _xid_finding(device: str, items: list[tuple[KernelEvent, Verdict]], in_boot:
     instances = latest_distinct(whole_numbers(e.detail.get("gpu_instance") for e in events))
     causes = latest_distinct(int(m.group(1)) for m in (_CAUSED_BY.search(e.text) for e in events) if m)
     first, latest = seen_range(events)
-    label = f"Xid {_number(code)}" + (f" ({info.mnemonic})" if info and info.mnemonic else "")
+    label = f"Xid {_number(code)}" + (f" ({_title(info)})" if info else "")
     message = (f"GPU {device or '(address not in the log)'}{_instances(instances)} logged {label} {how_often}"
                f"{_processes(pids, processes)}, the last saying \"{trim(last.text)}\": {note}; {todo}.")
     return Finding(
@@ -353,8 +355,13 @@ def _sxid_finding(device: str, items: list[tuple[KernelEvent, Verdict]], window:
         f"the last saying \"{trim(last.text)}\": {note}; {verdict.advice or ADVICE[action]}.",
         device=device, action=action,
         evidence={"code": last.code, "count": len(events), "last_text": trim(last.text), "links": links,
-                  "first_time": first, "last_time": latest, "catalog": catalog.CATALOG_VERSION},
+                  "first_time": first, "last_time": latest, "catalog": catalog.SXID_CATALOG_VERSION},
         first_seen=first, last_seen=latest)
+
+
+def _title(info: catalog.XidInfo) -> str:
+    """NVIDIA's short description, or its symbol for the codes it calls Unused."""
+    return info.mnemonic if info.unused or not info.name else info.name
 
 
 def _number(code: int | None) -> str:

@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from nodehealth.collectors.pcie import PCI_ADDRESS
 from nodehealth.host import HostPaths, list_dir, read_attr, read_int_dir
 from nodehealth.model import Metric
 
@@ -135,6 +136,7 @@ class Device:
     hca_type: str | None
     node_guid: str | None
     ports: tuple[Port, ...]
+    pci_bus_id: str | None = None  # the PCI function behind it (its `device` link), to name a NIC's rail
 
 
 @dataclass(frozen=True)
@@ -206,8 +208,17 @@ def _read_device(name: str, directory: str) -> Device:
     return Device(
         name=name, fw_version=read_attr(prefix + "fw_ver"), board_id=read_attr(prefix + "board_id"),
         hca_type=read_attr(prefix + "hca_type"), node_guid=read_attr(prefix + "node_guid"),
-        ports=tuple(sorted(ports, key=lambda p: p.port)),
+        ports=tuple(sorted(ports, key=lambda p: p.port)), pci_bus_id=_pci_bus_id(prefix + "device"),
     )
+
+
+def _pci_bus_id(link: str) -> str | None:
+    """`0000:3b:00.0` from the device link (`../../../0000:3b:00.0`); None where it is absent or odd."""
+    try:
+        target = os.path.basename(os.readlink(link))
+    except OSError:
+        return None
+    return target if PCI_ADDRESS.match(target) else None
 
 
 def collect(host: HostPaths, cfg: dict) -> InfiniBand:

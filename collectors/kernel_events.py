@@ -20,7 +20,26 @@ HARD_LOCKUP = "hard_lockup"  # NMI watchdog: Watchdog detected hard LOCKUP on cp
 LINK_DOWN = "link_down"  # mlx5_core / IB port or netdev link down
 LINK_UP = "link_up"  # the matching link up (to count flaps)
 
-KINDS = (XID, SXID, GPU_FALLEN_OFF_BUS, HUNG_TASK, SOFT_LOCKUP, HARD_LOCKUP, LINK_DOWN, LINK_UP)
+# Host hardware and kernel (docs/domain/host-hardware.md); device names the CPU, memory controller,
+# disk, NIC or netdev, detail carries what the check needs to rate it.
+MCE = "mce"  # mce: [Hardware Error]: CPU n: Machine Check: ... Bank b: <status>; machine-check panic
+CPER = "cper"  # {N}[Hardware Error]: event severity: corrected|recoverable|fatal|info
+EDAC_ERROR = "edac_error"  # EDAC MCn: <count> CE|UE <message> on <label> (...)
+MEMORY_FAILURE = "memory_failure"  # Memory failure: 0x<pfn>: recovery action for <type>: <result>
+CPU_THROTTLE = "cpu_throttle"  # CPUn: Core|Package temperature [is] above threshold, cpu clock [is] throttled
+KERNEL_CRASH = "kernel_crash"  # BUG: / Oops / general protection fault / kernel BUG at / Kernel panic
+RCU_STALL = "rcu_stall"  # rcu: INFO: rcu_sched self-detected stall on CPU / detected stalls on CPUs/tasks
+NETDEV_UNREGISTER = "netdev_unregister"  # unregister_netdevice: waiting for <dev> to become free
+NETDEV_WATCHDOG = "netdev_watchdog"  # NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out
+FS_ERROR = "fs_error"  # EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem
+FS_READONLY = "fs_readonly"  # EXT4-fs (<dev>): Remounting filesystem read-only
+IO_ERROR = "io_error"  # Buffer I/O error on dev <dev>, logical block <n>, ...
+NVME_ERROR = "nvme_error"  # nvme nvmeN: I/O timeout, aborting / reset controller / removing / controller is down
+MLX5_HEALTH = "mlx5_health"  # mlx5_core <bdf>: health compromised, fatal syndrome, command timeout
+
+HOST_KINDS = (MCE, CPER, EDAC_ERROR, MEMORY_FAILURE, CPU_THROTTLE, KERNEL_CRASH, RCU_STALL, NETDEV_UNREGISTER,
+              NETDEV_WATCHDOG, FS_ERROR, FS_READONLY, IO_ERROR, NVME_ERROR, MLX5_HEALTH)
+KINDS = (XID, SXID, GPU_FALLEN_OFF_BUS, HUNG_TASK, SOFT_LOCKUP, HARD_LOCKUP, LINK_DOWN, LINK_UP) + HOST_KINDS
 
 
 @dataclass(frozen=True)
@@ -98,6 +117,72 @@ _MLX_LINK = re.compile(rf"^(?:mlx[45]_core|mlx4_en) (?P<pci>{_HEX}{{4,8}}:{_HEX}
 _MLX4_LINK = re.compile(r"^mlx4_en: (?P<name>[^\s:]{1,64}): Link (?P<state>Up|Down)\b")
 _LINK_STATES = {"up": LINK_UP, "active": LINK_UP, "down": LINK_DOWN}
 
+# Host hardware and kernel. Each of these messages starts with one of a few words, except the
+# newer NETDEV WATCHDOG line (which starts with its driver's name), so one startswith() and one
+# substring test decide whether a record can be any of them: most records pay only those.
+_HOST_PREFIXES = ("mce:", "MCE 0x", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
+                  "general protection", "Kernel panic", "divide error", "invalid opcode", "kernel BUG", "rcu:",
+                  "INFO: rcu_", "unregister_netdevice", "NETDEV WATCHDOG", "EXT4-fs", "XFS (", "Buffer I/O error",
+                  "nvme ", "mlx5_core")
+
+
+def _may_be_host_fault(message: str) -> bool:
+    if message.startswith(_HOST_PREFIXES) or "NETDEV WATCHDOG" in message:
+        return True
+    # A line no framing recognised ("Feb 23 03:28:16 kernel: [ 0.06] EDAC MC1: ...") is its own message.
+    at = message.find("kernel: ")
+    if at < 0:
+        return False
+    rest = message[at + 8:].lstrip()
+    if rest.startswith("["):
+        rest = rest[rest.find("]") + 1:].lstrip()
+    return rest.startswith(_HOST_PREFIXES)
+
+
+_MCE = re.compile(r"\[Hardware Error\]: CPU (?P<cpu>\d{1,5}): Machine Check(?: Exception)?: "
+                  r"(?P<mcg>[0-9a-fA-F]{1,16}) Bank (?P<bank>\d{1,4}): (?P<status>[0-9a-fA-F]{1,16})")
+# AMD's decoder states the severity in words on the record's first line.
+_MCE_AMD = re.compile(r"\[Hardware Error\]: (?P<what>Corrected error, no action required|Deferred error, no action "
+                      r"required|Uncorrected, software containable error|Uncorrected, software restartable error|"
+                      r"System Fatal error)")
+_MCE_PANIC = re.compile(r"Kernel panic - not syncing: Fatal [Mm]achine check|\[Hardware Error\]: Machine check: "
+                        r"(?P<reason>[^\n]{1,120})")
+_CPER = re.compile(r"\{(?P<record>\d{1,10})\}\[Hardware Error\]: event severity: (?P<severity>[a-z]{1,16})")
+_GHES_FATAL = re.compile(r"Kernel panic - not syncing: Fatal hardware error|GHES: Fatal hardware error")
+_EDAC = re.compile(r"EDAC (?P<mc>MC\d{1,4}): (?P<count>\d{1,10}) (?P<type>CE|UE) (?P<msg>.{0,80}?) ?on "
+                   r"(?P<label>[^\s(]{1,120})")
+_MEMORY_FAILURE = re.compile(r"(?:Memory failure:|MCE) (?P<pfn>0x[0-9a-fA-F]{1,16}): (?:recovery action for )?"
+                             r"(?P<what>[^:]{1,80}): (?P<result>Recovered|Ignored|Failed|Delayed)")
+_THROTTLE = re.compile(r"(?P<cpu>CPU\d{1,5}): (?P<scope>Core|Package) temperature (?:is )?above threshold, "
+                       r"cpu clock (?:is )?throttled \(total events = (?P<total>\d{1,12})\)")
+_CRASH = re.compile(r"(?P<head>BUG: (?!soft lockup)[^\n]{1,160}|kernel BUG at [^\n]{1,160}|"
+                    r"(?:Oops: )?(?:general protection fault|divide error|invalid opcode)[^\n]{0,120}\[#\d{1,4}\]|"
+                    r"Oops: [0-9a-fA-F]{1,8} \[#\d{1,4}\][^\n]{0,80}|Kernel panic - not syncing: [^\n]{1,160})")
+_RIP = re.compile(r"RIP: [0-9a-fA-F]{4}:(?:\[<[0-9a-fA-F]+>\]\s+\[<[0-9a-fA-F]+>\] )?(?P<fn>[\w.]{1,80})\+"
+                  r"0x[0-9a-fA-F]{1,8}/0x[0-9a-fA-F]{1,8}(?: \[(?P<module>\w{1,64})\])?")
+_RCU = re.compile(r"INFO: (?P<flavor>rcu_\w{1,16}) (?P<what>self-detected stall on CPU|detected (?:expedited )?"
+                  r"stalls? on CPUs?(?:/tasks)?)")  # old kernels: "rcu_sched_state detected stall on CPU 0"
+_UNREGISTER = re.compile(r"unregister_netdevice: waiting for (?P<dev>\S{1,64}) to become free\. "
+                         r"Usage count = (?P<count>-?\d{1,10})")
+_WATCHDOG_OLD = re.compile(r"NETDEV WATCHDOG: (?P<dev>\S{1,64}) \((?P<driver>[^)\s]{1,64})\): transmit queue "
+                           r"(?:(?P<queue>\d{1,6}) )?timed out")
+_WATCHDOG_NEW = re.compile(r"^(?P<driver>[\w-]{1,64}) (?P<bus>\S{1,64}) (?P<dev>[^\s:]{1,64}): NETDEV WATCHDOG: "
+                           r"(?:CPU: \d{1,5}: )?transmit queue (?P<queue>\d{1,6}) timed out")
+_EXT4_ERROR = re.compile(r"EXT4-fs error \(device (?P<dev>[^)\s]{1,64})\)")
+_EXT4_RO = re.compile(r"EXT4-fs \((?P<dev>[^)\s]{1,64})\): Remounting filesystem read-only")
+_XFS_SHUTDOWN = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): (?:.{0,200}Shutting down filesystem|"
+                           r"Filesystem has been shut down|.{0,40}xfs_do_force_shutdown)")
+_BUFFER_IO = re.compile(r"Buffer I/O error on dev(?:ice)? (?P<dev>[^,\s]{1,64}), logical block (?P<block>\d{1,20})")
+_NVME = re.compile(r"nvme (?P<ctrl>nvme\d{1,4}): (?:I/O (?:tag )?\d{1,10} .{0,80}?QID \d{1,5} timeout, "
+                   r"(?P<step>aborting|reset controller|disable controller)|(?P<down>controller is down; will reset)|"
+                   r"(?P<removed>Removing after probe failure))")
+_MLX5 = re.compile(r"^mlx5_core (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
+_MLX5_HEALTH = re.compile(r"(?P<lost>health compromised)|(?P<slot>PCI slot is unavailable)|"
+                          r"(?P<fatal>Fatal error \d{1,6} detected)|"
+                          r"synd 0x(?P<synd>[0-9a-fA-F]{1,4}): (?P<text>[^\n]{0,80})|"
+                          r"(?P<cmd>\w{1,48})\(0x(?P<op>[0-9a-fA-F]{1,4})\) timeout\. Will cause a leak")
+_CRASH_TRAIL_RECORDS = 40  # a crash dump's RIP line may follow its header by a register dump and a module list
+
 _FOLLOW_UP_RECORDS = 3  # how far a multi-line message or a stack-dump header may trail its first line
 
 
@@ -131,6 +216,10 @@ class EventParser:
         self._sxid: tuple[KernelRecord, int, str, str, dict] | None = None  # record, code, device, text, detail
         self._fallen: tuple[KernelRecord, str, str | None, int] | None = None
         self._hung: tuple[int, int] | None = None  # pid, records left to see its task: line
+        self._crash: tuple[KernelRecord, list[str], int] | None = None  # header record, headers, records left
+        # Sequence number of the last crash reported: a batch may end inside a crash dump (the daemon
+        # flushes after each read), and the rest of that dump must not become a second crash.
+        self._crash_seq: int | None = None
 
     def feed(self, record: KernelRecord) -> list[KernelEvent]:
         if record.facility:  # written by a userspace process, not the kernel: it cannot fake an Xid
@@ -145,15 +234,18 @@ class EventParser:
                  or self._lockup(record) or self._link(record))
         if event is not None:
             out.append(event)
+        elif self._crash is not None or _may_be_host_fault(message):
+            out.extend(self._host(record))
         return out
 
     def flush(self) -> list[KernelEvent]:
-        """The SXid held for its continuation lines, if any (call at the end of a batch)."""
+        """Events held for their continuation lines (an SXid, a crash's RIP line); call at the end of a batch."""
+        out = self._crash_event(None, None) if self._crash is not None else []
         if self._sxid is None:
-            return []
+            return out
         record, code, device, text, detail = self._sxid
         self._sxid = None
-        return [_event(SXID, device, record, code, text, detail)]
+        return [_event(SXID, device, record, code, text, detail)] + out
 
     # SXid ------------------------------------------------------------------------------------
 
@@ -305,6 +397,158 @@ class EventParser:
         detail: dict[str, object] = {"pci_bus_id": pci or None, "port": _number(groups.get("port")),
                                      "state": m.group("state")}
         return _event(kind, m.group("name") or pci, record, None, message.strip(), detail)
+
+
+    # Host hardware and kernel -----------------------------------------------------------------
+
+    def _host(self, record: KernelRecord) -> list[KernelEvent]:
+        message = record.message
+        out: list[KernelEvent] = []
+        if self._crash is not None:
+            rip = _RIP.search(message) if "RIP:" in message else None
+            if rip:
+                return self._crash_event(rip.group("fn"), rip.group("module"))
+            first, headers, left = self._crash
+            crash = (_CRASH.search(message) if "lockup" not in message and "achine check" not in message
+                     and "hardware error" not in message else None)
+            if crash and len(headers) < 4:
+                headers.append(crash.group("head").strip())  # the same crash's next header (Oops after BUG)
+                return []
+            if left <= 1:
+                out = self._crash_event(None, None)
+            else:
+                self._crash = (first, headers, left - 1)
+            if not _may_be_host_fault(message):
+                return out
+        event = self._host_event(record, message)
+        return out + [event] if event is not None else out
+
+    def _crash_event(self, function: str | None, module: str | None) -> list[KernelEvent]:
+        first, headers, _ = self._crash
+        self._crash = None
+        self._crash_seq = first.seq
+        return [_event(KERNEL_CRASH, module or "kernel", first, None, headers[0],
+                       {"headers": headers, "function": function, "module": module,
+                        "panic": any(h.startswith("Kernel panic") for h in headers)})]
+
+    def _host_event(self, record: KernelRecord, message: str) -> KernelEvent | None:
+        """One record of a host hardware or kernel fault, or None; the cheap hint already matched."""
+        if "Hardware Error" in message or "achine check" in message:
+            m = _CPER.search(message)
+            if m:
+                return _event(CPER, "apei", record, None, message[m.start():].strip(),
+                              {"severity": m.group("severity"), "record": int(m.group("record"))})
+            m = _MCE.search(message)
+            if m:
+                status = int(m.group("status"), 16)
+                return _event(MCE, f"cpu{int(m.group('cpu'))}", record, None, message[m.start():].strip(),
+                              {"bank": int(m.group("bank")), "status": m.group("status").lower(),
+                               "uc": bool(status >> 61 & 1), "pcc": bool(status >> 57 & 1),
+                               "overflow": bool(status >> 62 & 1)})
+            m = _MCE_AMD.search(message)
+            if m:
+                what = m.group("what")
+                return _event(MCE, "cpu", record, None, what, {"uc": not what.endswith("no action required"),
+                                                               "pcc": what.startswith("System Fatal")})
+            m = _MCE_PANIC.search(message)
+            if m:
+                return _event(MCE, "cpu", record, None, message[m.start():].strip(),
+                              {"uc": True, "pcc": True, "panic": True})
+        if "Kernel panic" in message or "GHES" in message:
+            m = _GHES_FATAL.search(message)
+            if m:
+                return _event(CPER, "apei", record, None, m.group(0), {"severity": "fatal"})
+        if "EDAC MC" in message:
+            m = _EDAC.search(message)
+            if m:
+                # One DIMM is the unit that fails and is replaced: events group by controller and label.
+                return _event(EDAC_ERROR, f"{m.group('mc').lower()}/{m.group('label')}", record, None,
+                              message[m.start():].strip(),
+                              {"count": int(m.group("count")), "type": m.group("type"), "label": m.group("label"),
+                               "controller": m.group("mc").lower()})
+            return None
+        if "recovery action" in message:  # "Memory failure: 0x..: ..." (old kernels: "MCE 0x..: ...")
+            m = _MEMORY_FAILURE.search(message)
+            if m:
+                return _event(MEMORY_FAILURE, "memory", record, None, message[m.start():].strip(),
+                              {"result": m.group("result"), "page": m.group("what").strip(),
+                               "pfn": m.group("pfn").lower()})
+        if "above threshold" in message:
+            m = _THROTTLE.search(message)
+            if m:
+                return _event(CPU_THROTTLE, "cpu", record, None, message[m.start():].strip(),
+                              {"cpu": m.group("cpu").lower(), "scope": m.group("scope").lower(),
+                               "total": int(m.group("total"))})
+        if "stall" in message:
+            m = _RCU.search(message)
+            if m:
+                return _event(RCU_STALL, m.group("flavor"), record, None, message[m.start():].strip(),
+                              {"self_detected": m.group("what").startswith("self")})
+        if "unregister_netdevice" in message:
+            m = _UNREGISTER.search(message)
+            if m:
+                return _event(NETDEV_UNREGISTER, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"usage_count": int(m.group("count"))})
+        if "NETDEV WATCHDOG" in message:
+            m = _WATCHDOG_NEW.search(message) or _WATCHDOG_OLD.search(message)
+            if m:
+                groups = m.groupdict()
+                bus = canonical_pci(groups.get("bus") or "")
+                return _event(NETDEV_WATCHDOG, m.group("dev"), record, None, message.strip(),
+                              {"driver": m.group("driver"), "queue": _number(m.group("queue")),
+                               "pci_bus_id": bus or None})
+        if "EXT4-fs" in message:
+            m = _EXT4_RO.search(message)
+            if m:
+                return _event(FS_READONLY, m.group("dev"), record, None, message[m.start():].strip(), {"fs": "ext4"})
+            m = _EXT4_ERROR.search(message)
+            if m:
+                return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(), {"fs": "ext4"})
+        if "XFS (" in message:
+            m = _XFS_SHUTDOWN.search(message)
+            if m:
+                return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"fs": "xfs", "shutdown": True})
+        if "Buffer I/O error" in message:
+            m = _BUFFER_IO.search(message)
+            if m:
+                return _event(IO_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"block": int(m.group("block"))})
+        if "nvme" in message:
+            m = _NVME.search(message)
+            if m:
+                step = ("removed" if m.group("removed") else "down" if m.group("down")
+                        else {"aborting": "abort", "reset controller": "reset",
+                              "disable controller": "disable"}[m.group("step")])
+                return _event(NVME_ERROR, m.group("ctrl"), record, None, message[m.start():].strip(), {"step": step})
+        if message.startswith("mlx5_core"):
+            return self._mlx5(record, message)
+        if ("BUG" in message or "Oops" in message or "[#" in message or "panic" in message) \
+                and "lockup" not in message:
+            m = _CRASH.search(message)
+            if m and not (record.seq is not None and self._crash_seq is not None
+                          and 0 < record.seq - self._crash_seq <= _CRASH_TRAIL_RECORDS):
+                self._crash = (record, [m.group("head").strip()], _CRASH_TRAIL_RECORDS)
+        return None
+
+    def _mlx5(self, record: KernelRecord, message: str) -> KernelEvent | None:
+        device = _MLX5.match(message)
+        m = _MLX5_HEALTH.search(message) if device else None
+        if m is None:
+            return None
+        if m.group("lost"):
+            problem, detail = "health_lost", {}
+        elif m.group("slot"):
+            problem, detail = "pci_slot_unavailable", {}
+        elif m.group("fatal"):
+            problem, detail = "fatal_error", {}
+        elif m.group("synd"):
+            problem = "syndrome"
+            detail = {"syndrome": int(m.group("synd"), 16), "syndrome_text": m.group("text").strip()}
+        else:
+            problem, detail = "command_timeout", {"command": m.group("cmd"), "opcode": int(m.group("op"), 16)}
+        return _event(MLX5_HEALTH, canonical_pci(device.group("pci")), record, None, message[device.end():].strip(": "),
+                      dict(detail, problem=problem))
 
 
 def _event(kind: str, device: str, record: KernelRecord, code: int | None, text: str,

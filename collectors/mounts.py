@@ -74,6 +74,9 @@ class Mounts:
     mounts: tuple[Mount, ...]  # sorted by mount point
     bad_lines: int = 0  # mount table lines that could not be parsed (their mounts are not probed)
     first_bad_line: str = ""  # the first of them, bounded, for the message
+    # Local block devices and where they are mounted, (kernel name, mount point) such as ("nvme0n1p1", "/data"):
+    # the storage check names the mount point of a disk the kernel log reports errors on.
+    block_devices: tuple[tuple[str, str], ...] = ()
 
 
 def supported(host: HostPaths, cfg: dict):
@@ -252,7 +255,19 @@ def collect(host: HostPaths, cfg: dict, stat: Callable[[str], object] = os.stat)
     now = time.monotonic()
     return Mounts(tuple(_mount(entry, mounted, configured, probes[target], now)
                         for (entry, mounted, configured), target in zip(chosen, targets)),
-                  len(bad), f"{path} {bad[0]}" if bad else "")
+                  len(bad), f"{path} {bad[0]}" if bad else "", block_devices(entries))
+
+
+MAX_BLOCK_DEVICES = 256  # bounded: a node with thousands of loop mounts keeps the first ones
+
+
+def block_devices(entries: tuple[MountEntry, ...]) -> tuple[tuple[str, str], ...]:
+    """(kernel device name, mount point) of every mount of a /dev/ block device, first mount of each."""
+    seen: dict[str, str] = {}
+    for entry in entries:
+        if entry.source.startswith("/dev/") and len(seen) < MAX_BLOCK_DEVICES:
+            seen.setdefault(os.path.basename(entry.source), entry.mountpoint)
+    return tuple(seen.items())
 
 
 def metrics(facts: Mounts) -> list[Metric]:

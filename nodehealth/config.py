@@ -230,6 +230,14 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     for name, rate in cfg["checks"]["infiniband"]["expected_rate_gbps"].items():  # port, device or link layer
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
             raise ConfigError(f"checks.infiniband.expected_rate_gbps.{name}: must be a number of Gb/s, not {rate!r}")
+    # The host-fault checks: a window of 0 would count nothing, a limit below 1 would fire on no error.
+    for name in ("memory_errors", "crashes", "storage_errors", "nic_health"):
+        positive(f"checks.{name}.window_seconds", cfg["checks"][name]["window_seconds"])
+    for name, key in (("memory_errors", "corrected_limit"), ("memory_errors", "throttle_repeat"),
+                      ("crashes", "rcu_stall_repeat"), ("nic_health", "unregister_repeat"),
+                      ("nic_health", "watchdog_repeat"), ("edac", "corrected_limit")):
+        if not cfg["checks"][name][key] >= 1:
+            raise ConfigError(f"checks.{name}.{key}: must be at least 1, not {cfg['checks'][name][key]!r}")
     pm = cfg["pingmesh"]
     # A probe may outlive the interval (timeout_seconds >= probe_interval_seconds): it is not refused.
     for key in ("probe_interval_seconds", "timeout_seconds", "max_probes_per_second", "fetch_timeout_seconds"):

@@ -39,10 +39,10 @@ CONDITION_NAMES = {"gpu": "GPU", "network": "Network", "memory": "Memory", "stor
 CHECK_SUBSYSTEMS = {
     "xid": "gpu", "gpu_driver": "gpu", "gpu_memory": "gpu", "nvlink": "gpu", "nvlink_errors": "gpu",
     "gpu_pcie": "gpu", "clocks": "gpu",
-    "infiniband": "network", "link_events": "network", "pingmesh": "network",
-    "memory": "memory", "thp": "memory", "memlock": "memory",
-    "mounts": "storage",
-    "kernel": "kernel", "modules": "kernel",
+    "infiniband": "network", "link_events": "network", "pingmesh": "network", "nic_health": "network",
+    "memory": "memory", "thp": "memory", "memlock": "memory", "memory_errors": "memory", "edac": "memory",
+    "mounts": "storage", "storage_errors": "storage",
+    "kernel": "kernel", "modules": "kernel", "crashes": "kernel",
 }
 PCIE_KIND_SUBSYSTEMS = {"gpu": "gpu", "nvswitch": "gpu", "nic": "network", "nvme": "storage"}
 QUARANTINE_EFFECTS = ("NoSchedule", "NoExecute")

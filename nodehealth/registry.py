@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from nodehealth.checks import (
     clocks,
+    crashes,
     gpu_driver,
     gpu_memory,
     gpu_pcie,
@@ -10,16 +11,20 @@ from nodehealth.checks import (
     link_events,
     memlock,
     memory,
+    memory_errors,
+    nic_health,
     nvlink,
     nvlink_errors,
+    storage_errors,
     thp,
     xid,
 )
+from nodehealth.checks import edac as edac_check
 from nodehealth.checks import infiniband as infiniband_check
 from nodehealth.checks import modules as modules_check
 from nodehealth.checks import mounts as mounts_check
 from nodehealth.checks import pcie as pcie_check
-from nodehealth.collectors import buddyinfo, infiniband, kmsg, limits, modules, mounts, nvml, pcie, vm
+from nodehealth.collectors import buddyinfo, edac, infiniband, kmsg, limits, modules, mounts, nvml, pcie, vm
 
 COLLECTORS = (
     kmsg,
@@ -30,6 +35,7 @@ COLLECTORS = (
     mounts,
     pcie,
     infiniband,
+    edac,
     nvml,
 )
 
@@ -37,6 +43,11 @@ CHECKS = (
     xid,
     kernel,
     link_events,
+    crashes,
+    memory_errors,
+    edac_check,
+    storage_errors,
+    nic_health,
     memory,
     thp,
     memlock,

@@ -338,11 +338,19 @@ def test_link_without_a_name_uses_the_pci_address():
 
 def test_quiet_logs_have_no_events():
     for name in ("gpud/kmsg.1.log", "gpud/kmsg.2.peermem.log", "gpud/dmesg-time-format-short-iso.log",
-                 "gpud/journalctl-time-format-short-iso-2.log", "gpud/pstore/dmesg-erst.txt",
+                 "gpud/journalctl-time-format-short-iso-2.log",
                  "issues/ollama-4342.syslog.nvidia-rm-stack.reversed.partial.txt",
                  "issues/open-gpu-kernel-modules-1118.talos-kern-format.gsp-rpc-history.partial.txt",
-                 "npd/oom_kill", "npd/null_pointer"):
+                 "npd/oom_kill"):  # OOM kills are out of scope
         assert events_of_file(name) == [], name
+
+
+def test_crash_dumps_are_one_crash_each_with_their_rip_function():
+    """The pstore (ERST) record of a sysrq-triggered crash and NPD's oops: one event, not one per header."""
+    for name, function in (("gpud/pstore/dmesg-erst.txt", "sysrq_handle_crash"),
+                           ("npd/null_pointer", "pick_next_task_fair")):
+        [e] = events_of_file(name)
+        assert (e.kind, e.detail["function"]) == ("kernel_crash", function), name
 
 
 def test_events_carry_the_record_identity():

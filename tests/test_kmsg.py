@@ -21,6 +21,7 @@ from nodehealth.collectors import CollectError, kmsg
 from nodehealth.collectors.kernel_events import (
     GPU_FALLEN_OFF_BUS,
     HUNG_TASK,
+    KERNEL_CRASH,
     KINDS,
     LINK_DOWN,
     LINK_UP,
@@ -62,14 +63,14 @@ FRAMINGS = [
     ("issues/ollama-4342.syslog.nvidia-rm-stack.reversed.partial.txt", 14, 0, {}),  # /var/log/messages
     ("issues/ironfish-701.syslogd-wall.soft-and-hard-lockup.txt", 9, 0, {"soft_lockup": 6, "hard_lockup": 3}),
     ("issues/open-gpu-kernel-modules-1118.talos-kern-format.gsp-rpc-history.partial.txt", 6, 0, {}),  # Talos
-    ("gpud/pstore/dmesg-erst.txt", 39, 0, {}),  # pstore / ERST
-    ("gpud/pstore/7530486857247/dmesg.txt", 415, 4, {LINK_UP: 1}),  # with per-part headers
+    ("gpud/pstore/dmesg-erst.txt", 39, 0, {KERNEL_CRASH: 1}),  # pstore / ERST
+    ("gpud/pstore/7530486857247/dmesg.txt", 415, 4, {LINK_UP: 1, KERNEL_CRASH: 1}),  # with per-part headers
     ("issues/open-gpu-kernel-modules-1150.xid45-caused-by-xid149-145.partial.txt", 7, 0, {XID: 7}),  # bare kernel:
     ("issues/sonic-17358.soft-lockup-panic.indented-elided.txt", 9, 0, {"soft_lockup": 1}),  # indented, elided
     ("issues/nvsentinel-155.fallen-off-bus-multiline-no-xid.txt", 3, 0, {GPU_FALLEN_OFF_BUS: 1}),
     ("issues/gpud-1160.xid-144-149-netir.lines.txt", 3, 3, {XID: 3}),  # no framing at all
     ("issues/nvsentinel-155.xid79-single-line.quoted.txt", 1, 1, {XID: 1}),  # and no final newline
-    ("npd/divide_zero", 20, 20, {}),
+    ("npd/divide_zero", 20, 20, {KERNEL_CRASH: 1}),
 ]
 
 

@@ -591,3 +591,20 @@ def test_pingmesh_findings_taint_the_network_subsystem():
     assert kube.subsystem_of(f) == "network"
     state = kube.desired_state(report(f), kube.DEFAULTS)["network"]
     assert (state.status, state.reason, state.effect) == ("True", "PingmeshNodeFaulty", "PreferNoSchedule")
+
+
+@pytest.mark.parametrize("check,subsystem", [
+    ("memory_errors", "memory"), ("edac", "memory"), ("crashes", "kernel"), ("storage_errors", "storage"),
+    ("nic_health", "network"),
+])
+def test_host_fault_checks_taint_their_subsystem(check, subsystem):
+    f = finding(check, Severity.FATAL, "SomeFault", action=Action.HW_INSPECTION)
+    assert kube.subsystem_of(f) == subsystem
+    state = kube.desired_state(report(f), kube.DEFAULTS)[subsystem]
+    assert (state.status, state.reason, state.effect) == ("True", "SomeFault", "NoSchedule")
+
+
+def test_every_registered_check_has_a_subsystem():
+    from nodehealth.registry import CHECKS
+
+    assert {c.NAME for c in CHECKS} - {"pcie"} <= set(kube.CHECK_SUBSYSTEMS)  # pcie follows the device kind

@@ -23,7 +23,8 @@ EXPECTED_EXIT = {
     "plain-host": 0, "h100-8x-cx7": 1, "fragmented": 1, "small-memlock": 0,
     "nvml-h100-healthy": 0, "nvml-h100-xid79-lost": 1, "nvml-h100-volatile-dbe": 1, "nvml-h100-nvlink-down": 1,
     "nvml-h100-pcie-downtrained": 1, "nvml-h100-hw-slowdown": 1, "nvml-h200": 0, "nvml-h800": 0,
-    "nvml-a100-remap-pending": 1, "nvml-a100-remap-failure": 1, "nvml-a100-old-driver": 0, "nvml-a100": 0,
+    "host-faults": 1, "nvml-a100-remap-pending": 1, "nvml-a100-remap-failure": 1, "nvml-a100-old-driver": 0,
+    "nvml-a100": 0,
 }
 
 
