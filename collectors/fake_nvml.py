@@ -103,6 +103,10 @@ class FakeNvmlBackend:
         gpu = args[0] if fn.startswith("nvmlDevice") and fn != "nvmlDeviceGetCount" and args else None
         self._hang_if(gpu, fn)
         self._raise_if(gpu, fn)
+        return self._answer(fn, args)
+
+    def _answer(self, fn: str, args: tuple) -> Any:
+        gpu = args[0] if fn.startswith("nvmlDevice") and fn != "nvmlDeviceGetCount" and args else None
         if gpu is None:
             table = self.scenario.get("system", {})
             rest = args
@@ -125,6 +129,20 @@ class FakeNvmlBackend:
         if isinstance(value, dict) and set(value) == {"error"}:
             raise NvmlError.named(value["error"])
         return value
+
+    def fields(self, index: int, wanted: list[tuple[int, int]]) -> list[Any]:
+        """nvmlDeviceGetFieldValues for many fields in one call: the call's scripted trouble once, then
+        each field's own answer (its value, or its NvmlError)."""
+        fn = "nvmlDeviceGetFieldValues"
+        self._hang_if(index, fn)
+        self._raise_if(index, fn)
+        answers: list[Any] = []
+        for field, scope in wanted:
+            try:
+                answers.append(self._answer(fn, (index, field, scope)))
+            except NvmlError as e:
+                answers.append(e)
+        return answers
 
     def wait_events(self, timeout: float) -> list[dict[str, Any]]:
         """The scenario's events, once; afterwards nothing, after waiting like nvmlEventSetWait."""
