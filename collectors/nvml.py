@@ -181,12 +181,14 @@ class NvmlBackend:
         return [_field_value(v) for v in values]
 
 
+VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by nvmlValueType_t
+
+
 def _field_value(value: Any) -> Any:
     if value.nvmlReturn != 0:
         return NvmlError(int(value.nvmlReturn))
-    v = value.value
-    return {0: v.dVal, 1: v.uiVal, 2: v.ulVal, 3: v.ullVal, 4: v.sllVal, 5: v.siVal, 6: v.usVal}.get(
-        value.valueType, v.ullVal)
+    kind = value.valueType
+    return getattr(value.value, VALUE_MEMBERS[kind] if 0 <= kind < len(VALUE_MEMBERS) else "ullVal")
 
 
 _lock = threading.Lock()
