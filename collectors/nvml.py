@@ -749,6 +749,20 @@ def _clock_metrics(family: Callable[..., Metric], g: Gpu, ids: tuple[str, ...]) 
         durations.add(ids + (name,), None if ns is None else ns / 1e9)
 
 
+def rate_metrics(facts: NvmlFacts, rates: dict[str, float]) -> list[Metric]:
+    """NVLink data throughput per link and direction, from the rates of fields 138/139."""
+    throughput = Metric("nodehealth_gpu_nvlink_throughput_bytes_per_second",
+                        "NVLink data throughput since the previous pass, without protocol overhead (NVML fields "
+                        "138/139; DCGM_FI_PROF_NVLINK_L<n>_TX_BYTES, _RX_BYTES count headers too).",
+                        labels=GPU_LABELS + ("link", "direction"))
+    for g in facts.gpus:
+        for link in g.nvlinks:
+            for direction, name in (("transmit", "tx_bytes"), ("receive", "rx_bytes")):
+                rate = rates.get(rate_key(g, f"nvlink{link.link}:{name}"))
+                throughput.add(_ids(g) + (str(link.link), direction), rate)
+    return [throughput]
+
+
 def counters(facts: NvmlFacts) -> dict[str, float]:
     """Counters the checks judge as rates, keyed by gpu_facts.rate_key (the checks use the same)."""
     out: dict[str, float] = {}
@@ -761,7 +775,7 @@ def counters(facts: NvmlFacts) -> dict[str, float]:
             put(g, "ecc_volatile_corrected", g.ecc.volatile_corrected)
             put(g, "ecc_volatile_uncorrected", g.ecc.volatile_uncorrected)
         for link in g.nvlinks:
-            for name in ("crc_flit", "crc_data", "replay", "recovery"):
+            for name in ("crc_flit", "crc_data", "replay", "recovery", "tx_bytes", "rx_bytes"):
                 put(g, f"nvlink{link.link}:{name}", getattr(link, name))
         if g.pcie is not None:
             put(g, "pcie_replay", g.pcie.replay)
