@@ -5,6 +5,7 @@ from nodehealth.checks import (
     clocks,
     gpu_driver,
     gpu_memory,
+    gpu_nic,
     gpu_pcie,
     kernel,
     link_events,
@@ -19,7 +20,7 @@ from nodehealth.checks import infiniband as infiniband_check
 from nodehealth.checks import modules as modules_check
 from nodehealth.checks import mounts as mounts_check
 from nodehealth.checks import pcie as pcie_check
-from nodehealth.collectors import buddyinfo, infiniband, kmsg, limits, modules, mounts, nvml, pcie, vm
+from nodehealth.collectors import buddyinfo, infiniband, kmsg, limits, modules, mounts, nvml, pcie, topology, vm
 
 COLLECTORS = (
     kmsg,
@@ -29,6 +30,7 @@ COLLECTORS = (
     modules,
     mounts,
     pcie,
+    topology,
     infiniband,
     nvml,
 )
@@ -50,4 +52,5 @@ CHECKS = (
     nvlink_errors,
     gpu_pcie,
     clocks,
+    gpu_nic,
 )
