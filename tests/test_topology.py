@@ -5,6 +5,7 @@ import importlib.util
 import os
 
 from conftest import HERE
+from test_machines import compare
 
 from nodehealth import exporter
 from nodehealth.checks import gpu_nic
@@ -74,6 +75,7 @@ def test_a_narrowed_switch_link_is_a_finding_for_each_device_below_it():
 
 def test_metrics():
     text = exporter.render(topology.metrics(facts())).decode()
+    compare("topology.metrics.txt", text)
     assert 'nodehealth_gpu_nic_relation{pci_bus_id="0000:19:00.0",nic="0000:1a:00.0"} 0' in text
     assert 'nodehealth_pcie_device_numa_node{pci_bus_id="0000:dc:00.0",kind="nic"} 1' in text
 
