@@ -46,7 +46,11 @@ lacks; a value {"error": "Name"} answers that NVML error. The calls the collecto
     nvmlDeviceGetFieldValues  "F,S"                  number; field id F, scope S (link number, or 0):
                                                      91 link count, 164 link speed (MB/s), 138/139 link
                                                      TX/RX data (KiB), 269/270/271 SW thermal / HW thermal /
-                                                     HW power brake slowdown time (ns)
+                                                     HW power brake slowdown time (ns), 165/166 link state
+                                                     (NVML_NVLINK_STATE_*) / version, per-link error counters
+                                                     of links 0-11 (scope 0): CRC flit 32-37/96-101, CRC
+                                                     data 39-44/102-107, replay 46-51/108-113, recovery
+                                                     53-58/114-119; fields(gpu, pairs) answers many at once
     nvmlDeviceGetNvLinkState  "L"                    0 down / 1 up
     nvmlDeviceGetNvLinkVersion  "L"                  int (enum: 4 = 3.0, 6 = 4.0, 7 = 5.0)
     nvmlDeviceGetNvLinkRemotePciInfo  "L"            {"busId": "00000000:05:00.0"}

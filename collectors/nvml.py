@@ -2,7 +2,9 @@
 
 The only module that imports pynvml (nvidia-ml-py), and only when a live host has NVIDIA GPUs.
 Everything talks to one narrow backend: `call(fn, *args)` with an NVML function name and the GPU
-index; NvmlBackend is the driver, fake_nvml.FakeNvmlBackend a fixture machine's nvml.json.
+index, and `fields(index, pairs)` for many nvmlDeviceGetFieldValues fields in one call (the per-link
+facts, as DCGM reads them); NvmlBackend is the driver, fake_nvml.FakeNvmlBackend a fixture
+machine's nvml.json.
 
 Every call is isolated: NotSupported is an absent fact (None); FunctionNotFound (an older driver
 without a newer symbol) is absent too, and named once; GpuIsLost marks the GPU lost; Timeout,
