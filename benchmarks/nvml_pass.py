@@ -32,6 +32,10 @@ class Counting:
         self.calls += 1
         return self.inner.call(fn, *args)
 
+    def fields(self, index, wanted):
+        self.calls += 1  # one nvmlDeviceGetFieldValues call for all of them
+        return self.inner.fields(index, wanted)
+
     def init(self):
         self.inner.init()
 

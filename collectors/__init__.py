@@ -11,6 +11,8 @@ Each module provides:
     metrics(facts) -> list[Metric]              how the facts become metric families
     counters(facts) -> dict[str, float]         optional: monotonic counters the engine turns
                                                 into per-second rates for checks
+    rate_metrics(facts, rates) -> list[Metric]  optional: families of those rates (bandwidth), from
+                                                the second pass on (a rate needs two samples)
 """
 
 

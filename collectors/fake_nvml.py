@@ -46,7 +46,11 @@ lacks; a value {"error": "Name"} answers that NVML error. The calls the collecto
     nvmlDeviceGetFieldValues  "F,S"                  number; field id F, scope S (link number, or 0):
                                                      91 link count, 164 link speed (MB/s), 138/139 link
                                                      TX/RX data (KiB), 269/270/271 SW thermal / HW thermal /
-                                                     HW power brake slowdown time (ns)
+                                                     HW power brake slowdown time (ns), 165/166 link state
+                                                     (NVML_NVLINK_STATE_*) / version, per-link error counters
+                                                     of links 0-11 (scope 0): CRC flit 32-37/96-101, CRC
+                                                     data 39-44/102-107, replay 46-51/108-113, recovery
+                                                     53-58/114-119; fields(gpu, pairs) answers many at once
     nvmlDeviceGetNvLinkState  "L"                    0 down / 1 up
     nvmlDeviceGetNvLinkVersion  "L"                  int (enum: 4 = 3.0, 6 = 4.0, 7 = 5.0)
     nvmlDeviceGetNvLinkRemotePciInfo  "L"            {"busId": "00000000:05:00.0"}
@@ -103,6 +107,10 @@ class FakeNvmlBackend:
         gpu = args[0] if fn.startswith("nvmlDevice") and fn != "nvmlDeviceGetCount" and args else None
         self._hang_if(gpu, fn)
         self._raise_if(gpu, fn)
+        return self._answer(fn, args)
+
+    def _answer(self, fn: str, args: tuple) -> Any:
+        gpu = args[0] if fn.startswith("nvmlDevice") and fn != "nvmlDeviceGetCount" and args else None
         if gpu is None:
             table = self.scenario.get("system", {})
             rest = args
@@ -125,6 +133,20 @@ class FakeNvmlBackend:
         if isinstance(value, dict) and set(value) == {"error"}:
             raise NvmlError.named(value["error"])
         return value
+
+    def fields(self, index: int, wanted: list[tuple[int, int]]) -> list[Any]:
+        """nvmlDeviceGetFieldValues for many fields in one call: the call's scripted trouble once, then
+        each field's own answer (its value, or its NvmlError)."""
+        fn = "nvmlDeviceGetFieldValues"
+        self._hang_if(index, fn)
+        self._raise_if(index, fn)
+        answers: list[Any] = []
+        for field, scope in wanted:
+            try:
+                answers.append(self._answer(fn, (index, field, scope)))
+            except NvmlError as e:
+                answers.append(e)
+        return answers
 
     def wait_events(self, timeout: float) -> list[dict[str, Any]]:
         """The scenario's events, once; afterwards nothing, after waiting like nvmlEventSetWait."""

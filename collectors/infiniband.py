@@ -260,6 +260,17 @@ def counters(facts: InfiniBand) -> dict[str, float]:
     return out
 
 
+def rate_metrics(facts: InfiniBand, rates: dict[str, float]) -> list[Metric]:
+    """Port bandwidth per direction: the rate of the data counters (bytes, not words)."""
+    throughput = Metric("nodehealth_infiniband_port_throughput_bytes_per_second",
+                        "Data throughput of the port since the previous pass (rate of port_xmit_data and "
+                        "port_rcv_data, in bytes).", labels=("device", "port", "direction"))
+    for port in facts.ports:
+        for direction, name in (("transmit", "transmitted_bytes"), ("receive", "received_bytes")):
+            throughput.add((port.device, str(port.port), direction), rates.get(counter_key(port, name)))
+    return [throughput]
+
+
 def metrics(facts: InfiniBand) -> list[Metric]:
     labels = ("device", "port")
     info = Metric("nodehealth_infiniband_device_info",

@@ -2,7 +2,9 @@
 
 The only module that imports pynvml (nvidia-ml-py), and only when a live host has NVIDIA GPUs.
 Everything talks to one narrow backend: `call(fn, *args)` with an NVML function name and the GPU
-index; NvmlBackend is the driver, fake_nvml.FakeNvmlBackend a fixture machine's nvml.json.
+index, and `fields(index, pairs)` for many nvmlDeviceGetFieldValues fields in one call (the per-link
+facts, as DCGM reads them); NvmlBackend is the driver, fake_nvml.FakeNvmlBackend a fixture
+machine's nvml.json.
 
 Every call is isolated: NotSupported is an absent fact (None); FunctionNotFound (an older driver
 without a newer symbol) is absent too, and named once; GpuIsLost marks the GPU lost; Timeout,
@@ -46,6 +48,7 @@ DEFAULTS: dict = {
 }
 
 NVIDIA_VENDOR = "0x10de"
+BACKEND_ENV = "NODEHEALTH_NVML_BACKEND"
 # Field ids (nvmlDeviceGetFieldValues).
 FI_NVLINK_LINK_COUNT = 91
 FI_NVLINK_SPEED_MBPS = 164
@@ -54,6 +57,12 @@ FI_NVLINK_RX_KIB = 139
 FI_SW_THERMAL_NS = 269
 FI_HW_THERMAL_NS = 270
 FI_HW_POWER_BRAKE_NS = 271
+FI_NVLINK_STATE = 165
+FI_NVLINK_VERSION = 166
+NVLINK_STATE_ACTIVE = 1  # the call's NVML_FEATURE_ENABLED and the field's NVML_NVLINK_STATE_ACTIVE (not sleep)
+# Per-link error counter fields (links 0-11 only; NVML has no such field for links 12-17, which are
+# read with nvmlDeviceGetNvLinkErrorCounter): the first id of links 0-5 and of links 6-11 per counter.
+FI_NVLINK_ERRORS = {"crc_flit": (32, 96), "crc_data": (39, 102), "replay": (46, 108), "recovery": (53, 114)}
 MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS (13.x); more links than this is a garbled answer
 PROBED_NVLINKS = 18  # probed when the driver cannot say how many links there are (pre field 91)
 MAX_GPUS = 64  # more GPUs than this in one node is a garbled answer, not a fact
@@ -127,7 +136,7 @@ class NvmlBackend:
             mask = nvml.nvmlEventTypeXidCriticalError | nvml.nvmlEventTypeDoubleBitEccError
             for index in range(self._guard(nvml.nvmlDeviceGetCount)):
                 try:
-                    self._guard(nvml.nvmlDeviceRegisterEvents, self._handle(index), mask)
+                    self._guard(nvml.nvmlDeviceRegisterEvents, self._handle(index), mask, self._events)
                 except NvmlError:
                     continue  # a GPU without event support still leaves the others
         try:
@@ -162,12 +171,26 @@ class NvmlBackend:
         return {"state": int(info.state), "status": int(info.status)}
 
     def _field(self, h: Any, field: int, scope: int) -> float:
-        value = self.nvml.nvmlDeviceGetFieldValues(h, [(field, scope)])[0]
-        if value.nvmlReturn != 0:
-            raise NvmlError(int(value.nvmlReturn))
-        kind = value.valueType
-        v = value.value
-        return {0: v.dVal, 1: v.uiVal, 2: v.ulVal, 3: v.ullVal, 4: v.sllVal, 5: v.siVal, 6: v.usVal}.get(kind, v.ullVal)
+        answer = _field_value(self.nvml.nvmlDeviceGetFieldValues(h, [(field, scope)])[0])
+        if isinstance(answer, NvmlError):
+            raise answer
+        return answer
+
+    def fields(self, index: int, wanted: list[tuple[int, int]]) -> list[Any]:
+        """Many (field id, scope) pairs in one nvmlDeviceGetFieldValues call, as DCGM reads them; each
+        answer is its value or its own NvmlError."""
+        values = self._guard(self.nvml.nvmlDeviceGetFieldValues, self._handle(index), list(wanted))
+        return [_field_value(v) for v in values]
+
+
+VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")  # by nvmlValueType_t
+
+
+def _field_value(value: Any) -> Any:
+    if value.nvmlReturn != 0:
+        return NvmlError(int(value.nvmlReturn))
+    kind = value.valueType
+    return getattr(value.value, VALUE_MEMBERS[kind] if 0 <= kind < len(VALUE_MEMBERS) else "ullVal")
 
 
 _lock = threading.Lock()
@@ -181,6 +204,8 @@ def backend_for(host: HostPaths) -> Any:
     driver may come back after a reload)."""
     global _backend, _backend_key
     key = scenario_path(host.root) if os.path.exists(scenario_path(host.root)) else "driver"
+    if os.environ.get(BACKEND_ENV) == "driver":
+        key = "driver"  # the real pynvml even on a fixture machine: tests run it on a fake libnvidia-ml
     with _lock:
         if _backend is not None and _backend_key == key:
             return _backend
@@ -248,19 +273,58 @@ class _Reader:
         try:
             return self.backend.call(fn, self.index, *args)
         except NvmlError as e:
-            if e.name == "GpuIsLost":
-                raise GpuLost() from None
-            if e.name == "FunctionNotFound":
-                self.missing.add(fn)
-            elif e.name == "ResetRequired":
-                self.reset_required = True
-                self.unknown.setdefault(group, e.name)
-            elif e.code not in ABSENT:
-                self.unknown.setdefault(group, e.name)
-            return None
+            return self._judge(group, fn, e)
         except Exception as e:  # a broken scenario or binding: this group is unknown, nothing more
             self.unknown.setdefault(group, f"{type(e).__name__}: {e}")
             return None
+
+    def _judge(self, group: str, fn: str, e: NvmlError) -> None:
+        if e.name == "GpuIsLost":
+            raise GpuLost() from None
+        if e.name == "FunctionNotFound":
+            self.missing.add(fn)
+        elif e.name == "ResetRequired":
+            self.reset_required = True
+            self.unknown.setdefault(group, e.name)
+        elif e.code not in ABSENT:
+            self.unknown.setdefault(group, e.name)
+
+    def fields(self, wanted: list[tuple[str, int, int]]) -> dict[tuple[int, int], Any]:
+        """(group, field id, scope) triples in one call; each answer a value or an NvmlError, judged
+        later by `field` (an answer the caller replaces with another call is not judged at all)."""
+        fn = "nvmlDeviceGetFieldValues"
+        try:
+            answers = self.backend.fields(self.index, [(f, scope) for _, f, scope in wanted])
+        except NvmlError as e:
+            if e.name == "GpuIsLost":
+                raise GpuLost() from None
+            answers = [e] * len(wanted)
+        except Exception as e:
+            for group, _, _ in wanted:
+                self.unknown.setdefault(group, f"{type(e).__name__}: {e}")
+            return {}
+        if not isinstance(answers, list) or len(answers) != len(wanted):
+            for group, _, _ in wanted:
+                self.unknown.setdefault(group, f"{fn} answered {len(answers) if isinstance(answers, list) else 0} "
+                                        f"of {len(wanted)} fields")
+            return {}
+        return {(f, scope): a for (_, f, scope), a in zip(wanted, answers)}
+
+    def field(self, answers: dict[tuple[int, int], Any], field: int, scope: int, group: str) -> Any:
+        """A number from a batch; an error is judged as if the field had been its own call."""
+        answer = answers.get((field, scope))
+        if isinstance(answer, NvmlError):
+            return self._judge(group, "nvmlDeviceGetFieldValues", answer)
+        return answer if isinstance(answer, (int, float)) and not isinstance(answer, bool) else None
+
+    def field_or_call(self, answers: dict[tuple[int, int], Any], field: int, scope: int, group: str, fn: str,
+                      *args: Any) -> Any:
+        """A batched field where the driver has it, else (absent, or no answer) its own call."""
+        if field is not None and (field, scope) in answers:
+            answer = answers[(field, scope)]
+            if not (isinstance(answer, NvmlError) and answer.code in ABSENT):
+                return self.field(answers, field, scope, group)
+        return self.number(group, fn, *args)
 
     def number(self, group: str, fn: str, *args: Any) -> Any:
         value = self.ask(group, fn, *args)
@@ -312,6 +376,8 @@ def _read(r: _Reader) -> Gpu:
     power = r.number("power", "nvmlDeviceGetPowerUsage")
     limit = r.number("power", "nvmlDeviceGetEnforcedPowerLimit")
     device_id = pci.get("pciDeviceId")
+    head = r.fields([("nvlink", FI_NVLINK_LINK_COUNT, 0), ("clocks", FI_SW_THERMAL_NS, 0),
+                     ("clocks", FI_HW_THERMAL_NS, 0), ("clocks", FI_HW_POWER_BRAKE_NS, 0)])
     gpu = Gpu(
         index=r.index,
         uuid=_str(r.ask("identity", "nvmlDeviceGetUUID")),
@@ -328,9 +394,9 @@ def _read(r: _Reader) -> Gpu:
         ecc=_ecc(r),
         retired_pages=_retired_pages(r, arch),
         remapped_rows=_remapped_rows(r),
-        nvlinks=_nvlinks(r),
+        nvlinks=_nvlinks(r, head),
         pcie=_pcie(r),
-        clocks=_clocks(r),
+        clocks=_clocks(r, head),
         temperature_c=r.number("thermal", "nvmlDeviceGetTemperature", 0),
         power_w=None if power is None else power / 1000.0,
         power_limit_w=None if limit is None else limit / 1000.0,
@@ -383,23 +449,38 @@ def _remapped_rows(r: _Reader) -> RemappedRows | None:
     return RemappedRows(int(value[0]), int(value[1]), bool(value[2]), bool(value[3]))
 
 
-def _nvlinks(r: _Reader) -> tuple[NvLink, ...]:
-    count = r.number("nvlink", "nvmlDeviceGetFieldValues", FI_NVLINK_LINK_COUNT, 0)
+def _error_field(name: str, link: int) -> int | None:
+    first = FI_NVLINK_ERRORS[name]
+    return first[0] + link if link < 6 else first[1] + link - 6 if link < 12 else None
+
+
+def _nvlinks(r: _Reader, head: dict[tuple[int, int], Any]) -> tuple[NvLink, ...]:
+    """Every link's speed, traffic, state, version and error counters in one nvmlDeviceGetFieldValues
+    call (a field the driver lacks is asked with its own call); the remote end, one call per link."""
+    count = r.field(head, FI_NVLINK_LINK_COUNT, 0, "nvlink")
     if count is not None and not 0 <= count <= MAX_NVLINKS:
         r.unknown.setdefault("nvlink", f"NVML reported {count} NVLink links")
         return ()
+    numbers = range(int(count) if count is not None else PROBED_NVLINKS)
+    wanted = [("nvlink", f, link) for link in numbers
+              for f in (FI_NVLINK_STATE, FI_NVLINK_VERSION, FI_NVLINK_SPEED_MBPS, FI_NVLINK_TX_KIB, FI_NVLINK_RX_KIB)]
+    wanted += [("nvlink", f, 0) for link in numbers for name, _ in NVLINK_COUNTERS
+               if (f := _error_field(name, link)) is not None]
+    answers = r.fields(wanted) if wanted else {}
     links = []
-    for link in range(int(count) if count is not None else PROBED_NVLINKS):
-        state = r.ask("nvlink", "nvmlDeviceGetNvLinkState", link)
+    for link in numbers:
+        state = r.field_or_call(answers, FI_NVLINK_STATE, link, "nvlink", "nvmlDeviceGetNvLinkState", link)
         if state is None and count is None:
             break  # probing: the first link that does not exist ends the list
         remote = r.ask("nvlink", "nvmlDeviceGetNvLinkRemotePciInfo", link)
-        speed = r.number("nvlink", "nvmlDeviceGetFieldValues", FI_NVLINK_SPEED_MBPS, link)
-        tx = r.number("nvlink", "nvmlDeviceGetFieldValues", FI_NVLINK_TX_KIB, link)
-        rx = r.number("nvlink", "nvmlDeviceGetFieldValues", FI_NVLINK_RX_KIB, link)
-        errors = {name: r.number("nvlink", "nvmlDeviceGetNvLinkErrorCounter", link, k) for name, k in NVLINK_COUNTERS}
+        speed = r.field(answers, FI_NVLINK_SPEED_MBPS, link, "nvlink")
+        tx = r.field(answers, FI_NVLINK_TX_KIB, link, "nvlink")
+        rx = r.field(answers, FI_NVLINK_RX_KIB, link, "nvlink")
+        errors = {name: r.field_or_call(answers, _error_field(name, link), 0, "nvlink",
+                                        "nvmlDeviceGetNvLinkErrorCounter", link, k) for name, k in NVLINK_COUNTERS}
+        version = r.field_or_call(answers, FI_NVLINK_VERSION, link, "nvlink", "nvmlDeviceGetNvLinkVersion", link)
         links.append(NvLink(
-            link=link, active=_flag(state), version=r.number("nvlink", "nvmlDeviceGetNvLinkVersion", link),
+            link=link, active=None if state is None else state == NVLINK_STATE_ACTIVE, version=version,
             remote_pci_bus_id=canonical_bus_id(remote.get("busId")) if isinstance(remote, dict) else None,
             speed_mbps=_num(speed), tx_bytes=None if tx is None else int(tx) * 1024,
             rx_bytes=None if rx is None else int(rx) * 1024, **errors))
@@ -421,15 +502,15 @@ def _pcie(r: _Reader) -> Pcie | None:
     return None if pcie == Pcie() else pcie
 
 
-def _clocks(r: _Reader) -> Clocks | None:
+def _clocks(r: _Reader, head: dict[tuple[int, int], Any]) -> Clocks | None:
     reasons = r.number("clocks", "nvmlDeviceGetCurrentClocksEventReasons")
     if reasons is None and "nvmlDeviceGetCurrentClocksEventReasons" in r.missing:
         reasons = r.number("clocks", "nvmlDeviceGetCurrentClocksThrottleReasons")  # before ~R535
     clocks = Clocks(
         event_reasons=reasons,
-        sw_thermal_ns=r.number("clocks", "nvmlDeviceGetFieldValues", FI_SW_THERMAL_NS, 0),
-        hw_thermal_ns=r.number("clocks", "nvmlDeviceGetFieldValues", FI_HW_THERMAL_NS, 0),
-        hw_power_brake_ns=r.number("clocks", "nvmlDeviceGetFieldValues", FI_HW_POWER_BRAKE_NS, 0),
+        sw_thermal_ns=r.field(head, FI_SW_THERMAL_NS, 0, "clocks"),
+        hw_thermal_ns=r.field(head, FI_HW_THERMAL_NS, 0, "clocks"),
+        hw_power_brake_ns=r.field(head, FI_HW_POWER_BRAKE_NS, 0, "clocks"),
     )
     return None if clocks == Clocks() else clocks
 
@@ -670,6 +751,20 @@ def _clock_metrics(family: Callable[..., Metric], g: Gpu, ids: tuple[str, ...]) 
         durations.add(ids + (name,), None if ns is None else ns / 1e9)
 
 
+def rate_metrics(facts: NvmlFacts, rates: dict[str, float]) -> list[Metric]:
+    """NVLink data throughput per link and direction, from the rates of fields 138/139."""
+    throughput = Metric("nodehealth_gpu_nvlink_throughput_bytes_per_second",
+                        "NVLink data throughput since the previous pass, without protocol overhead (NVML fields "
+                        "138/139; DCGM_FI_PROF_NVLINK_L<n>_TX_BYTES, _RX_BYTES count headers too).",
+                        labels=GPU_LABELS + ("link", "direction"))
+    for g in facts.gpus:
+        for link in g.nvlinks:
+            for direction, name in (("transmit", "tx_bytes"), ("receive", "rx_bytes")):
+                rate = rates.get(rate_key(g, f"nvlink{link.link}:{name}"))
+                throughput.add(_ids(g) + (str(link.link), direction), rate)
+    return [throughput]
+
+
 def counters(facts: NvmlFacts) -> dict[str, float]:
     """Counters the checks judge as rates, keyed by gpu_facts.rate_key (the checks use the same)."""
     out: dict[str, float] = {}
@@ -682,7 +777,7 @@ def counters(facts: NvmlFacts) -> dict[str, float]:
             put(g, "ecc_volatile_corrected", g.ecc.volatile_corrected)
             put(g, "ecc_volatile_uncorrected", g.ecc.volatile_uncorrected)
         for link in g.nvlinks:
-            for name in ("crc_flit", "crc_data", "replay", "recovery"):
+            for name in ("crc_flit", "crc_data", "replay", "recovery", "tx_bytes", "rx_bytes"):
                 put(g, f"nvlink{link.link}:{name}", getattr(link, name))
         if g.pcie is not None:
             put(g, "pcie_replay", g.pcie.replay)

@@ -364,9 +364,10 @@ class Daemon:
         with self.lock:
             report = self.report
             passes, last, duration = self.passes, self.last_pass, self.pass_duration
+            rates = self.rates
         if report is None:
             return []
-        out = exporter.report_metrics(report, self._modules())
+        out = exporter.report_metrics(report, self._modules(), rates)
         m = Metric("nodehealth_daemon_passes_total", "Passes the daemon has run since it started.", "counter")
         m.add((), passes)
         out.append(m)

@@ -45,8 +45,10 @@ def core_metrics(report: Report) -> list[Metric]:
     return [status, build, success, supported, duration, finding, counts]
 
 
-def report_metrics(report: Report, modules: Sequence[Any]) -> list[Metric]:
-    """Core families plus every successful collector's own families."""
+def report_metrics(report: Report, modules: Sequence[Any],
+                   rates: dict[str, dict[str, float]] | None = None) -> list[Metric]:
+    """Core families plus every successful collector's own families, and the families of its
+    counters' per-second rates where the engine has them (`rates`, by collector)."""
     out = core_metrics(report)
     by_name = {c.name: c for c in report.collectors}
     for module in modules:
@@ -55,6 +57,9 @@ def report_metrics(report: Report, modules: Sequence[Any]) -> list[Metric]:
             continue
         try:
             out.extend(module.metrics(result.facts))
+            rate_metrics = getattr(module, "rate_metrics", None)
+            if rate_metrics is not None and rates and module.NAME in rates:
+                out.extend(rate_metrics(result.facts, rates[module.NAME]))
         except Exception:  # one collector's bad facts must not take /metrics down
             log.exception("collector %s could not describe its metrics", module.NAME)
     return out

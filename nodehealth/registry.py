@@ -6,6 +6,7 @@ from nodehealth.checks import (
     crashes,
     gpu_driver,
     gpu_memory,
+    gpu_nic,
     gpu_pcie,
     kernel,
     link_events,
@@ -24,7 +25,7 @@ from nodehealth.checks import infiniband as infiniband_check
 from nodehealth.checks import modules as modules_check
 from nodehealth.checks import mounts as mounts_check
 from nodehealth.checks import pcie as pcie_check
-from nodehealth.collectors import buddyinfo, edac, infiniband, kmsg, limits, modules, mounts, nvml, pcie, vm
+from nodehealth.collectors import buddyinfo, edac, infiniband, kmsg, limits, modules, mounts, nvml, pcie, topology, vm
 
 COLLECTORS = (
     kmsg,
@@ -34,6 +35,7 @@ COLLECTORS = (
     modules,
     mounts,
     pcie,
+    topology,
     infiniband,
     edac,
     nvml,
@@ -61,4 +63,5 @@ CHECKS = (
     nvlink_errors,
     gpu_pcie,
     clocks,
+    gpu_nic,
 )

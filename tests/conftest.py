@@ -60,12 +60,12 @@ def http_get(url: str, timeout: float = 5.0):
 class DaemonProcess:
     """`nodehealth daemon` as a real subprocess on loopback."""
 
-    def __init__(self, root: str, state_dir: str, *extra: str, interval: float = 1.0):
+    def __init__(self, root: str, state_dir: str, *extra: str, interval: float = 1.0, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "nodehealth.cli", "daemon", "--root", root, "--state-dir", state_dir,
                "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     def wait_ready(self, timeout: float = 15.0) -> dict:
         deadline = time.monotonic() + timeout
@@ -106,8 +106,8 @@ class DaemonProcess:
 def daemon_factory():
     started = []
 
-    def start(root: str, state_dir: str, *extra: str, interval: float = 1.0) -> DaemonProcess:
-        d = DaemonProcess(root, state_dir, *extra, interval=interval)
+    def start(root: str, state_dir: str, *extra: str, interval: float = 1.0, env: dict | None = None) -> DaemonProcess:
+        d = DaemonProcess(root, state_dir, *extra, interval=interval, env=env)
         started.append(d)
         return d
     yield start

@@ -168,6 +168,15 @@ class Chaos:
             return value
         return self.inner.call(fn, *args)
 
+    def fields(self, index, wanted):
+        with self.lock:
+            kind, value = self.plan.pop(0) if self.plan else ("ok", None)
+        if kind == "error":
+            raise NvmlError(value)
+        if kind == "garbage":
+            return value
+        return self.inner.fields(index, wanted)
+
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(ANSWER, max_size=300))
