@@ -125,8 +125,27 @@ def test_corrupt_records_and_missing_py_spy_still_give_a_bundle(tmp_path, sleepe
 def test_py_spy_absent_from_path(tmp_path, sleepers, monkeypatch):
     (a,) = sleepers(1)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "bin" / "nodehealth")])
     out = StackCollector().dump(a.pid)
     assert "py-spy not found" in out["error"] and out["state"] in "SR"
+
+
+def test_py_spy_beside_the_running_nodehealth_is_found(tmp_path, monkeypatch):
+    """`/opt/venv/bin/nodehealth hang watch` with the venv not activated: py-spy is in /opt/venv/bin."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    spy = venv / "py-spy"
+    spy.write_text("#!/bin/sh\n")
+    spy.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    monkeypatch.setattr(sys, "argv", [str(venv / "nodehealth"), "hang", "watch"])
+    assert StackCollector().binary() == str(spy)
+    monkeypatch.setattr(sys, "argv", ["x"])
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    assert StackCollector().binary() == str(spy)
+    assert StackCollector(str(tmp_path / "nope" / "py-spy")).binary() is None
 
 
 def fake_py_spy(tmp_path, body: str) -> str:
@@ -178,7 +197,7 @@ def test_native_pass_rewrites_the_bundle(tmp_path, sleepers):
     assert "native" in dict(((stage), v) for (_, stage), v in detector.durations.items())
 
 
-def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_path):
+def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_path, sleepers):
     """A record is written by a training pod: the paths in it must not steer what we delete,
     write or read as root. Links planted at our own names are replaced, never followed."""
     outside = tmp_path / "outside"
@@ -187,7 +206,7 @@ def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_pa
     victim.write_text("precious")
     records = tmp_path / "records"
     records.mkdir()
-    me = os.getpid()
+    me = sleepers(1)[0].pid
     rec = make_record(0, me, start_ticks(me), 5, 4, world=1)
     rec["flight_recorder"] = {"buffer_size": 10, "dump": str(victim), "request": str(outside / "made"),
                               "nccl_pipe": str(victim)}
@@ -327,8 +346,8 @@ def test_host_pids_are_remembered_and_proc_is_walked_once(tmp_path, monkeypatch)
     assert detector.jobs == {} and detector.host_pids[("pid:[4026532999]", 27, 555)] is None
 
 
-def test_stale_records_are_ignored(tmp_path):
-    me = os.getpid()
+def test_stale_records_are_ignored(tmp_path, sleepers):
+    me = sleepers(1)[0].pid
     rec = make_record(0, me, start_ticks(me), 5, 4, world=1)
     rec["heartbeat"] -= 4000
     publish(tmp_path, [rec])
@@ -338,8 +357,8 @@ def test_stale_records_are_ignored(tmp_path):
     assert len(detector.poll()) == 1 and detector.jobs["j"].hung
 
 
-def test_durations_are_forgotten_when_the_hang_is_over(tmp_path):
-    me = os.getpid()
+def test_durations_are_forgotten_when_the_hang_is_over(tmp_path, sleepers):
+    me = sleepers(1)[0].pid
     publish(tmp_path, [make_record(0, me, start_ticks(me), 4, 4, world=1)])
     detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
     detector.durations = {("j", "python"): 0.5, ("gone", "native"): 3.0}
