@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +56,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     detector = Detector(args.directory, args.out or os.path.join(args.directory, "bundles"), cfg)
     if args.once:
         return EXIT_HANG if _print_bundles(detector.poll()) else EXIT_OK
-    stop = threading.Event()
+    stop = detector.stop  # set by a signal: a dump in flight is interrupted, its target resumed
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.is_set():

@@ -115,8 +115,9 @@ class Detector:
             place = tuple(sorted(p for r in state.ranks.values() for p in r.stuck_at))
             if place != state.dumped_at:
                 due.append((job, state, place))
-        # the owner served least recently goes first: a flood of one user's jobs cannot starve another's
-        due.sort(key=lambda d: (self.owner_dumped.get(d[1].owner, 0.0), d[0]))
+        # owners take turns, the one served least recently first: one user's flood cannot starve another's
+        due = _fair(sorted(due, key=lambda d: d[0]), lambda d: d[1].owner)
+        due.sort(key=lambda d: self.owner_dumped.get(d[1].owner, 0.0))
         for job, state, place in due:
             if self.stop.is_set():
                 break
