@@ -364,3 +364,27 @@ def test_durations_are_forgotten_when_the_hang_is_over(tmp_path, sleepers):
     detector.durations = {("j", "python"): 0.5, ("gone", "native"): 3.0}
     detector.poll()
     assert "j" in detector.jobs and not detector.jobs["j"].hung and detector.durations == {}
+
+
+def test_a_clean_finish_is_no_hang(tmp_path, sleepers):
+    """destroy_process_group() then a minute of post-training work: the record says finished."""
+    a, b = sleepers(2)
+    done = make_record(0, a.pid, start_ticks(a.pid), 5, 4)
+    done["finished"] = True
+    done["heartbeat"] -= 90
+    publish(tmp_path, [done, make_record(1, b.pid, start_ticks(b.pid), 4, 4)])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy"})
+    assert detector.poll() == [] and not detector.jobs["j"].hung
+    assert detector.jobs["j"].ranks[0].process == "finished"
+
+
+def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):
+    a, b = sleepers(2)
+    b.kill()
+    b.wait()
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4), make_record(1, b.pid, 12345, 4, 3)])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy"})
+    bundle = json.loads(open(detector.poll()[0]).read())
+    assert bundle["processes"] == {"0": "running", "1": "gone"}
+    assert bundle["verdicts"][0]["summary"].startswith("rank 1's process is gone")
+    assert "rank 1 never entered all_reduce #5" in bundle["verdicts"][1]["summary"]

@@ -226,3 +226,34 @@ def test_fuzz_record_validation(obj):
         assert str(e).startswith("x:")
         return
     merge.verdicts({"records": {str(valid["rank"]): valid}})  # a valid record never crashes the verdict
+
+
+@pytest.mark.parametrize("process,exited,say", [
+    ("gone", False, "rank 2's process is gone: killed or crashed without exiting normally"),
+    ("gone", True, "rank 2's process is gone: it exited"),
+    ("stopped", False, "rank 2 is stopped (SIGSTOP"),
+])
+def test_gone_or_stopped_rank_is_said_plainly_and_its_old_record_reconciled(process, exited, say):
+    """Rank 2's last record is a publish interval old (#109); the others finished #120, which needs
+    rank 2: it finished #120 too and never entered #121."""
+    records = {str(r): rec(r, 121, 120) for r in (0, 1, 3)} | {"2": rec(2, 109, 108) | {"exited": exited}}
+    vs = merge.verdicts({"records": records, "processes": {"0": "running", "1": "running", "2": process,
+                                                          "3": "running"}})
+    assert vs[0]["summary"].startswith(say) and vs[0]["culprits"] == [2]
+    assert vs[1]["summary"] == "rank 2 never entered all_reduce #121 of group 0; ranks 0-1,3 wait in it"
+    assert "#109" not in json.dumps(vs)
+
+
+def test_live_report_of_a_healthy_job_says_no_hang(tmp_path):
+    import time
+
+    now = time.time()
+    for r in range(4):
+        fresh = rec(r, 8 if r % 2 else 7, 7)  # written moments apart: half the ranks one op ahead
+        fresh["heartbeat"] = now
+        for op in fresh["groups"]["0"]["pending"]:
+            op["enqueued_at"] = now - 0.2
+        record.write_json(record.record_path(str(tmp_path), "j", r), fresh)
+    out = run_report(str(tmp_path))
+    assert out.returncode == 0 and "no hang: every pending op is younger than its limit" in out.stdout
+    assert "never entered" not in out.stdout

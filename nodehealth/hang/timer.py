@@ -31,6 +31,7 @@ from nodehealth.host import write_atomic
 ENV_DIR = "NODEHEALTH_HANG_DIR"
 ENV_INTERVAL = "NODEHEALTH_HANG_INTERVAL"
 ENV_JOB = "NODEHEALTH_HANG_JOB"
+DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
 DURATIONS_KEPT = 256
@@ -48,16 +49,15 @@ _enable_lock = threading.Lock()
 def enable(directory: str | None = None, interval: float | None = None) -> Timer:
     """Start timing collectives and publishing this rank's record under `directory`.
 
-    The directory defaults to $NODEHEALTH_HANG_DIR. Call it before or after
-    init_process_group; the record is written once the default group exists. Idempotent.
+    The directory defaults to $NODEHEALTH_HANG_DIR, else /run/nodehealth/hang (the daemon's). Call
+    it before or after init_process_group; the record is written once the default group exists.
+    Idempotent.
     """
     global _timer
     with _enable_lock:
         if _timer is not None:
             return _timer
-        directory = directory or os.environ.get(ENV_DIR)
-        if not directory:
-            raise ValueError(f"hang timer: no directory given and ${ENV_DIR} is not set")
+        directory = directory or os.environ.get(ENV_DIR) or DEFAULT_DIR
         if interval is None:
             interval = float(os.environ.get(ENV_INTERVAL) or DEFAULT_INTERVAL)
         timer = Timer(directory, interval)
@@ -138,6 +138,8 @@ class Timer:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.start_time = _process_start_ticks()
+        self.identity: dict[str, Any] | None = None  # job, rank, world size: kept for after destroy
+        self.finished = False  # the default process group was destroyed: a clean finish, not a hang
 
     # -- wiring ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -150,6 +152,15 @@ class Timer:
             if fn is not None:
                 self.originals[name] = fn
                 setattr(dist, name, _wrap(self, name, fn, name in P2P))
+        destroy = dist.destroy_process_group
+        self.originals["destroy_process_group"] = destroy
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = destroy(*args, **kwargs)
+            self.group_destroyed(args[0] if args else kwargs.get("group"))
+            return result
+        destroy_process_group.__wrapped__ = destroy  # type: ignore[attr-defined]
+        dist.destroy_process_group = destroy_process_group
         os.makedirs(self.directory, exist_ok=True)
         atexit.register(self.close)
         self.thread.start()
@@ -162,6 +173,12 @@ class Timer:
         self.close()
         if _timer is self:
             _timer = None
+
+    def group_destroyed(self, group: Any) -> None:
+        """destroy_process_group() of the default group is the job's clean finish: say so at once."""
+        if group is None or not self.dist.is_initialized():
+            self.finished = True
+            self.publish()
 
     def close(self) -> None:
         self.stop.set()
@@ -317,20 +334,27 @@ class Timer:
 
     def snapshot(self, exited: bool = False) -> dict[str, Any] | None:
         dist = self.dist
-        if dist is None or not dist.is_initialized():
+        if dist is None:
             return None
+        if dist.is_initialized():
+            if self.identity is None or self.finished:  # a new default group (re-initialized)
+                self.identity = {"job": _job_id(), "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+                self.finished = False
+        elif self.identity is None:
+            return None
+        else:
+            self.finished = True  # destroyed, whoever did it: what follows is not training
         now = time.time()
         with self.lock:
             groups = {key: stream.snapshot() for key, stream in self.streams.items()}
             regions = [{"name": n, "seconds": now - t} for n, t in self.regions]
             step = self.step
-        return {"version": record.VERSION, "job": _job_id(), "rank": dist.get_rank(),
-                "world_size": dist.get_world_size(), "local_rank": _int_env("LOCAL_RANK"),
+        return {"version": record.VERSION, **self.identity, "local_rank": _int_env("LOCAL_RANK"),
                 "host": self.host, "pid": self.pid, "start_time": self.start_time,
                 "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
-                "step": step, "regions": regions, "groups": groups, "exited": exited,
+                "step": step, "regions": regions, "groups": groups, "exited": exited, "finished": self.finished,
                 "gpu_poll": self.cuda.method, "last_error": self.last_error,
-                "flight_recorder": self.flight_recorder_info(dist.get_rank())}
+                "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
     def publish(self, exited: bool = False) -> None:
         snap = self.snapshot(exited)
@@ -452,10 +476,19 @@ def _peer(name: str, args: tuple, kwargs: dict) -> int | None:
 
 
 def _job_id() -> str:
+    """The same for every rank of a job, different for two jobs on one node at one time: the id the
+    user or scheduler gave, else torchrun's run id (not its default "none"), else the rendezvous
+    endpoint (a port two live jobs cannot share), with the launcher's pid and start time when all
+    ranks are on this node (so a later job on the same port is another job) or the elastic restart."""
     for key in (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        if os.environ.get(key):
-            return os.environ[key]
-    return f"{os.environ.get('MASTER_ADDR', 'local')}:{os.environ.get('MASTER_PORT', '0')}"
+        value = os.environ.get(key)
+        if value and value != "none":
+            return value
+    endpoint = f"{os.environ.get('MASTER_ADDR', 'local')}:{os.environ.get('MASTER_PORT', '0')}"
+    world, local = _int_env("WORLD_SIZE"), _int_env("LOCAL_WORLD_SIZE")
+    if world is not None and world == local:
+        return f"{endpoint}-{os.getppid()}-{_process_start_ticks(os.getppid())}"
+    return f"{endpoint}-{_int_env('TORCHELASTIC_RESTART_COUNT') or 0}"
 
 
 def _int_env(key: str) -> int | None:
@@ -465,11 +498,11 @@ def _int_env(key: str) -> int | None:
         return None
 
 
-def _process_start_ticks() -> int | None:
+def _process_start_ticks(pid: int | None = None) -> int | None:
     """Start time in clock ticks since boot: the same in every PID namespace, so the daemon can
     find this process from the host even when our pid differs there."""
     try:
-        with open("/proc/self/stat", encoding="ascii", errors="replace") as f:
+        with open(f"/proc/{pid or 'self'}/stat", encoding="ascii", errors="replace") as f:
             return int(f.read().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return None
