@@ -104,7 +104,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         else:
             verdicts = merge.verdicts(job)
         found = found or bool(verdicts)
-        tree = merge.stack_tree(job["stacks"])
+        tree = merge.stack_tree(job["stacks"], job.get("native_stacks"))
         if args.format == "json":
             docs.append(merge.to_json(job, tree, verdicts))
         elif args.format == "folded":

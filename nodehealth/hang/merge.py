@@ -89,11 +89,12 @@ def combine(bundles: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     jobs: dict[str, dict[str, Any]] = {}
     for b in sorted(bundles, key=lambda b: b.get("detected_at") or 0):
         job = jobs.setdefault(str(b.get("job")), {"job": b.get("job"), "nodes": [], "records": {}, "stacks": {},
-                                                  "native_stacks": {}, "flight_recorder": {}, "errors": [],
+                                                  "native_stacks": {}, "flight_recorder": {}, "processes": {},
+                                                  "errors": [],
                                                   "live": True})
         job["live"] = job["live"] and bool(b.get("live"))
         job["nodes"].append(b.get("node"))
-        for key in ("records", "stacks", "native_stacks", "flight_recorder"):
+        for key in ("records", "stacks", "native_stacks", "flight_recorder", "processes"):
             job[key].update(b.get(key) or {})
         job["errors"] += b.get("errors") or []
         job["detected_at"] = b.get("detected_at")
@@ -288,21 +289,31 @@ class Node:
                 "children": [c.to_dict() for c in self.ordered()]}
 
 
-def stack_tree(stacks: dict[str, Any]) -> Node:
-    """Every rank's threads, outermost frame first, merged; the first level is the thread name."""
+def stack_tree(stacks: dict[str, Any], native: dict[str, Any] | None = None) -> Node:
+    """Every rank's threads, outermost frame first, merged; the first level is the thread name. A
+    rank's native dump (py-spy --native: C/C++ frames interleaved with the Python ones) is used
+    where it has threads; its child processes (DataLoader workers) follow under their own names."""
     root = Node("all")
     for r, dump in stacks.items():
         rank = int(r)
-        threads = (dump or {}).get("threads") or []
+        full = (native or {}).get(r) or {}
+        threads = full.get("threads") or (dump or {}).get("threads") or []
         if not threads:
             continue
         root.ranks.add(rank)
         for thread in threads:
-            node = _child(root, f"thread {thread.get('name') or thread.get('thread_id')}", rank)
-            for frame in reversed(thread.get("frames") or []):
-                node = _child(node, _label(frame), rank)
-            node.ends.add(rank)
+            _add(_child(root, f"thread {thread.get('name') or thread.get('thread_id')}", rank), thread, rank)
+        for child in ((dump or {}).get("children") or {}).values():
+            for thread in (child or {}).get("threads") or []:
+                _add(_child(root, f"child process, thread {thread.get('name') or thread.get('thread_id')}", rank),
+                     thread, rank)
     return root
+
+
+def _add(node: Node, thread: dict[str, Any], rank: int) -> None:
+    for frame in reversed(thread.get("frames") or []):
+        node = _child(node, _label(frame), rank)
+    node.ends.add(rank)
 
 
 def _child(node: Node, frame: str, rank: int) -> Node:

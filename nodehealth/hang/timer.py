@@ -152,6 +152,7 @@ class Timer:
             if fn is not None:
                 self.originals[name] = fn
                 setattr(dist, name, _wrap(self, name, fn, name in P2P))
+        self._time_ddp()
         destroy = dist.destroy_process_group
         self.originals["destroy_process_group"] = destroy
 
@@ -165,10 +166,45 @@ class Timer:
         atexit.register(self.close)
         self.thread.start()
 
+    def _time_ddp(self) -> None:
+        """DistributedDataParallel issues its gradient all-reduce from C++, past our wrappers. Before
+        a DDP model's first forward, unless the user registered a communication hook of their own,
+        register PyTorch's reference all-reduce hook (same result as the built-in path): it calls
+        torch.distributed.all_reduce, which we time like any other call."""
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except ImportError:
+            return
+        forward = DDP.forward
+        self.originals["DDP.forward"] = (DDP, forward)
+        timer = self
+
+        def timed_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if not getattr(ddp, "_nodehealth_timed", False):
+                ddp._nodehealth_timed = True
+                timer.hook_ddp(ddp)
+            return forward(ddp, *args, **kwargs)
+        timed_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+        DDP.forward = timed_forward
+
+    def hook_ddp(self, ddp: Any) -> None:
+        if getattr(ddp, "_comm_hooks", None) or getattr(ddp, "reducer", None) is None:
+            return  # the user's hook (it calls torch.distributed, timed) or nothing to reduce
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        try:
+            ddp.register_comm_hook(ddp.process_group, allreduce_hook)
+        except Exception as e:  # a built-in hook already registered: say so, train on
+            ddp._comm_hooks[:] = [h for h in ddp._comm_hooks if h[0] is not allreduce_hook]
+            self._watchdog_error(f"DDP all-reduce not timed: {type(e).__name__}: {e}"[:300])
+
     def uninstall(self) -> None:
         """Put the original functions back (tests, benchmarks)."""
         global _timer
         for name, fn in self.originals.items():
+            if name == "DDP.forward":
+                fn[0].forward = fn[1]
+                continue
             setattr(self.dist, name, fn)
         self.close()
         if _timer is self:
