@@ -94,8 +94,10 @@ HANG_DEFAULTS: dict[str, Any] = {
     "max_bundles": 200,
     # A straggler: its collectives are this many times shorter than the median of the others'
     # (they wait for it), by at least min_wait, with enough samples, in this many scans in a row.
+    # Medians (p50) over the timer's last 256 ops, so a slow step now and then is not a straggler;
+    # a wait under 50 ms per collective is noise next to a training step.
     "straggler_ratio": 3.0,
-    "straggler_min_wait_seconds": 0.005,
+    "straggler_min_wait_seconds": 0.05,
     "straggler_scans": 5,
 }
 

@@ -388,3 +388,27 @@ def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):
     assert bundle["processes"] == {"0": "running", "1": "gone"}
     assert bundle["verdicts"][0]["summary"].startswith("rank 1's process is gone")
     assert "rank 1 never entered all_reduce #5" in bundle["verdicts"][1]["summary"]
+
+
+def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
+    procs = sleepers(3)
+    recs = [make_record(r, p.pid, start_ticks(p.pid), 60, 60, world=3) for r, p in enumerate(procs)]
+    for r, rec in enumerate(recs):
+        rec["host"] = "node-a"
+        rec["groups"]["0"]["p99"] = {"all_reduce": {"seconds": 0.2, "p50": 0.017 if r == 1 else 0.115,
+                                                    "samples": 200}}
+    publish(tmp_path, recs)
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "straggler_scans": 3})
+    for _ in range(2):
+        detector.poll()
+        assert not detector.findings(), "one scan is not a window"
+    detector.poll()
+    (finding,) = detector.findings()
+    assert finding.reason == "TrainingStraggler" and "rank 1 on node-a is a straggler" in finding.message
+    samples = {m.name: m for m in detector.metrics()}["nodehealth_hang_straggler"].samples
+    assert samples == [(("j", "1", "node-a"), 1.0)]
+    for rec in recs:  # the job evens out: the finding goes at once
+        rec["groups"]["0"]["p99"]["all_reduce"]["p50"] = 0.1
+    publish(tmp_path, recs)
+    detector.poll()
+    assert not detector.findings()

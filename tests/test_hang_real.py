@@ -145,7 +145,8 @@ DDP_WORKER = os.path.join(HERE, "fixtures", "hang", "ddp_worker.py")
 def test_real_ddp_job_hangs_in_backward_allreduce_then_finishes_cleanly(tmp_path):
     """DDP issues its gradient all-reduce from C++: seen all the same. Rank 1's DataLoader worker
     hangs, so rank 0 waits in backward; the worker's stack is shown under rank 1. Then both ranks
-    destroy the process group and work on for longer than the heartbeat timeout: no alarm."""
+    destroy the process group and work on for longer than the heartbeat timeout: no alarm. Rank 0
+    is 0.15 s slower every step before all that: a straggler."""
     require_torch()
     require_tool("py-spy")
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
@@ -168,6 +169,9 @@ def test_real_ddp_job_hangs_in_backward_allreduce_then_finishes_cleanly(tmp_path
         assert job != "none" and job.startswith("127.0.0.1:"), "a unique identity without a job id"
         ddp = detector.jobs[job].ranks[0].rec["groups"]["0"]
         assert ddp["completed"] >= 3 and ddp["recent"][-1]["op"] == "all_reduce", "DDP's all-reduce is timed"
+        straggler = wait_until(lambda: detector.poll() == [] and [f for f in detector.findings()
+                                                                  if f.reason == "TrainingStraggler"], 30, procs)
+        assert straggler[0].evidence["rank"] == 0, straggler[0].message
 
         open(os.path.join(control, "stall"), "w").close()
         path, _ = poll_until_bundle(detector, FLOOR + 20, procs)

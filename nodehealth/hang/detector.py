@@ -62,6 +62,7 @@ class JobState:
     dumped_at: tuple | None = None  # the hang place we already wrote a bundle for
     bundle: str | None = None
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # seen straggler_scans scans in a row
 
 
 class Detector:
@@ -93,6 +94,7 @@ class Detector:
         self.job_dumped: dict[str, float] = {}
         self.owner_dumped: dict[int, float] = {}
         self.pid_dumped: dict[int, float] = {}
+        self.straggler_streak: dict[tuple[str, int], int] = {}
 
     # -- one scan ----------------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -105,6 +107,7 @@ class Detector:
                 if old is not None:
                     state.dumped_at, state.bundle = old.dumped_at, old.bundle
             self.jobs, self.record_errors = jobs, errors
+            self._stragglers(jobs)
             self.durations = {k: v for k, v in self.durations.items() if k[0] in jobs and jobs[k[0]].hung}
         written = []
         due = []
@@ -128,6 +131,18 @@ class Detector:
             if path:
                 written.append(path)
         return written
+
+    def _stragglers(self, jobs: dict[str, JobState]) -> None:
+        """Stragglers of running jobs, kept only once seen in straggler_scans scans in a row."""
+        streak = {}
+        for job, state in jobs.items():
+            if state.hung or not all(r.host_pid for r in state.ranks.values()):
+                continue
+            found = merge.stragglers({str(r): rank.rec for r, rank in state.ranks.items()}, self.cfg)
+            for s in found:
+                streak[(job, s["rank"])] = self.straggler_streak.get((job, s["rank"]), 0) + 1
+            state.stragglers = [s for s in found if streak[(job, s["rank"])] >= self.cfg["straggler_scans"]]
+        self.straggler_streak = streak
 
     def _may_dump(self, job: str, now: float) -> bool:
         """The node's and the job's rate limits; a refusal is counted, and tried again next scan."""
@@ -538,6 +553,9 @@ class Detector:
         refused = Metric("nodehealth_hang_dumps_refused_total",
                          "Stack dumps refused by a rate limit (node, job or process).", kind="counter",
                          labels=("limit",))
+        straggler = Metric("nodehealth_hang_straggler",
+                           "1 for a rank the others keep waiting for in their collectives (a straggler).",
+                           labels=("job", "rank", "host"))
         budget = self.cfg["max_metric_series"]
         with self.lock:
             # hung jobs first, so the series that matter survive the cap
@@ -550,6 +568,8 @@ class Detector:
                 for r, rank in live:
                     progress.add((job, r), round(rank.pending_age, 3))
                     heartbeat.add((job, r), round(rank.heartbeat_age, 3))
+                for s in state.stragglers[:4]:
+                    straggler.add((job, s["rank"], s["host"] or ""), 1)
             for (job, stage), seconds in self.durations.items():
                 if job in self.jobs and any(s[0] == (job,) for s in detected.samples):
                     duration.add((job, stage), seconds)
@@ -559,7 +579,7 @@ class Detector:
                 skipped.add((reason,), self.skipped.get(reason, 0))
             for limit in ("node_rate", "job_rate", "process_rate"):
                 refused.add((limit,), self.refused.get(limit, 0))
-        return [detected, progress, heartbeat, duration, bundles, errors, skipped, refused]
+        return [detected, progress, heartbeat, duration, straggler, bundles, errors, skipped, refused]
 
     def findings(self) -> list[Finding]:
         """One finding per hung job, with the verdict in words and where the bundle is."""
@@ -567,6 +587,10 @@ class Detector:
         with self.lock:
             jobs = copy.copy(self.jobs)
         for job, state in sorted(jobs.items()):
+            for s in state.stragglers:
+                out.append(Finding("hang", Severity.WARNING, "TrainingStraggler",
+                                   f"Training job {job}: {s['summary']}; the whole job runs at its pace.",
+                                   device=f"job {job} rank {s['rank']}", action=Action.NONE, evidence=s))
             if not state.hung:
                 continue
             said = "; ".join(v["summary"] for v in state.verdicts if v.get("summary")) or "ranks stopped progressing"

@@ -103,16 +103,17 @@ class _Stream:
         return {"ranks": self.ranks, "enqueued": self.enqueued, "completed": completed,
                 "pending": [_public(op) for op in pending[:PENDING_PUBLISHED]], "pending_count": len(pending),
                 "recent": [_public(op) for op in self.recent],
-                "p99": {op: {"seconds": _p99(d), "samples": len(d)} for op, d in self.durations.items() if d}}
+                "p99": {op: {"seconds": _quantile(d, 0.99), "p50": _quantile(d, 0.5), "samples": len(d)}
+                        for op, d in self.durations.items() if d}}
 
 
 def _public(op: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in op.items() if k[0] != "_"}
 
 
-def _p99(values: collections.deque) -> float:
+def _quantile(values: collections.deque, q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Timer:
