@@ -13,6 +13,7 @@ import tempfile
 import time
 
 import pytest
+from conftest import require_tool
 from test_hang_detector import FAST, SLEEPER, fake_py_spy, make_record, publish, start_ticks
 
 from nodehealth.hang import record
@@ -25,9 +26,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 
 def as_nobody() -> list[str]:
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("setpriv (util-linux) is not installed")
+    setpriv = require_tool("setpriv")
     return [setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
 
 

@@ -16,6 +16,7 @@ import atexit
 import collections
 import contextlib
 import ctypes
+import itertools
 import logging
 import os
 import socket
@@ -34,6 +35,7 @@ ENV_JOB = "NODEHEALTH_HANG_JOB"
 DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
+POLL_BATCH = 64  # async handles queried per poll
 DURATIONS_KEPT = 256
 RECENT_KEPT = 8
 PENDING_PUBLISHED = 8
@@ -124,7 +126,9 @@ class Timer:
         self.streams: dict[str, _Stream] = {}
         # by the group itself, held weakly: an id() could be reused by a later group
         self.groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.works: list[tuple[Any, dict[str, Any], _Stream]] = []  # async handles the watchdog polls
+        # async handles the watchdog polls, by id (the dict holds the handle, so the id stays its own):
+        # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
+        self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
         self.events: list[tuple[Any, dict[str, Any], _Stream]] = []  # CUDA events, oldest first
         self.regions: list[tuple[str, float]] = []
         self.step = 0
@@ -229,7 +233,7 @@ class Timer:
         key, ranks = group
         tensors = _tensors(args, kwargs)
         op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
-                              "sizes": [list(t.shape) for t in tensors[:4]],
+                              "sizes": [tuple(t.shape) for t in tensors[:4]],
                               "dtype": str(tensors[0].dtype)[6:] if tensors else None}
         if p2p:
             key += "/p2p"
@@ -250,11 +254,11 @@ class Timer:
         """The call returned: done on CPU; an async handle or a GPU op completes later."""
         if result is not None and hasattr(result, "is_completed"):
             with self.lock:
-                self.works.append((result, op, stream))
+                self.works[id(result)] = (result, op, stream)
             return _TimedWork(result, op, stream, self)
         if isinstance(result, list) and result and hasattr(result[0], "is_completed"):
             with self.lock:  # batch_isend_irecv: the batch completes when its last handle does
-                self.works.append((result[-1], op, stream))
+                self.works[id(result[-1])] = (result[-1], op, stream)
             return result
         if op.pop("_cuda", False):
             import torch
@@ -320,7 +324,10 @@ class Timer:
     # -- watchdog thread ---------------------------------------------------------------------
     def _watchdog(self) -> None:
         next_publish = 0.0
-        while not self.stop.wait(POLL_SECONDS):
+        # wake every POLL_SECONDS only while async handles or CUDA events wait to be polled: a thread
+        # waking 20 times a second for nothing takes the GIL and a core from the training loop
+        while not self.stop.wait(POLL_SECONDS if self.works or self.events
+                                 else min(self.interval, max(POLL_SECONDS, next_publish - time.monotonic()))):
             try:
                 self.poll_completions()
             except Exception as e:  # a broken query must not stop the heartbeat: that would look like a hang
@@ -343,7 +350,8 @@ class Timer:
 
     def poll_completions(self) -> None:
         with self.lock:
-            works, events = list(self.works), list(self.events)
+            # the oldest few: the detector judges a group by its oldest pending op, and wait() completes the rest
+            works, events = list(itertools.islice(self.works.values(), POLL_BATCH)), list(self.events)
         for work, op, stream in works:
             try:
                 done = work.is_completed()
@@ -367,7 +375,7 @@ class Timer:
 
     def _forget_work(self, work: Any) -> None:
         with self.lock:
-            self.works = [w for w in self.works if w[0] is not work]
+            self.works.pop(id(work), None)
 
     def snapshot(self, exited: bool = False) -> dict[str, Any] | None:
         dist = self.dist
@@ -446,6 +454,8 @@ def record_error_json(message: str) -> bytes:
 
 class _TimedWork:
     """A Work handle whose wait() also marks our op complete; everything else is the real one."""
+
+    __slots__ = ("_work", "_op", "_stream", "_timer")
 
     def __init__(self, work: Any, op: dict[str, Any], stream: _Stream, timer: Timer):
         self._work, self._op, self._stream, self._timer = work, op, stream, timer
