@@ -292,8 +292,9 @@ def test_native_frames_and_child_processes_in_every_output():
         {"name": "gloo::AllreduceOp::run", "file": "libtorch_cpu.so", "line": 0},
         {"name": "wait", "file": "dist.py", "line": 3}, {"name": "main", "file": "train.py", "line": 9}]}]}
     child = {"threads": [{"name": "MainThread", "frames": [{"name": "__iter__", "file": "data.py", "line": 7}]}]}
-    job = {"job": "j", "nodes": ["n"], "records": {}, "stacks": {"0": python, "1": {**python, "children": {"77": child}}},
-           "native_stacks": {"0": native}, "errors": []}
+    job = {"job": "j", "nodes": ["n"], "records": {},
+           "stacks": {"0": python, "1": {**python, "children": {"77": child}}}, "native_stacks": {"0": native},
+           "errors": []}
     tree = merge.stack_tree(job["stacks"], job["native_stacks"])
     text = merge.to_text(job, tree, [])
     assert "[0] gloo::AllreduceOp::run (libtorch_cpu.so)" in text and "pthread_cond_wait (libc.so.6)" in text

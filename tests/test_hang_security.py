@@ -237,8 +237,9 @@ def test_sigterm_interrupts_a_native_dump(tmp_path, procs):
     target = procs("root")
     publish(tmp_path, [rec_for(target, 0)])
     spy = fake_py_spy(tmp_path, 'case "$*" in *--native*) kill -STOP "$4"; sleep 60;; esac\necho "[]"\n')
-    watch = subprocess.Popen([sys.executable, "-m", "nodehealth.hang.cli", "hang", "watch", str(tmp_path), "--floor", "1",
-                              "--py-spy", spy], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watch = subprocess.Popen([sys.executable, "-m", "nodehealth.hang.cli", "hang", "watch", str(tmp_path),
+                              "--floor", "1", "--py-spy", spy],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 20
         while process_state(HostPaths(), target.pid).state != "T" and time.monotonic() < deadline:
