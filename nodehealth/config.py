@@ -81,6 +81,7 @@ HANG_DEFAULTS: dict[str, Any] = {
     # take turns, so one user's flood cannot starve another's job. A node runs a few jobs of at most
     # a few hundred local ranks.
     "max_records_per_scan": 2048,
+    "max_scan_bytes": 32 << 20,  # records read per scan, all together (each is at most 256 KiB)
     "max_jobs_per_scan": 64,
     # py-spy stops its target: a hang needs one bundle, not one per second of a moving stall point.
     "dumps_per_minute": 6,  # bundles on this node, all jobs together

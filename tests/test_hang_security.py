@@ -170,6 +170,20 @@ def test_a_flood_of_fake_jobs_cannot_starve_a_real_hang(shared_dir, procs, tmp_p
     assert series <= detector.cfg["max_metric_series"]
 
 
+def test_bytes_read_per_scan_are_bounded(shared_dir, procs, tmp_path):
+    """Big records (under the per-record cap) from one user: the scan reads a bounded amount, and
+    another user's job is read first."""
+    flooder, real = procs("nobody"), procs("root")
+    big = rec_for(flooder, 0)
+    big["pad"] = "x" * 200_000
+    write_as_nobody(shared_dir, [{**big, "job": f"big{i}"} for i in range(20)])
+    publish(shared_dir, [rec_for(real, 0, job="real")])
+    detector = Detector(shared_dir, str(tmp_path / "bundles"), {**NO_SPY, "max_scan_bytes": 1 << 20})
+    detector.poll()
+    assert "real" in detector.jobs and len(detector.jobs) == 6, "1 MiB: the real record and five of 200 KB"
+    assert counter(detector, "nodehealth_hang_skipped_total")["record_limit"] == 21 - len(detector.jobs)
+
+
 @pytest.mark.parametrize("body,why", [
     (b"[" * (1 << 20), "larger than"),
     (b"[" * 200_000, "nested deeper"),

@@ -221,20 +221,25 @@ class Detector:
         return jobs, errors
 
     def _fair_records(self) -> list[str]:
-        """At most max_records_per_scan record paths: owners take turns, newest records first."""
+        """Record paths to read this scan, owners taking turns, newest first: at most
+        max_records_per_scan of them and max_scan_bytes together (the caps apply before reading)."""
         entries = []
         for path in record.list_records(self.directory):
             try:
                 st = os.lstat(path)
             except OSError:
                 continue
-            entries.append((st.st_uid, -st.st_mtime, path))
+            entries.append((st.st_uid, -st.st_mtime, path, st.st_size))
         entries.sort()
-        ordered = [e[2] for e in _fair(entries, lambda e: e[0])]
-        limit = self.cfg["max_records_per_scan"]
-        if len(ordered) > limit:
-            self._count(self.skipped, "record_limit", len(ordered) - limit)
-        return ordered[:limit]
+        chosen, total = [], 0
+        for entry in _fair(entries, lambda e: e[0]):
+            size = min(entry[3], record.MAX_RECORD_BYTES + 1)
+            if len(chosen) >= self.cfg["max_records_per_scan"] or total + size > self.cfg["max_scan_bytes"]:
+                self._count(self.skipped, "record_limit")
+                continue
+            chosen.append(entry[2])
+            total += size
+        return chosen
 
     def _refuse(self, host_pid: int, pid: int, owner: int) -> str | None:
         """Why a record may not name this process, or None: only its owner's processes (any, when
