@@ -125,8 +125,27 @@ def test_corrupt_records_and_missing_py_spy_still_give_a_bundle(tmp_path, sleepe
 def test_py_spy_absent_from_path(tmp_path, sleepers, monkeypatch):
     (a,) = sleepers(1)
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "bin" / "python"))
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "bin" / "nodehealth")])
     out = StackCollector().dump(a.pid)
     assert "py-spy not found" in out["error"] and out["state"] in "SR"
+
+
+def test_py_spy_beside_the_running_nodehealth_is_found(tmp_path, monkeypatch):
+    """`/opt/venv/bin/nodehealth hang watch` with the venv not activated: py-spy is in /opt/venv/bin."""
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    spy = venv / "py-spy"
+    spy.write_text("#!/bin/sh\n")
+    spy.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(sys, "executable", "/usr/bin/python3")
+    monkeypatch.setattr(sys, "argv", [str(venv / "nodehealth"), "hang", "watch"])
+    assert StackCollector().binary() == str(spy)
+    monkeypatch.setattr(sys, "argv", ["x"])
+    monkeypatch.setattr(sys, "executable", str(venv / "python"))
+    assert StackCollector().binary() == str(spy)
+    assert StackCollector(str(tmp_path / "nope" / "py-spy")).binary() is None
 
 
 def fake_py_spy(tmp_path, body: str) -> str:
@@ -178,7 +197,7 @@ def test_native_pass_rewrites_the_bundle(tmp_path, sleepers):
     assert "native" in dict(((stage), v) for (_, stage), v in detector.durations.items())
 
 
-def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_path):
+def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_path, sleepers):
     """A record is written by a training pod: the paths in it must not steer what we delete,
     write or read as root. Links planted at our own names are replaced, never followed."""
     outside = tmp_path / "outside"
@@ -187,7 +206,7 @@ def test_forged_flight_recorder_paths_touch_nothing_outside_the_directory(tmp_pa
     victim.write_text("precious")
     records = tmp_path / "records"
     records.mkdir()
-    me = os.getpid()
+    me = sleepers(1)[0].pid
     rec = make_record(0, me, start_ticks(me), 5, 4, world=1)
     rec["flight_recorder"] = {"buffer_size": 10, "dump": str(victim), "request": str(outside / "made"),
                               "nccl_pipe": str(victim)}
@@ -327,8 +346,8 @@ def test_host_pids_are_remembered_and_proc_is_walked_once(tmp_path, monkeypatch)
     assert detector.jobs == {} and detector.host_pids[("pid:[4026532999]", 27, 555)] is None
 
 
-def test_stale_records_are_ignored(tmp_path):
-    me = os.getpid()
+def test_stale_records_are_ignored(tmp_path, sleepers):
+    me = sleepers(1)[0].pid
     rec = make_record(0, me, start_ticks(me), 5, 4, world=1)
     rec["heartbeat"] -= 4000
     publish(tmp_path, [rec])
@@ -338,10 +357,58 @@ def test_stale_records_are_ignored(tmp_path):
     assert len(detector.poll()) == 1 and detector.jobs["j"].hung
 
 
-def test_durations_are_forgotten_when_the_hang_is_over(tmp_path):
-    me = os.getpid()
+def test_durations_are_forgotten_when_the_hang_is_over(tmp_path, sleepers):
+    me = sleepers(1)[0].pid
     publish(tmp_path, [make_record(0, me, start_ticks(me), 4, 4, world=1)])
     detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
     detector.durations = {("j", "python"): 0.5, ("gone", "native"): 3.0}
     detector.poll()
     assert "j" in detector.jobs and not detector.jobs["j"].hung and detector.durations == {}
+
+
+def test_a_clean_finish_is_no_hang(tmp_path, sleepers):
+    """destroy_process_group() then a minute of post-training work: the record says finished."""
+    a, b = sleepers(2)
+    done = make_record(0, a.pid, start_ticks(a.pid), 5, 4)
+    done["finished"] = True
+    done["heartbeat"] -= 90
+    publish(tmp_path, [done, make_record(1, b.pid, start_ticks(b.pid), 4, 4)])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy"})
+    assert detector.poll() == [] and not detector.jobs["j"].hung
+    assert detector.jobs["j"].ranks[0].process == "finished"
+
+
+def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):
+    a, b = sleepers(2)
+    b.kill()
+    b.wait()
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4), make_record(1, b.pid, 12345, 4, 3)])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy"})
+    bundle = json.loads(open(detector.poll()[0]).read())
+    assert bundle["processes"] == {"0": "running", "1": "gone"}
+    assert bundle["verdicts"][0]["summary"].startswith("rank 1's process is gone")
+    assert "rank 1 never entered all_reduce #5" in bundle["verdicts"][1]["summary"]
+
+
+def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
+    procs = sleepers(3)
+    recs = [make_record(r, p.pid, start_ticks(p.pid), 60, 60, world=3) for r, p in enumerate(procs)]
+    for r, rec in enumerate(recs):
+        rec["host"] = "node-a"
+        rec["groups"]["0"]["p99"] = {"all_reduce": {"seconds": 0.2, "p50": 0.017 if r == 1 else 0.115,
+                                                    "samples": 200}}
+    publish(tmp_path, recs)
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "straggler_scans": 3})
+    for _ in range(2):
+        detector.poll()
+        assert not detector.findings(), "one scan is not a window"
+    detector.poll()
+    (finding,) = detector.findings()
+    assert finding.reason == "TrainingStraggler" and "rank 1 on node-a is a straggler" in finding.message
+    samples = {m.name: m for m in detector.metrics()}["nodehealth_hang_straggler"].samples
+    assert samples == [(("j", "1", "node-a"), 1.0)]
+    for rec in recs:  # the job evens out: the finding goes at once
+        rec["groups"]["0"]["p99"]["all_reduce"]["p50"] = 0.1
+    publish(tmp_path, recs)
+    detector.poll()
+    assert not detector.findings()

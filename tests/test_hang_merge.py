@@ -226,3 +226,78 @@ def test_fuzz_record_validation(obj):
         assert str(e).startswith("x:")
         return
     merge.verdicts({"records": {str(valid["rank"]): valid}})  # a valid record never crashes the verdict
+
+
+@pytest.mark.parametrize("process,exited,say", [
+    ("gone", False, "rank 2's process is gone: killed or crashed without exiting normally"),
+    ("gone", True, "rank 2's process is gone: it exited"),
+    ("stopped", False, "rank 2 is stopped (SIGSTOP"),
+])
+def test_gone_or_stopped_rank_is_said_plainly_and_its_old_record_reconciled(process, exited, say):
+    """Rank 2's last record is a publish interval old (#109); the others finished #120, which needs
+    rank 2: it finished #120 too and never entered #121."""
+    records = {str(r): rec(r, 121, 120) for r in (0, 1, 3)} | {"2": rec(2, 109, 108) | {"exited": exited}}
+    vs = merge.verdicts({"records": records, "processes": {"0": "running", "1": "running", "2": process,
+                                                          "3": "running"}})
+    assert vs[0]["summary"].startswith(say) and vs[0]["culprits"] == [2]
+    assert vs[1]["summary"] == "rank 2 never entered all_reduce #121 of group 0; ranks 0-1,3 wait in it"
+    assert "#109" not in json.dumps(vs)
+
+
+def test_live_report_of_a_healthy_job_says_no_hang(tmp_path):
+    import time
+
+    now = time.time()
+    for r in range(4):
+        fresh = rec(r, 8 if r % 2 else 7, 7)  # written moments apart: half the ranks one op ahead
+        fresh["heartbeat"] = now
+        for op in fresh["groups"]["0"]["pending"]:
+            op["enqueued_at"] = now - 0.2
+        record.write_json(record.record_path(str(tmp_path), "j", r), fresh)
+    out = run_report(str(tmp_path))
+    assert out.returncode == 0 and "no hang: every pending op is younger than its limit" in out.stdout
+    assert "never entered" not in out.stdout
+
+
+def timed(r: int, p50: float, samples: int = 100, host: str = "n1") -> dict:
+    out = rec(r, 50, 50)
+    out["host"] = host
+    out["groups"]["0"]["p99"] = {"all_reduce": {"seconds": p50 * 1.5, "p50": p50, "samples": samples}}
+    return out
+
+
+STRAGGLER_CFG = {"min_samples": 20, "straggler_ratio": 3.0, "straggler_min_wait_seconds": 0.05}
+
+
+@pytest.mark.parametrize("p50s,samples,expected", [
+    ([0.115, 0.112, 0.017, 0.118], 100, [2]),  # the issue's numbers: rank 2 three times slower every step
+    ([0.115, 0.112, 0.017, 0.118], 5, []),  # too few samples
+    ([0.101, 0.097, 0.104, 0.099], 100, []),  # an even job
+    ([0.021, 0.019, 0.002, 0.020], 100, []),  # a 20 ms wait is noise next to a step
+    ([0.3, 0.01], 100, [1]),
+])
+def test_stragglers(p50s, samples, expected):
+    records = {str(r): timed(r, v, samples) for r, v in enumerate(p50s)}
+    found = merge.stragglers(records, STRAGGLER_CFG)
+    assert [s["rank"] for s in found] == expected
+    if expected:
+        assert f"rank {expected[0]} on n1 is a straggler" in found[0]["summary"]
+
+
+def test_native_frames_and_child_processes_in_every_output():
+    python = {"threads": [{"name": "MainThread", "frames": [{"name": "wait", "file": "dist.py", "line": 3},
+                                                             {"name": "main", "file": "train.py", "line": 9}]}]}
+    native = {"threads": [{"name": "MainThread", "frames": [
+        {"name": "pthread_cond_wait", "file": "libc.so.6", "line": 0},
+        {"name": "gloo::AllreduceOp::run", "file": "libtorch_cpu.so", "line": 0},
+        {"name": "wait", "file": "dist.py", "line": 3}, {"name": "main", "file": "train.py", "line": 9}]}]}
+    child = {"threads": [{"name": "MainThread", "frames": [{"name": "__iter__", "file": "data.py", "line": 7}]}]}
+    job = {"job": "j", "nodes": ["n"], "records": {},
+           "stacks": {"0": python, "1": {**python, "children": {"77": child}}}, "native_stacks": {"0": native},
+           "errors": []}
+    tree = merge.stack_tree(job["stacks"], job["native_stacks"])
+    text = merge.to_text(job, tree, [])
+    assert "[0] gloo::AllreduceOp::run (libtorch_cpu.so)" in text and "pthread_cond_wait (libc.so.6)" in text
+    assert "[1] child process, thread MainThread" in text and "__iter__ (data.py:7)" in text
+    assert "gloo::AllreduceOp::run" in json.dumps(merge.to_json(job, tree, []))
+    assert "gloo::AllreduceOp::run" in merge.to_folded(tree) and "gloo::AllreduceOp::run" in merge.to_svg(job, tree, [])

@@ -96,12 +96,53 @@ def test_gpu_events_complete_in_order_without_torch_cuda(tmp_path):
     assert stream.pending == {} and stream.snapshot()["completed"] == 2
 
 
-def test_enable_needs_a_directory(monkeypatch):
+def test_enable_without_the_variable_uses_the_daemons_directory(monkeypatch):
     monkeypatch.delenv(timer.ENV_DIR, raising=False)
     monkeypatch.setattr(timer, "_timer", None)
-    with pytest.raises(ValueError, match="NODEHEALTH_HANG_DIR"):
-        timer.enable()
+    monkeypatch.setattr(timer.Timer, "install", lambda self: None)
     assert timer.enable_from_env() is None
+    assert timer.enable().directory == "/run/nodehealth/hang" == timer.DEFAULT_DIR
+    monkeypatch.setattr(timer, "_timer", None)
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"NODEHEALTH_HANG_JOB": "mine", "TORCHELASTIC_RUN_ID": "r1"}, "mine"),
+    ({"TORCHELASTIC_RUN_ID": "r1"}, "r1"),
+    # torchrun --nproc-per-node N with no --rdzv-id: run id "none", all ranks here
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "WORLD_SIZE": "4",
+      "LOCAL_WORLD_SIZE": "4"}, "127.0.0.1:29511-PARENT"),
+    ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "n1", "MASTER_PORT": "29511", "WORLD_SIZE": "16",
+      "LOCAL_WORLD_SIZE": "8", "TORCHELASTIC_RESTART_COUNT": "2"}, "n1:29511-2"),
+])
+def test_job_identity_without_a_job_id(monkeypatch, env, expected):
+    for key in ("NODEHEALTH_HANG_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
+                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    parent = f"{os.getppid()}-{timer._process_start_ticks(os.getppid())}"
+    assert timer._job_id() == expected.replace("PARENT", parent)
+
+
+def test_destroy_process_group_marks_a_clean_finish(tmp_path):
+    """After destroy_process_group() the record stays, says finished, and the heartbeat goes on."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        pytest.skip("torch is not installed")
+    t = timer.enable(str(tmp_path), interval=0.05)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        t.publish()
+        assert record.read_record(t.path)["finished"] is False
+        dist.destroy_process_group()
+        first = record.read_record(t.path)
+        assert first["finished"] is True and first["rank"] == 0 and first["world_size"] == 1
+        time.sleep(0.3)
+        assert record.read_record(t.path)["heartbeat"] > first["heartbeat"]
+    finally:
+        t.uninstall()
+    assert record.read_record(t.path)["exited"] is True
 
 
 def test_import_is_light():

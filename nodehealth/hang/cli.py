@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,7 +57,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
     detector = Detector(args.directory, args.out or os.path.join(args.directory, "bundles"), cfg)
     if args.once:
         return EXIT_HANG if _print_bundles(detector.poll()) else EXIT_OK
-    stop = threading.Event()
+    stop = detector.stop  # set by a signal: a dump in flight is interrupted, its target resumed
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     while not stop.is_set():
@@ -97,9 +97,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         jobs = jobs[:1]
     for job in jobs:
         job["stacks"].update(extra)
-        verdicts = merge.verdicts(job)
+        if job.get("live") and not merge.live_hang(job, time.time()):
+            verdicts = []
+            from nodehealth.hang.detector import DEFAULTS
+
+            job["note"] = ("no hang: every pending op is younger than its limit and every heartbeat is fresh "
+                           "(records written moments apart are not compared)")
+            job["note"] += "".join(f"\n  {s['summary']}" for s in merge.stragglers(job["records"], DEFAULTS))
+        else:
+            verdicts = merge.verdicts(job)
         found = found or bool(verdicts)
-        tree = merge.stack_tree(job["stacks"])
+        tree = merge.stack_tree(job["stacks"], job.get("native_stacks"))
         if args.format == "json":
             docs.append(merge.to_json(job, tree, verdicts))
         elif args.format == "folded":

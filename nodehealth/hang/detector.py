@@ -5,16 +5,26 @@ its group) or when its watchdog heartbeat has stopped. On the first poll that se
 (or hung at a new place), the detector writes one bundle for this node: every record of the job,
 the Python stacks of every local rank (written at once), then the Flight Recorder dumps and the
 native stacks (the slower pass, written over the same file when it is done).
+
+The records directory is written by every user of the node and the detector runs as root, so a
+record speaks only for its file's owner: it may name only processes of that user (root's records
+excepted), never the daemon or a PID 1; a job's records all have one owner (the same job name from
+two users is two jobs); the records read, jobs judged, dumps made and metric series shown per scan
+are bounded, owners taking turns; and bundles go only into a directory we own, never through a link.
 """
 from __future__ import annotations
 
 import contextlib
 import copy
+import errno
+import json
 import logging
 import os
+import secrets
 import stat
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,15 +51,18 @@ class Rank:
     stuck_at: tuple = ()  # (group, seq) pairs or ("heartbeat",): the place of the hang
     pending_age: float = 0.0
     heartbeat_age: float = 0.0
+    process: str = "running"  # running, stopped (T), gone, finished, refused
 
 
 @dataclass
 class JobState:
     ranks: dict[int, Rank] = field(default_factory=dict)
+    owner: int = 0  # the uid owning every record of the job
     hung: bool = False
     dumped_at: tuple | None = None  # the hang place we already wrote a bundle for
     bundle: str | None = None
     verdicts: list[dict[str, Any]] = field(default_factory=list)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # seen straggler_scans scans in a row
 
 
 class Detector:
@@ -72,6 +85,16 @@ class Detector:
         # per record and poll is too much on a node with many processes and old records
         self.host_pids: dict[tuple, int | None] = {}
         self.nspids: dict[tuple[int, int], list[int]] | None = None  # this scan's, built on first need
+        self.proc_state: dict[int, str] = {}  # pid -> state letter, from the stat read that checked it
+        self.stop = threading.Event()  # set at shutdown: dumps in flight are interrupted
+        self.collector.stop = self.stop
+        self.skipped: dict[str, int] = {}  # records or jobs left out, by reason (counter)
+        self.refused: dict[str, int] = {}  # dumps refused by a rate limit, by which (counter)
+        self.bundle_times: deque = deque()  # when this node's recent bundles were written
+        self.job_dumped: dict[str, float] = {}
+        self.owner_dumped: dict[int, float] = {}
+        self.pid_dumped: dict[int, float] = {}
+        self.straggler_streak: dict[tuple[str, int], int] = {}
 
     # -- one scan ----------------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -84,14 +107,24 @@ class Detector:
                 if old is not None:
                     state.dumped_at, state.bundle = old.dumped_at, old.bundle
             self.jobs, self.record_errors = jobs, errors
+            self._stragglers(jobs)
             self.durations = {k: v for k, v in self.durations.items() if k[0] in jobs and jobs[k[0]].hung}
         written = []
-        for job, state in sorted(jobs.items()):
+        due = []
+        for job, state in jobs.items():
             if not state.hung:
                 state.dumped_at = None
                 continue
             place = tuple(sorted(p for r in state.ranks.values() for p in r.stuck_at))
-            if place == state.dumped_at:
+            if place != state.dumped_at:
+                due.append((job, state, place))
+        # owners take turns, the one served least recently first: one user's flood cannot starve another's
+        due = _fair(sorted(due, key=lambda d: d[0]), lambda d: d[1].owner)
+        due.sort(key=lambda d: self.owner_dumped.get(d[1].owner, 0.0))
+        for job, state, place in due:
+            if self.stop.is_set():
+                break
+            if not self._may_dump(job, now):
                 continue
             state.dumped_at = place
             path = self.collect(job, state, now)
@@ -99,37 +132,131 @@ class Detector:
                 written.append(path)
         return written
 
+    def _stragglers(self, jobs: dict[str, JobState]) -> None:
+        """Stragglers of running jobs, kept only once seen in straggler_scans scans in a row."""
+        streak = {}
+        for job, state in jobs.items():
+            if state.hung or not all(r.host_pid for r in state.ranks.values()):
+                continue
+            found = merge.stragglers({str(r): rank.rec for r, rank in state.ranks.items()}, self.cfg)
+            for s in found:
+                streak[(job, s["rank"])] = self.straggler_streak.get((job, s["rank"]), 0) + 1
+            state.stragglers = [s for s in found if streak[(job, s["rank"])] >= self.cfg["straggler_scans"]]
+        self.straggler_streak = streak
+
+    def _may_dump(self, job: str, now: float) -> bool:
+        """The node's and the job's rate limits; a refusal is counted, and tried again next scan."""
+        while self.bundle_times and now - self.bundle_times[0] > 60:
+            self.bundle_times.popleft()
+        if len(self.bundle_times) >= self.cfg["dumps_per_minute"]:
+            reason = "node_rate"
+        elif now - self.job_dumped.get(job, -1e18) < self.cfg["job_dump_interval_seconds"]:
+            reason = "job_rate"
+        else:
+            return True
+        with self.lock:
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+        return False
+
+    def _count(self, counter: dict[str, int], reason: str, n: int = 1) -> None:
+        with self.lock:
+            counter[reason] = counter.get(reason, 0) + n
+
     def scan(self, now: float) -> tuple[dict[str, JobState], list[str]]:
         jobs: dict[str, JobState] = {}
+        by_owner: dict[tuple[int, str], JobState] = {}
         errors = []
         stale = self.cfg["stale_record_seconds"]
         self.nspids, seen = None, set()
-        for path in record.list_records(self.directory):
+        paths = self._fair_records()
+        for path in paths:
             try:
-                rec = record.read_record(path)
+                rec, owner = record.read_owned(path)
             except record.RecordError as e:
                 errors.append(str(e))
+                if "over the cap" in str(e):
+                    self._count(self.skipped, "over_cap")
                 continue
             if now - rec["heartbeat"] > stale:
                 continue  # left behind by a job long gone: not worth a look in /proc
             key = _process_key(rec)
             seen.add(key)
-            rank = Rank(path, rec, None if rec.get("exited") else self._host_pid(key))
+            done = rec.get("exited") or rec.get("finished")
+            rank = Rank(path, rec, None if done else self._host_pid(key))
+            if done:
+                rank.process = "finished" if rec.get("finished") else "gone"
+            elif rank.host_pid is None:
+                rank.process = "gone"
+            else:
+                why = self._refuse(rank.host_pid, rec["pid"], owner)
+                if why:
+                    errors.append(f"{path}: {why}; refused")
+                    self._count(self.skipped, "foreign_process")
+                    rank.host_pid, rank.process = None, "refused"
+                    continue
+                if self.proc_state.get(rank.host_pid) in ("T", "t"):
+                    rank.process = "stopped"
             judge(rank, now, self.cfg)
-            jobs.setdefault(rec["job"], JobState()).ranks[rec["rank"]] = rank
-        for job in list(jobs):
-            state = jobs[job]
+            state = by_owner.setdefault((owner, rec["job"]), JobState(owner=owner))
+            state.ranks[rec["rank"]] = rank
+        names: dict[str, int] = {}
+        for _, name in by_owner:
+            names[name] = names.get(name, 0) + 1
+        considered = 0
+        for (owner, name), state in _fair(by_owner.items(), lambda item: item[0][0]):
             if not any(r.host_pid for r in state.ranks.values()):
-                del jobs[job]  # every process of it is gone: an old job, not a hang
+                continue  # every process of it is gone: an old job, not a hang
+            if considered >= self.cfg["max_jobs_per_scan"]:
+                self._count(self.skipped, "job_limit")
                 continue
+            considered += 1
+            # the same job name from two users is two jobs, each speaking only for its own processes
+            job = name if names[name] == 1 else f"{name}@uid{owner}"
             state.hung = any(r.hung for r in state.ranks.values() if r.host_pid)
-        for e in errors:
+            jobs[job] = state
+        for e in errors[:20]:
             log.warning("hang: %s", e)
         self.host_pids = {k: v for k, v in self.host_pids.items() if k in seen}
+        self.proc_state = {v: self.proc_state[v] for v in self.host_pids.values() if v in self.proc_state}
         return jobs, errors
 
+    def _fair_records(self) -> list[str]:
+        """Record paths to read this scan, owners taking turns, newest first: at most
+        max_records_per_scan of them and max_scan_bytes together (the caps apply before reading)."""
+        entries = []
+        for path in record.list_records(self.directory):
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            entries.append((st.st_uid, -st.st_mtime, path, st.st_size))
+        entries.sort()
+        chosen, total = [], 0
+        for entry in _fair(entries, lambda e: e[0]):
+            size = min(entry[3], record.MAX_RECORD_BYTES + 1)
+            if len(chosen) >= self.cfg["max_records_per_scan"] or total + size > self.cfg["max_scan_bytes"]:
+                self._count(self.skipped, "record_limit")
+                continue
+            chosen.append(entry[2])
+            total += size
+        return chosen
+
+    def _refuse(self, host_pid: int, pid: int, owner: int) -> str | None:
+        """Why a record may not name this process, or None: only its owner's processes (any, when
+        root wrote it), and never this daemon or a PID 1, whoever asks."""
+        if host_pid in (os.getpid(), 1) or pid == 1:
+            return f"the record names pid {pid}, the daemon itself or a PID 1"
+        try:
+            uid = os.stat(self.host.proc(str(host_pid))).st_uid  # its effective uid; root if not dumpable
+        except OSError:
+            return f"pid {host_pid} is gone"
+        if owner != 0 and uid != owner:
+            return f"the record is owned by uid {owner} but names pid {host_pid} of uid {uid}"
+        return None
+
     def run(self, stop: threading.Event) -> None:
-        """Poll until `stop` is set (the daemon's thread, or `hang watch`)."""
+        """Poll until `stop` is set (the daemon's thread, or `hang watch`); setting it interrupts dumps."""
+        self.stop = self.collector.stop = stop
         while not stop.is_set():
             try:
                 self.poll()
@@ -143,32 +270,69 @@ class Detector:
         ranks = state.ranks
         reasons = {r: rank.hung for r, rank in ranks.items() if rank.hung}
         log.warning("hang detected in job %s: %s", job, "; ".join(f"rank {r}: {w}" for r, w in sorted(reasons.items())))
-        prefix = record.safe_name(job) + "."
+        prefix = record.safe_name(job.split("@uid")[0]) + "."
         bundle: dict[str, Any] = {
             "version": 1, "kind": "nodehealth-hang-bundle", "node": self.node, "job": job, "detected_at": now,
-            "reasons": {str(r): w for r, w in sorted(reasons.items())},
+            "owner": state.owner, "reasons": {str(r): w for r, w in sorted(reasons.items())},
             "records": {str(r): rank.rec for r, rank in sorted(ranks.items())},
             "pids": {str(r): rank.host_pid for r, rank in sorted(ranks.items())},
+            "processes": {str(r): rank.process for r, rank in sorted(ranks.items())},
             "errors": [e for e in self.record_errors if os.path.basename(e.split(":", 1)[0]).startswith(prefix)],
             "durations": {}}
-        fr_asked = self._ask_flight_recorder(ranks)
-        live = {r: rank.host_pid for r, rank in ranks.items() if rank.host_pid}
+        live: dict[int, int] = {}
+        for r, rank in sorted(ranks.items()):
+            if not rank.host_pid:
+                continue
+            last = self.pid_dumped.get(rank.host_pid)
+            why = self._refuse(rank.host_pid, rank.rec["pid"], state.owner)  # again: it may have exec'd since
+            if last is not None and now - last < self.cfg["process_dump_interval_seconds"]:
+                why = f"pid {rank.host_pid} was dumped {now - last:.0f} s ago; not again so soon"
+                self._count(self.refused, "process_rate")
+            if why:
+                bundle["errors"].append(f"rank {r}: stacks not collected: {why}")
+            else:
+                live[r] = rank.host_pid
+        if not live:
+            log.warning("hang in job %s: no process of it may be dumped now; no bundle", job)
+            return None
+        for pid in live.values():
+            self.pid_dumped[pid] = now
+        self.pid_dumped = {p: t for p, t in self.pid_dumped.items()
+                           if now - t < self.cfg["process_dump_interval_seconds"]}
+        self.bundle_times.append(now)
+        self.job_dumped[job] = self.owner_dumped[state.owner] = now
+        fr_asked = self._ask_flight_recorder({r: ranks[r] for r in live}, bundle["errors"])
         stacks = self.collector.collect(sorted(live.values()))
         bundle["stacks"] = {str(r): stacks[pid] for r, pid in sorted(live.items())}
+        self._children(bundle["stacks"], live, state.owner)
         bundle["errors"] += [f"rank {r}: {s['error']}" for r, s in bundle["stacks"].items() if s.get("error")]
         bundle["durations"]["python_stacks"] = round(time.monotonic() - started, 4)
         state.verdicts = merge.verdicts(bundle)
         bundle["verdicts"] = state.verdicts
-        path = self._bundle_path(job, now)
-        if not self._write(path, bundle):
+        path = self._write(job, now, bundle)
+        if not path:
             return None
         state.bundle = path
         with self.lock:
             self.bundles_written += 1
             self.durations[(job, "python")] = bundle["durations"]["python_stacks"]
         log.warning("hang bundle for job %s written to %s in %.3f s", job, path, bundle["durations"]["python_stacks"])
-        self._slow_pass(bundle, live, fr_asked, path)
+        if not self.stop.is_set():
+            self._slow_pass(bundle, live, fr_asked, path)
         return path
+
+    def _children(self, stacks: dict[str, Any], live: dict[int, int], owner: int) -> None:
+        """Python stacks of each rank's child processes (DataLoader workers), a few per rank, shown
+        under it: the worker that hangs is where the rank's Queue.get waits."""
+        limit = self.cfg["max_children_per_rank"]
+        for r, pid in sorted(live.items()):
+            kids = [k for k in _children(self.host, pid) if not self._refuse(k, k, owner)]
+            if not kids or limit <= 0:
+                continue
+            if len(kids) > limit:
+                stacks[str(r)]["children_left_out"] = len(kids) - limit
+            dumps = self.collector.collect(kids[:limit])
+            stacks[str(r)]["children"] = {str(k): dumps[k] for k in kids[:limit]}
 
     def _slow_pass(self, bundle: dict[str, Any], live: dict[int, int], fr_asked: dict[int, dict[str, Any]],
                    path: str) -> None:
@@ -176,9 +340,11 @@ class Detector:
         started = time.monotonic()
         if fr_asked:
             bundle["flight_recorder"] = self._read_flight_recorder(fr_asked)
+            bundle["errors"] += [f"rank {r} (Flight Recorder): {e['error']}"
+                                 for r, e in bundle["flight_recorder"].items() if e.get("error")]
             bundle["durations"]["flight_recorder"] = round(time.monotonic() - started, 4)
             bundle["verdicts"] = merge.verdicts(bundle)
-        if self.cfg["native_stacks"] and live:
+        if self.cfg["native_stacks"] and live and not self.stop.is_set():
             t0 = time.monotonic()
             native = self.collector.collect(sorted(live.values()), native=True)
             bundle["native_stacks"] = {str(r): native[pid] for r, pid in sorted(live.items())}
@@ -188,9 +354,9 @@ class Detector:
             with self.lock:
                 self.durations[(bundle["job"], "native")] = bundle["durations"]["native_stacks"]
         if fr_asked or "native_stacks" in bundle:
-            self._write(path, bundle)
+            self._write(bundle["job"], bundle["detected_at"], bundle, os.path.basename(path))
 
-    def _ask_flight_recorder(self, ranks: dict[int, Rank]) -> dict[int, dict[str, Any]]:
+    def _ask_flight_recorder(self, ranks: dict[int, Rank], errors: list[str]) -> dict[int, dict[str, Any]]:
         """Ask every live rank that runs Flight Recorder for a dump: through the timer's request
         file (any backend) and, when the rank made it in our directory, PyTorch's NCCL debug-info
         pipe. Every path is ours, built from the record's own file name: records are written by
@@ -199,6 +365,9 @@ class Detector:
         for r, rank in ranks.items():
             fr = rank.rec.get("flight_recorder")
             if not rank.host_pid or not isinstance(fr, dict):
+                continue
+            if rank.process == "stopped":  # it can never answer: do not wait for it
+                errors.append(f"rank {r} (Flight Recorder): no dump asked: its process is stopped (SIGSTOP)")
                 continue
             request, dump = record.flight_recorder_paths(rank.path)
             info: dict[str, Any] = {"dump": dump, "nccl_pipe": None}
@@ -220,7 +389,7 @@ class Detector:
         out: dict[str, Any] = {}
         for r, info in sorted(asked.items()):
             entry: dict[str, Any] = {"nccl_pipe": info["nccl_pipe"]}
-            while not os.path.lexists(info["dump"]) and time.monotonic() < deadline:
+            while not os.path.lexists(info["dump"]) and time.monotonic() < deadline and not self.stop.is_set():
                 time.sleep(0.05)
             try:
                 entry["dump"] = json.loads(record.read_regular(info["dump"], FR_DUMP_LIMIT))
@@ -249,18 +418,76 @@ class Detector:
         except OSError as e:  # ENXIO: nobody reads it (not an NCCL process group, or FR off)
             return f"cannot trigger through {pipe}: {e.strerror or e}"
 
-    def _bundle_path(self, job: str, now: float) -> str:
+    def _write(self, job: str, now: float, bundle: dict[str, Any], name: str | None = None) -> str | None:
+        """Write a bundle (size-capped) into our bundle directory and rotate the oldest out; the
+        bundle's path, or None after logging why not."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-        return os.path.join(self.bundle_dir, f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json")
-
-    def _write(self, path: str, bundle: dict[str, Any]) -> bool:
+        name = name or f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json"
+        data = _capped(bundle, self.cfg["max_bundle_bytes"])
         try:
-            os.makedirs(self.bundle_dir, exist_ok=True)
-            record.write_json(path, bundle)
-            return True
+            dir_fd = self._bundle_dir_fd()
         except OSError as e:
-            log.error("cannot write hang bundle %s: %s", path, e.strerror or e)
-            return False
+            log.error("cannot write hang bundle into %s: %s", self.bundle_dir, e.strerror or e)
+            return None
+        try:
+            tmp = f".tmp-{secrets.token_hex(6)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
+                         dir_fd=dir_fd)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=dir_fd)
+                raise
+            self._rotate(dir_fd, name)
+            return os.path.join(self.bundle_dir, name)
+        except OSError as e:
+            log.error("cannot write hang bundle %s: %s", name, e.strerror or e)
+            return None
+        finally:
+            os.close(dir_fd)
+
+    def _bundle_dir_fd(self) -> int:
+        """The bundle directory, made if missing, opened without following a link and refused unless
+        it is ours and nobody else may write in it: users can write the records directory above it."""
+        parent = os.path.dirname(os.path.abspath(self.bundle_dir))
+        os.makedirs(parent, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(self.bundle_dir, 0o750)
+        try:
+            fd = os.open(self.bundle_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise OSError(e.errno, "a link or not a directory; refused", self.bundle_dir) from None
+            raise
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            os.close(fd)
+            raise OSError(errno.EPERM, f"owned by uid {st.st_uid} or writable by others; refused", self.bundle_dir)
+        return fd
+
+    def _rotate(self, dir_fd: int, keep: str) -> None:
+        """Remove the oldest bundles while there are too many or they take too much room."""
+        bundles = []
+        for name in os.listdir(dir_fd):
+            if name.startswith("hang-") and name.endswith(".json"):
+                with contextlib.suppress(OSError):
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    bundles.append((st.st_mtime, name, st.st_size))
+        bundles.sort()
+        total = sum(b[2] for b in bundles)
+        count = len(bundles)
+        for _, name, size in bundles:
+            if total <= self.cfg["max_bundle_dir_bytes"] and count <= self.cfg["max_bundles"]:
+                break
+            if name == keep:
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=dir_fd)
+                total, count = total - size, count - 1
+                log.info("hang: removed old bundle %s (the bundle directory is full)", name)
 
     def _host_pid(self, key: tuple) -> int | None:
         """The pid of a record's process as we see it, matched by start time; None if gone.
@@ -270,10 +497,10 @@ class Detector:
             return pid if os.path.exists(self.host.proc(str(pid))) else None
         if key in self.host_pids:
             known = self.host_pids[key]
-            if known is not None and _start_ticks(self.host, known) != start:
+            if known is not None and self._start_ticks(known) != start:
                 known = self.host_pids[key] = None  # it exited
             return known
-        found = pid if _start_ticks(self.host, pid) == start else None
+        found = pid if self._start_ticks(pid) == start else None
         if found is None:  # another PID namespace: find it by NSpid and start time (and namespace)
             for candidate in self._nspid_map().get((pid, start), []):
                 if namespace is None or _pid_namespace(self.host, candidate) in (namespace, None):
@@ -295,10 +522,19 @@ class Detector:
             except OSError:
                 continue
             nspid = next((line.split()[-1] for line in status.splitlines() if line.startswith("NSpid:")), "")
-            start = _start_ticks(self.host, int(name))
+            start = self._start_ticks(int(name))
             if nspid.isdigit() and start is not None:
                 self.nspids.setdefault((int(nspid), start), []).append(int(name))
         return self.nspids
+
+    def _start_ticks(self, pid: int) -> int | None:
+        """Start time of a process; its state letter is kept too (a stopped rank is told apart)."""
+        try:
+            fields = read_text(self.host.proc(str(pid), "stat"), 4096).rsplit(")", 1)[1].split()
+            self.proc_state[pid] = fields[0]
+            return int(fields[19])
+        except (OSError, IndexError, ValueError):
+            return None
 
     # -- what the daemon shows ---------------------------------------------------------------
     def metrics(self) -> list[Metric]:
@@ -316,19 +552,39 @@ class Detector:
         bundles = Metric("nodehealth_hang_bundles_total", "Hang bundles written since the detector started.",
                          kind="counter")
         errors = Metric("nodehealth_hang_record_errors", "State records that could not be read in the last scan.")
+        skipped = Metric("nodehealth_hang_skipped_total",
+                         "Records or jobs left out: over a size/depth/world/group cap, past the per-scan limits, "
+                         "or naming a process their owner may not name.", kind="counter", labels=("reason",))
+        refused = Metric("nodehealth_hang_dumps_refused_total",
+                         "Stack dumps refused by a rate limit (node, job or process).", kind="counter",
+                         labels=("limit",))
+        straggler = Metric("nodehealth_hang_straggler",
+                           "1 for a rank the others keep waiting for in their collectives (a straggler).",
+                           labels=("job", "rank", "host"))
+        budget = self.cfg["max_metric_series"]
         with self.lock:
-            for job, state in self.jobs.items():
+            # hung jobs first, so the series that matter survive the cap
+            for job, state in sorted(self.jobs.items(), key=lambda j: (not j[1].hung, j[0])):
+                live = [(r, rank) for r, rank in sorted(state.ranks.items()) if rank.host_pid]
+                if budget < 1 + 2 * len(live):
+                    break
+                budget -= 1 + 2 * len(live)
                 detected.add((job,), 1 if state.hung else 0)
-                for r, rank in state.ranks.items():
-                    if rank.host_pid:
-                        progress.add((job, r), round(rank.pending_age, 3))
-                        heartbeat.add((job, r), round(rank.heartbeat_age, 3))
+                for r, rank in live:
+                    progress.add((job, r), round(rank.pending_age, 3))
+                    heartbeat.add((job, r), round(rank.heartbeat_age, 3))
+                for s in state.stragglers[:4]:
+                    straggler.add((job, s["rank"], s["host"] or ""), 1)
             for (job, stage), seconds in self.durations.items():
-                if job in self.jobs:
+                if job in self.jobs and any(s[0] == (job,) for s in detected.samples):
                     duration.add((job, stage), seconds)
             bundles.add((), self.bundles_written)
             errors.add((), len(self.record_errors))
-        return [detected, progress, heartbeat, duration, bundles, errors]
+            for reason in ("over_cap", "record_limit", "job_limit", "foreign_process"):
+                skipped.add((reason,), self.skipped.get(reason, 0))
+            for limit in ("node_rate", "job_rate", "process_rate"):
+                refused.add((limit,), self.refused.get(limit, 0))
+        return [detected, progress, heartbeat, duration, straggler, bundles, errors, skipped, refused]
 
     def findings(self) -> list[Finding]:
         """One finding per hung job, with the verdict in words and where the bundle is."""
@@ -336,6 +592,10 @@ class Detector:
         with self.lock:
             jobs = copy.copy(self.jobs)
         for job, state in sorted(jobs.items()):
+            for s in state.stragglers:
+                out.append(Finding("hang", Severity.WARNING, "TrainingStraggler",
+                                   f"Training job {job}: {s['summary']}; the whole job runs at its pace.",
+                                   device=f"job {job} rank {s['rank']}", action=Action.NONE, evidence=s))
             if not state.hung:
                 continue
             said = "; ".join(v["summary"] for v in state.verdicts if v.get("summary")) or "ranks stopped progressing"
@@ -393,10 +653,42 @@ def _pid_namespace(host: HostPaths, pid: int) -> str | None:
         return None
 
 
-def _start_ticks(host: HostPaths, pid: int) -> int | None:
-    try:
-        text = read_text(host.proc(str(pid), "stat"), 4096)
-        return int(text.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
 
+
+
+def _fair(items: Any, owner: Any) -> list[Any]:
+    """Items in turns by owner: each owner's first, then each owner's second, ...; in order otherwise."""
+    queues: dict[Any, list[Any]] = {}
+    for item in items:
+        queues.setdefault(owner(item), []).append(item)
+    out = []
+    for i in range(max((len(q) for q in queues.values()), default=0)):
+        out += [q[i] for q in queues.values() if i < len(q)]
+    return out
+
+
+def _capped(bundle: dict[str, Any], limit: int) -> bytes:
+    """The bundle as JSON within `limit` bytes: the bulkiest evidence goes first, and the bundle says so."""
+    data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
+    for key in ("native_stacks", "flight_recorder", "stacks", "records"):
+        if len(data) <= limit:
+            break
+        if bundle.get(key):
+            bundle = {**bundle, key: {}, "errors": bundle.get("errors", []) + [
+                f"{key} left out: the bundle was over its cap of {limit} bytes"]}
+            data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
+    if len(data) > limit:  # still too big: the verdict and the reasons only
+        small = {k: bundle[k] for k in ("version", "kind", "node", "job", "detected_at", "owner", "reasons",
+                                        "processes", "verdicts") if k in bundle}
+        small["errors"] = [f"the bundle was over its cap of {limit} bytes: only the verdict is kept"]
+        data = json.dumps(small, separators=(",", ":"), sort_keys=True).encode()
+    return data
+
+
+def _children(host: HostPaths, pid: int) -> list[int]:
+    """Child pids of every thread of a process (needs /proc/PID/task/TID/children)."""
+    out: list[int] = []
+    for tid in list_dir(host.proc(str(pid), "task")):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in read_text(host.proc(str(pid), "task", tid, "children"), 65536).split()]
+    return sorted(set(out))

@@ -77,7 +77,7 @@ def from_records(directory: str) -> list[dict[str, Any]]:
             errors.append(str(e))
             continue
         job = jobs.setdefault(rec["job"], {"kind": "nodehealth-hang-bundle", "job": rec["job"], "node": rec.get("host"),
-                                           "records": {}, "stacks": {}, "errors": []})
+                                           "records": {}, "stacks": {}, "errors": [], "live": True})
         job["records"][str(rec["rank"])] = rec
     for job in jobs.values():
         job["errors"] += errors
@@ -89,9 +89,12 @@ def combine(bundles: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     jobs: dict[str, dict[str, Any]] = {}
     for b in sorted(bundles, key=lambda b: b.get("detected_at") or 0):
         job = jobs.setdefault(str(b.get("job")), {"job": b.get("job"), "nodes": [], "records": {}, "stacks": {},
-                                                  "native_stacks": {}, "flight_recorder": {}, "errors": []})
+                                                  "native_stacks": {}, "flight_recorder": {}, "processes": {},
+                                                  "errors": [],
+                                                  "live": True})
+        job["live"] = job["live"] and bool(b.get("live"))
         job["nodes"].append(b.get("node"))
-        for key in ("records", "stacks", "native_stacks", "flight_recorder"):
+        for key in ("records", "stacks", "native_stacks", "flight_recorder", "processes"):
             job[key].update(b.get(key) or {})
         job["errors"] += b.get("errors") or []
         job["detected_at"] = b.get("detected_at")
@@ -100,24 +103,38 @@ def combine(bundles: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 # -- the verdict ---------------------------------------------------------------------------------
 def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
-    """The desync verdict for every process group with a pending op, worst news first."""
+    """The desync verdict for every process group with a pending op, worst news first; a rank whose
+    process is gone or stopped is said so plainly, first."""
     records = {int(r): rec for r, rec in (bundle.get("records") or {}).items()}
     fr = _flight_recorder_status(bundle.get("flight_recorder") or {})
+    processes = {int(r): p for r, p in (bundle.get("processes") or {}).items() if str(r).isdigit()}
+    stale = {r for r, p in processes.items() if p in ("gone", "stopped") and r in records and r not in fr}
     names = sorted({g for rec in records.values() for g in rec["groups"]} | {g for st in fr.values() for g in st})
-    out = []
+    out = [_process_verdict(r, processes[r], records[r]) for r in sorted(stale)]
     for name in names:
         if name.endswith("/p2p"):
             out += _p2p(name, records)
         else:
-            v = _group_verdict(name, records, fr)
+            v = _group_verdict(name, records, fr, stale)
             if v:
                 out.append(v)
-    order = {"never_joined": 0, "diverged": 1, "communication_hang": 2, "not_finished": 3, "incomplete": 4,
-             "p2p_pending": 5}
+    order = {"rank_gone": 0, "rank_stopped": 0, "never_joined": 1, "diverged": 2, "communication_hang": 3,
+             "not_finished": 4, "incomplete": 5, "p2p_pending": 6}
     return sorted(out, key=lambda v: (order.get(v["kind"], 9), v["group"]))
 
 
-def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, dict[str, Any]]) -> dict | None:
+def _process_verdict(r: int, process: str, rec: dict[str, Any]) -> dict[str, Any]:
+    if process == "stopped":
+        summary = f"rank {r} is stopped (SIGSTOP, or a debugger holds it): it cannot take part until resumed"
+    elif rec.get("exited"):
+        summary = f"rank {r}'s process is gone: it exited (exit code not known) while its peers wait"
+    else:
+        summary = f"rank {r}'s process is gone: killed or crashed without exiting normally (exit code not known)"
+    return {"kind": f"rank_{process}", "group": "", "culprits": [r], "summary": summary}
+
+
+def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, dict[str, Any]],
+                   stale: set[int] | frozenset[int] = frozenset()) -> dict | None:
     world = max((rec["world_size"] for rec in records.values()), default=0)
     members = next((rec["groups"][name].get("ranks") for rec in records.values()
                     if name in rec["groups"] and isinstance(rec["groups"][name].get("ranks"), list)), None)
@@ -136,6 +153,11 @@ def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, 
             ops[r] = {}
         else:
             missing.append(r)
+    fresh = [seqs[r][1] for r in seqs if r not in stale]
+    if fresh:  # a gone or stopped rank's last record is older than it: it took part in all the others finished
+        done_by_all = min(fresh)
+        for r in stale & set(seqs):
+            seqs[r] = (max(seqs[r][0], done_by_all), max(seqs[r][1], done_by_all))
     pending = [r for r, (enq, done) in seqs.items() if enq > done]
     if not pending:
         return None
@@ -211,6 +233,52 @@ def _flight_recorder_status(fr: dict[str, Any]) -> dict[int, dict[str, tuple[int
     return out
 
 
+def stragglers(records: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ranks the others keep waiting for. A rank that is slow every step arrives last at each
+    collective and waits least in it, while its peers wait for it: its median duration of an op is
+    far below the median of the others' medians. An even job has no such rank."""
+    out = []
+    groups = sorted({g for rec in records.values() for g in rec.get("groups", {}) if not g.endswith("/p2p")})
+    for name in groups:
+        by_op: dict[str, dict[int, float]] = {}
+        for r, rec in records.items():
+            for op, stats in ((rec["groups"].get(name) or {}).get("p99") or {}).items():
+                stats = stats if isinstance(stats, dict) else {}
+                p50, samples = stats.get("p50"), stats.get("samples")
+                if isinstance(p50, (int, float)) and isinstance(samples, int) and samples >= cfg["min_samples"]:
+                    by_op.setdefault(op, {})[int(r)] = float(p50)
+        for op, medians in sorted(by_op.items()):
+            if len(medians) < 2:
+                continue
+            for r, own in sorted(medians.items()):
+                others = sorted(v for q, v in medians.items() if q != r)
+                typical = others[len(others) // 2]
+                if typical >= cfg["straggler_ratio"] * own and typical - own >= cfg["straggler_min_wait_seconds"]:
+                    host = records[str(r)].get("host")
+                    out.append({"rank": r, "host": host, "group": name, "op": op, "own_p50": round(own, 4),
+                                "others_p50": round(typical, 4),
+                                "summary": f"rank {r}{f' on {host}' if host else ''} is a straggler: the others "
+                                           f"wait {typical:.3f} s (median) in {op} of group {name}, it waits "
+                                           f"{own:.3f} s: it arrives last"})
+    return out
+
+
+def live_hang(job: dict[str, Any], now: float) -> bool:
+    """Whether live records (written at different moments) show a hang by the detector's own
+    thresholds. Between two publishes a healthy rank may be one op ahead of another: only an op
+    pending past its limit, or a silent heartbeat, makes the sequence numbers worth comparing."""
+    from nodehealth.hang.detector import DEFAULTS, Rank, judge
+
+    hung = False
+    for r, rec in job.get("records", {}).items():
+        if rec.get("finished") or rec.get("exited"):
+            continue
+        rank = Rank(str(r), rec, rec.get("pid"))
+        judge(rank, now, DEFAULTS)
+        hung = hung or bool(rank.hung)
+    return hung
+
+
 def standing(job: dict[str, Any]) -> list[dict[str, Any]]:
     """Where every rank stands: step, regions, oldest pending op, process state, innermost frame."""
     out = []
@@ -251,21 +319,31 @@ class Node:
                 "children": [c.to_dict() for c in self.ordered()]}
 
 
-def stack_tree(stacks: dict[str, Any]) -> Node:
-    """Every rank's threads, outermost frame first, merged; the first level is the thread name."""
+def stack_tree(stacks: dict[str, Any], native: dict[str, Any] | None = None) -> Node:
+    """Every rank's threads, outermost frame first, merged; the first level is the thread name. A
+    rank's native dump (py-spy --native: C/C++ frames interleaved with the Python ones) is used
+    where it has threads; its child processes (DataLoader workers) follow under their own names."""
     root = Node("all")
     for r, dump in stacks.items():
         rank = int(r)
-        threads = (dump or {}).get("threads") or []
+        full = (native or {}).get(r) or {}
+        threads = full.get("threads") or (dump or {}).get("threads") or []
         if not threads:
             continue
         root.ranks.add(rank)
         for thread in threads:
-            node = _child(root, f"thread {thread.get('name') or thread.get('thread_id')}", rank)
-            for frame in reversed(thread.get("frames") or []):
-                node = _child(node, _label(frame), rank)
-            node.ends.add(rank)
+            _add(_child(root, f"thread {thread.get('name') or thread.get('thread_id')}", rank), thread, rank)
+        for child in ((dump or {}).get("children") or {}).values():
+            for thread in (child or {}).get("threads") or []:
+                _add(_child(root, f"child process, thread {thread.get('name') or thread.get('thread_id')}", rank),
+                     thread, rank)
     return root
+
+
+def _add(node: Node, thread: dict[str, Any], rank: int) -> None:
+    for frame in reversed(thread.get("frames") or []):
+        node = _child(node, _label(frame), rank)
+    node.ends.add(rank)
 
 
 def _child(node: Node, frame: str, rank: int) -> Node:
@@ -298,7 +376,7 @@ def fold(ranks: Any) -> str:
 def to_text(job: dict[str, Any], tree: Node, vs: list[dict[str, Any]]) -> str:
     nodes = ", ".join(sorted({str(n) for n in job.get("nodes", [])}))
     lines = [f"job {job.get('job')} (nodes: {nodes})", "", "verdict:"]
-    lines += [f"  {v['summary']}" for v in vs] or ["  no pending collective in any record"]
+    lines += [f"  {v['summary']}" for v in vs] or [f"  {job.get('note') or 'no pending collective in any record'}"]
     lines += ["", "ranks:"]
     for s in standing(job):
         where = ", ".join(s["pending"]) or "no pending op"
@@ -320,7 +398,8 @@ def _tree_lines(node: Node, depth: int) -> list[str]:
 
 
 def to_json(job: dict[str, Any], tree: Node, vs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"job": job.get("job"), "nodes": job.get("nodes"), "verdicts": vs, "ranks": standing(job),
+    return {"job": job.get("job"), "nodes": job.get("nodes"), "verdicts": vs, "note": job.get("note"),
+            "ranks": standing(job),
             "tree": tree.to_dict(), "errors": job.get("errors", [])}
 
 

@@ -20,8 +20,14 @@ VERSION = 1
 SUFFIX = ".rank.json"
 FR_REQUEST = ".fr-request"  # the detector creates it: "dump Flight Recorder now"
 FR_DUMP = ".fr.json"  # the rank writes its Flight Recorder dump here
-MAX_RECORD_BYTES = 1 << 20
-MAX_WORLD = 1 << 20
+# Caps checked before a record is parsed or merged: records are written by any user of the node.
+# A real record is a few KiB (8 pending and 8 recent ops per group); 3D parallelism makes tens of
+# groups; the largest jobs run tens of thousands of ranks.
+MAX_RECORD_BYTES = 256 << 10
+MAX_DEPTH = 12  # a record nests 6 deep (record, groups, group, pending, op, sizes, size)
+MAX_WORLD = 1 << 16
+MAX_GROUPS = 64
+MAX_OPS = 64  # pending and recent ops per group
 
 
 class RecordError(Exception):
@@ -89,17 +95,49 @@ def list_records(directory: str) -> list[str]:
 
 def read_record(path: str) -> dict[str, Any]:
     """A validated record, or RecordError saying what is wrong with which file."""
+    return read_owned(path)[0]
+
+
+def read_owned(path: str) -> tuple[dict[str, Any], int]:
+    """A validated record and the uid owning its file (the user it speaks for), or RecordError.
+    Size and nesting are checked on the bytes, before json parses them."""
     try:
-        data = read_regular(path, MAX_RECORD_BYTES + 1)
+        fd = open_plain(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as e:
         raise RecordError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        owner = os.fstat(fd).st_uid
+        data = os.read(fd, MAX_RECORD_BYTES + 1)
+    except OSError as e:
+        raise RecordError(f"{path}: cannot read: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
     if len(data) > MAX_RECORD_BYTES:
-        raise RecordError(f"{path}: larger than {MAX_RECORD_BYTES} bytes; not a state record")
+        raise RecordError(f"{path}: over the cap: larger than {MAX_RECORD_BYTES} bytes; not a state record")
+    if nesting(data) > MAX_DEPTH:
+        raise RecordError(f"{path}: over the cap: nested deeper than {MAX_DEPTH}; not a state record")
     try:
         obj = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise RecordError(f"{path}: corrupt state record (not JSON: {e})") from None
-    return validate(obj, path)
+    return validate(obj, path), owner
+
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKETS = re.compile(rb"[^\[\]{}]+")
+
+
+def nesting(data: bytes) -> int:
+    """How deep the JSON in `data` nests, counted without parsing (json recurses per level): the
+    strings are cut out, then the brackets counted, stopping as soon as the cap is passed."""
+    depth = deepest = 0
+    for c in _NOT_BRACKETS.sub(b"", _STRINGS.sub(b"", data)):
+        depth += 1 if c in b"[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > MAX_DEPTH:
+                break
+    return deepest
 
 
 def validate(obj: Any, where: str) -> dict[str, Any]:
@@ -111,11 +149,21 @@ def validate(obj: Any, where: str) -> dict[str, Any]:
                       ("heartbeat", (int, float)), ("groups", dict)):
         if not isinstance(obj.get(key), kind) or isinstance(obj.get(key), bool):
             raise RecordError(f"{where}: corrupt state record ({key} missing or of the wrong type)")
-    if not 0 < obj["world_size"] <= MAX_WORLD or not 0 <= obj["rank"] < obj["world_size"]:
+    if obj["world_size"] > MAX_WORLD:
+        raise RecordError(f"{where}: over the cap: world size {obj['world_size']} > {MAX_WORLD}")
+    if not 0 < obj["world_size"] or not 0 <= obj["rank"] < obj["world_size"]:
         raise RecordError(f"{where}: corrupt state record (rank {obj['rank']} of world size {obj['world_size']})")
+    if len(obj["groups"]) > MAX_GROUPS:
+        raise RecordError(f"{where}: over the cap: {len(obj['groups'])} process groups > {MAX_GROUPS}")
     for name, group in obj["groups"].items():
         if not isinstance(group, dict):
             raise RecordError(f"{where}: corrupt state record (group {name} is not an object)")
+        ranks = group.get("ranks")
+        if ranks is not None and (not isinstance(ranks, list) or len(ranks) > obj["world_size"]
+                                  or not all(isinstance(r, int) and 0 <= r < obj["world_size"] for r in ranks)):
+            raise RecordError(f"{where}: corrupt state record (group {name} ranks are not ranks of the job)")
+        if len(group.get("pending") or []) + len(group.get("recent") or []) > 2 * MAX_OPS:
+            raise RecordError(f"{where}: over the cap: group {name} lists more than {2 * MAX_OPS} ops")
         for key in ("enqueued", "completed"):
             if not isinstance(group.get(key), int):
                 raise RecordError(f"{where}: corrupt state record (group {name} has no {key} sequence)")

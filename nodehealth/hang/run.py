@@ -11,15 +11,13 @@ import os
 import runpy
 import sys
 
-from nodehealth.hang.timer import ENV_DIR, enable
-
-DEFAULT_DIR = "/run/nodehealth/hang"
+from nodehealth.hang.timer import enable
 
 
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m nodehealth.hang.run SCRIPT [ARGS...]  (or -m MODULE [ARGS...])")
-    enable(os.environ.get(ENV_DIR) or DEFAULT_DIR)
+    enable()
     if sys.argv[1] == "-m" and len(sys.argv) > 2:
         sys.argv = sys.argv[2:]
         runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)

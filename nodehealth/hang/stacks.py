@@ -20,6 +20,8 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from nodehealth.host import HostPaths, list_dir, read_text
 
 log = logging.getLogger(__name__)
 OUTPUT_LIMIT = 16 << 20
+STOP_POLL_SECONDS = 0.1  # how soon a shutdown reaches a running py-spy
 RECHECKS, RECHECK_SECONDS = 5, 0.1  # after a killed py-spy: watch the target ~0.5 s for a late stop
 
 
@@ -87,9 +90,19 @@ class StackCollector:
         self.native_timeout = native_timeout
         self.parallel = max(1, parallel)
         self.host = host or HostPaths()
+        self.stop = threading.Event()  # set at shutdown: a dump in flight is killed, its target resumed
 
     def binary(self) -> str | None:
-        return shutil.which(self.py_spy)
+        """py-spy on PATH, else beside this interpreter or this command: `nodehealth` run by its full
+        path from a virtual environment that is not activated finds the py-spy installed with it."""
+        found = shutil.which(self.py_spy)
+        if found or os.sep in self.py_spy:
+            return found
+        for where in (os.path.dirname(sys.executable), os.path.dirname(os.path.abspath(sys.argv[0] or "."))):
+            found = shutil.which(self.py_spy, path=where)
+            if found:
+                return found
+        return None
 
     def collect(self, pids: list[int], native: bool = False) -> dict[int, dict[str, Any]]:
         if not pids:
@@ -143,9 +156,13 @@ class StackCollector:
                 out["namespace"] = f"entered the target's PID and mount namespaces (pid {before.nspid} there)"
         elif before.other_namespace:
             out["namespace"] = f"other PID namespace (pid {before.nspid} there); dumped by host pid"
-        rc, stdout, stderr, timed_out = _run(cmd, self.native_timeout if native else self.timeout)
+        if self.stop.is_set():
+            return {**out, "error": "not collected: the detector is shutting down"}
+        rc, stdout, stderr, timed_out = _run(cmd, self.native_timeout if native else self.timeout, self.stop)
         if before.state not in ("T", "t"):  # stopped before we came: leave it as its owner wants it
             self._never_leave_stopped(pid, out, timed_out)
+        if timed_out and self.stop.is_set():
+            return {**out, "error": "py-spy was killed: the detector is shutting down"}
         if timed_out:
             limit = self.native_timeout if native else self.timeout
             return {**out, "error": f"py-spy did not answer within {limit:g} s and was killed"}
@@ -184,19 +201,25 @@ class StackCollector:
             out["resumed"] = f"{why.split(';')[0]}; SIGCONT failed: {e.strerror}"
 
 
-def _run(cmd: list[str], timeout: float) -> tuple[int, str, str, bool]:
+def _run(cmd: list[str], timeout: float, stop: threading.Event) -> tuple[int, str, str, bool]:
+    """Run py-spy; killed (True) at its timeout or as soon as `stop` is set."""
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     except OSError as e:
         return 127, "", f"cannot run {cmd[0]}: {e.strerror or e}", False
-    try:
-        stdout, stderr = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:  # kill the group: nsenter runs py-spy as its child
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return -9, "", "", True
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stdout, stderr = proc.communicate(timeout=min(STOP_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            break
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < deadline and not stop.is_set():
+                continue
+            with contextlib.suppress(OSError):  # kill the group: nsenter runs py-spy as its child
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            return -9, "", "", True
     return (proc.returncode, stdout[:OUTPUT_LIMIT].decode("utf-8", "replace"),
             stderr[-4096:].decode("utf-8", "replace"), False)
 

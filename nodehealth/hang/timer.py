@@ -16,6 +16,7 @@ import atexit
 import collections
 import contextlib
 import ctypes
+import itertools
 import logging
 import os
 import socket
@@ -31,8 +32,10 @@ from nodehealth.host import write_atomic
 ENV_DIR = "NODEHEALTH_HANG_DIR"
 ENV_INTERVAL = "NODEHEALTH_HANG_INTERVAL"
 ENV_JOB = "NODEHEALTH_HANG_JOB"
+DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
+POLL_BATCH = 64  # async handles queried per poll
 DURATIONS_KEPT = 256
 RECENT_KEPT = 8
 PENDING_PUBLISHED = 8
@@ -48,16 +51,15 @@ _enable_lock = threading.Lock()
 def enable(directory: str | None = None, interval: float | None = None) -> Timer:
     """Start timing collectives and publishing this rank's record under `directory`.
 
-    The directory defaults to $NODEHEALTH_HANG_DIR. Call it before or after
-    init_process_group; the record is written once the default group exists. Idempotent.
+    The directory defaults to $NODEHEALTH_HANG_DIR, else /run/nodehealth/hang (the daemon's). Call
+    it before or after init_process_group; the record is written once the default group exists.
+    Idempotent.
     """
     global _timer
     with _enable_lock:
         if _timer is not None:
             return _timer
-        directory = directory or os.environ.get(ENV_DIR)
-        if not directory:
-            raise ValueError(f"hang timer: no directory given and ${ENV_DIR} is not set")
+        directory = directory or os.environ.get(ENV_DIR) or DEFAULT_DIR
         if interval is None:
             interval = float(os.environ.get(ENV_INTERVAL) or DEFAULT_INTERVAL)
         timer = Timer(directory, interval)
@@ -103,16 +105,17 @@ class _Stream:
         return {"ranks": self.ranks, "enqueued": self.enqueued, "completed": completed,
                 "pending": [_public(op) for op in pending[:PENDING_PUBLISHED]], "pending_count": len(pending),
                 "recent": [_public(op) for op in self.recent],
-                "p99": {op: {"seconds": _p99(d), "samples": len(d)} for op, d in self.durations.items() if d}}
+                "p99": {op: {"seconds": _quantile(d, 0.99), "p50": _quantile(d, 0.5), "samples": len(d)}
+                        for op, d in self.durations.items() if d}}
 
 
 def _public(op: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in op.items() if k[0] != "_"}
 
 
-def _p99(values: collections.deque) -> float:
+def _quantile(values: collections.deque, q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Timer:
@@ -123,7 +126,9 @@ class Timer:
         self.streams: dict[str, _Stream] = {}
         # by the group itself, held weakly: an id() could be reused by a later group
         self.groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self.works: list[tuple[Any, dict[str, Any], _Stream]] = []  # async handles the watchdog polls
+        # async handles the watchdog polls, by id (the dict holds the handle, so the id stays its own):
+        # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
+        self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
         self.events: list[tuple[Any, dict[str, Any], _Stream]] = []  # CUDA events, oldest first
         self.regions: list[tuple[str, float]] = []
         self.step = 0
@@ -138,6 +143,8 @@ class Timer:
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.start_time = _process_start_ticks()
+        self.identity: dict[str, Any] | None = None  # job, rank, world size: kept for after destroy
+        self.finished = False  # the default process group was destroyed: a clean finish, not a hang
 
     # -- wiring ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -150,18 +157,69 @@ class Timer:
             if fn is not None:
                 self.originals[name] = fn
                 setattr(dist, name, _wrap(self, name, fn, name in P2P))
+        self._time_ddp()
+        destroy = dist.destroy_process_group
+        self.originals["destroy_process_group"] = destroy
+
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = destroy(*args, **kwargs)
+            self.group_destroyed(args[0] if args else kwargs.get("group"))
+            return result
+        destroy_process_group.__wrapped__ = destroy  # type: ignore[attr-defined]
+        dist.destroy_process_group = destroy_process_group
         os.makedirs(self.directory, exist_ok=True)
         atexit.register(self.close)
         self.thread.start()
+
+    def _time_ddp(self) -> None:
+        """DistributedDataParallel issues its gradient all-reduce from C++, past our wrappers. Before
+        a DDP model's first forward, unless the user registered a communication hook of their own,
+        register PyTorch's reference all-reduce hook (same result as the built-in path): it calls
+        torch.distributed.all_reduce, which we time like any other call."""
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+        except ImportError:
+            return
+        forward = DDP.forward
+        self.originals["DDP.forward"] = (DDP, forward)
+        timer = self
+
+        def timed_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if not getattr(ddp, "_nodehealth_timed", False):
+                ddp._nodehealth_timed = True
+                timer.hook_ddp(ddp)
+            return forward(ddp, *args, **kwargs)
+        timed_forward.__wrapped__ = forward  # type: ignore[attr-defined]
+        DDP.forward = timed_forward
+
+    def hook_ddp(self, ddp: Any) -> None:
+        if getattr(ddp, "_comm_hooks", None) or getattr(ddp, "reducer", None) is None:
+            return  # the user's hook (it calls torch.distributed, timed) or nothing to reduce
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        try:
+            ddp.register_comm_hook(ddp.process_group, allreduce_hook)
+        except Exception as e:  # a built-in hook already registered: say so, train on
+            ddp._comm_hooks[:] = [h for h in ddp._comm_hooks if h[0] is not allreduce_hook]
+            self._watchdog_error(f"DDP all-reduce not timed: {type(e).__name__}: {e}"[:300])
 
     def uninstall(self) -> None:
         """Put the original functions back (tests, benchmarks)."""
         global _timer
         for name, fn in self.originals.items():
+            if name == "DDP.forward":
+                fn[0].forward = fn[1]
+                continue
             setattr(self.dist, name, fn)
         self.close()
         if _timer is self:
             _timer = None
+
+    def group_destroyed(self, group: Any) -> None:
+        """destroy_process_group() of the default group is the job's clean finish: say so at once."""
+        if group is None or not self.dist.is_initialized():
+            self.finished = True
+            self.publish()
 
     def close(self) -> None:
         self.stop.set()
@@ -175,7 +233,7 @@ class Timer:
         key, ranks = group
         tensors = _tensors(args, kwargs)
         op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
-                              "sizes": [list(t.shape) for t in tensors[:4]],
+                              "sizes": [tuple(t.shape) for t in tensors[:4]],
                               "dtype": str(tensors[0].dtype)[6:] if tensors else None}
         if p2p:
             key += "/p2p"
@@ -196,11 +254,11 @@ class Timer:
         """The call returned: done on CPU; an async handle or a GPU op completes later."""
         if result is not None and hasattr(result, "is_completed"):
             with self.lock:
-                self.works.append((result, op, stream))
+                self.works[id(result)] = (result, op, stream)
             return _TimedWork(result, op, stream, self)
         if isinstance(result, list) and result and hasattr(result[0], "is_completed"):
             with self.lock:  # batch_isend_irecv: the batch completes when its last handle does
-                self.works.append((result[-1], op, stream))
+                self.works[id(result[-1])] = (result[-1], op, stream)
             return result
         if op.pop("_cuda", False):
             import torch
@@ -266,7 +324,10 @@ class Timer:
     # -- watchdog thread ---------------------------------------------------------------------
     def _watchdog(self) -> None:
         next_publish = 0.0
-        while not self.stop.wait(POLL_SECONDS):
+        # wake every POLL_SECONDS only while async handles or CUDA events wait to be polled: a thread
+        # waking 20 times a second for nothing takes the GIL and a core from the training loop
+        while not self.stop.wait(POLL_SECONDS if self.works or self.events
+                                 else min(self.interval, max(POLL_SECONDS, next_publish - time.monotonic()))):
             try:
                 self.poll_completions()
             except Exception as e:  # a broken query must not stop the heartbeat: that would look like a hang
@@ -289,7 +350,8 @@ class Timer:
 
     def poll_completions(self) -> None:
         with self.lock:
-            works, events = list(self.works), list(self.events)
+            # the oldest few: the detector judges a group by its oldest pending op, and wait() completes the rest
+            works, events = list(itertools.islice(self.works.values(), POLL_BATCH)), list(self.events)
         for work, op, stream in works:
             try:
                 done = work.is_completed()
@@ -313,24 +375,31 @@ class Timer:
 
     def _forget_work(self, work: Any) -> None:
         with self.lock:
-            self.works = [w for w in self.works if w[0] is not work]
+            self.works.pop(id(work), None)
 
     def snapshot(self, exited: bool = False) -> dict[str, Any] | None:
         dist = self.dist
-        if dist is None or not dist.is_initialized():
+        if dist is None:
             return None
+        if dist.is_initialized():
+            if self.identity is None or self.finished:  # a new default group (re-initialized)
+                self.identity = {"job": _job_id(), "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+                self.finished = False
+        elif self.identity is None:
+            return None
+        else:
+            self.finished = True  # destroyed, whoever did it: what follows is not training
         now = time.time()
         with self.lock:
             groups = {key: stream.snapshot() for key, stream in self.streams.items()}
             regions = [{"name": n, "seconds": now - t} for n, t in self.regions]
             step = self.step
-        return {"version": record.VERSION, "job": _job_id(), "rank": dist.get_rank(),
-                "world_size": dist.get_world_size(), "local_rank": _int_env("LOCAL_RANK"),
+        return {"version": record.VERSION, **self.identity, "local_rank": _int_env("LOCAL_RANK"),
                 "host": self.host, "pid": self.pid, "start_time": self.start_time,
                 "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
-                "step": step, "regions": regions, "groups": groups, "exited": exited,
+                "step": step, "regions": regions, "groups": groups, "exited": exited, "finished": self.finished,
                 "gpu_poll": self.cuda.method, "last_error": self.last_error,
-                "flight_recorder": self.flight_recorder_info(dist.get_rank())}
+                "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
     def publish(self, exited: bool = False) -> None:
         snap = self.snapshot(exited)
@@ -385,6 +454,8 @@ def record_error_json(message: str) -> bytes:
 
 class _TimedWork:
     """A Work handle whose wait() also marks our op complete; everything else is the real one."""
+
+    __slots__ = ("_work", "_op", "_stream", "_timer")
 
     def __init__(self, work: Any, op: dict[str, Any], stream: _Stream, timer: Timer):
         self._work, self._op, self._stream, self._timer = work, op, stream, timer
@@ -452,10 +523,19 @@ def _peer(name: str, args: tuple, kwargs: dict) -> int | None:
 
 
 def _job_id() -> str:
+    """The same for every rank of a job, different for two jobs on one node at one time: the id the
+    user or scheduler gave, else torchrun's run id (not its default "none"), else the rendezvous
+    endpoint (a port two live jobs cannot share), with the launcher's pid and start time when all
+    ranks are on this node (so a later job on the same port is another job) or the elastic restart."""
     for key in (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        if os.environ.get(key):
-            return os.environ[key]
-    return f"{os.environ.get('MASTER_ADDR', 'local')}:{os.environ.get('MASTER_PORT', '0')}"
+        value = os.environ.get(key)
+        if value and value != "none":
+            return value
+    endpoint = f"{os.environ.get('MASTER_ADDR', 'local')}:{os.environ.get('MASTER_PORT', '0')}"
+    world, local = _int_env("WORLD_SIZE"), _int_env("LOCAL_WORLD_SIZE")
+    if world is not None and world == local:
+        return f"{endpoint}-{os.getppid()}-{_process_start_ticks(os.getppid())}"
+    return f"{endpoint}-{_int_env('TORCHELASTIC_RESTART_COUNT') or 0}"
 
 
 def _int_env(key: str) -> int | None:
@@ -465,11 +545,11 @@ def _int_env(key: str) -> int | None:
         return None
 
 
-def _process_start_ticks() -> int | None:
+def _process_start_ticks(pid: int | None = None) -> int | None:
     """Start time in clock ticks since boot: the same in every PID namespace, so the daemon can
     find this process from the host even when our pid differs there."""
     try:
-        with open("/proc/self/stat", encoding="ascii", errors="replace") as f:
+        with open(f"/proc/{pid or 'self'}/stat", encoding="ascii", errors="replace") as f:
             return int(f.read().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         return None
