@@ -1,0 +1,121 @@
+"""Boot Debian's stock kernel in QEMU (TCG) once, and run a batch of scenarios inside it.
+
+The guest's root is the host's root over 9p, read-only, under a RAM-backed overlay, so the guest
+runs this checkout, its venv and the host's packages (rdma-core, perftest, python3-pyverbs) with
+no image to build. The initramfs is busybox plus the few modules that mount that root; it is
+built here, in Python (cpio newc), for the kernel under /boot. The batch is one shell script run
+as root in the guest; what it writes under $OUT (a second, writable 9p share) comes back.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import stat
+import subprocess
+import time
+
+ROOT_MODULES = ("virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
+                "netfs", "fscache", "9pnet", "9pnet_virtio", "9p", "overlay")
+
+INIT = """#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /host /rw /newroot
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t sysfs sys /sys
+/bin/busybox mount -t devtmpfs dev /dev
+for m in {modules}; do /bin/busybox insmod /modules/$m.ko || echo "nh-vm: insmod $m failed"; done
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 hostroot /host
+/bin/busybox mount -t tmpfs -o size=1536m rw /rw
+/bin/busybox mkdir -p /rw/upper /rw/work
+/bin/busybox mount -t overlay -o lowerdir=/host,upperdir=/rw/upper,workdir=/rw/work overlay /newroot
+/bin/busybox mkdir -p /newroot/nh-out
+/bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 out /newroot/nh-out
+for d in proc sys dev; do /bin/busybox mount --move /$d /newroot/$d; done
+/bin/busybox mount -t tmpfs tmp /newroot/tmp
+/bin/busybox mount -t tmpfs run /newroot/run
+echo "nh-vm: root ready"
+/bin/busybox chroot /newroot /bin/sh -c 'cd {cwd} && OUT=/nh-out /bin/sh {script} > /nh-out/console.log 2>&1; echo $? > /nh-out/rc'
+echo "nh-vm: batch done"
+/bin/busybox sync
+/bin/busybox poweroff -f
+"""
+
+
+class Unavailable(Exception):
+    """QEMU, the kernel or busybox is not there, or the guest cannot boot."""
+
+
+def kernel() -> tuple[str, str]:
+    """The newest stock kernel under /boot and its release."""
+    images = sorted(glob.glob("/boot/vmlinuz-*"))
+    if not images:
+        raise Unavailable("no kernel under /boot (.ci/run installs linux-image-amd64)")
+    image = images[-1]
+    release = os.path.basename(image)[len("vmlinuz-"):]
+    if not os.path.isdir(f"/lib/modules/{release}"):
+        raise Unavailable(f"no /lib/modules/{release} for {image}")
+    return image, release
+
+
+def _cpio(entries: list[tuple[str, int, bytes]]) -> bytes:
+    """A cpio 'newc' archive of (name, mode, data) entries."""
+    out = bytearray()
+    for ino, (name, mode, data) in enumerate(entries + [("TRAILER!!!", 0, b"")], start=1):
+        raw = name.encode() + b"\0"
+        head = "070701" + "".join(f"{v:08x}" for v in (ino, mode, 0, 0, 1, 0, len(data), 0, 0, 0, 0, len(raw), 0))
+        out += head.encode() + raw
+        out += b"\0" * (-len(out) % 4)
+        out += data
+        out += b"\0" * (-len(out) % 4)
+    return bytes(out)
+
+
+def build_initramfs(path: str, release: str, script: str, cwd: str) -> None:
+    busybox = shutil.which("busybox")
+    if not busybox:
+        raise Unavailable("busybox is not installed (.ci/run installs busybox-static)")
+    with open(busybox, "rb") as f:
+        bb = f.read()
+    dirs = ["bin", "modules", "proc", "sys", "dev"]
+    entries = [(d, stat.S_IFDIR | 0o755, b"") for d in dirs]
+    entries.append(("bin/busybox", stat.S_IFREG | 0o755, bb))
+    mods = []
+    for m in ROOT_MODULES:
+        found = glob.glob(f"/lib/modules/{release}/kernel/**/{m}.ko", recursive=True)
+        if found:  # absent: built into this kernel
+            with open(found[0], "rb") as f:
+                entries.append((f"modules/{m}.ko", stat.S_IFREG | 0o644, f.read()))
+            mods.append(m)
+    init = INIT.format(modules=" ".join(mods), script=script, cwd=cwd)
+    entries.append(("init", stat.S_IFREG | 0o755, init.encode()))
+    with open(path, "wb") as f:
+        f.write(_cpio(entries))
+
+
+def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
+              memory_mb: int = 3072) -> tuple[int, str, float]:
+    """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds)."""
+    qemu = shutil.which("qemu-system-x86_64")
+    if not qemu:
+        raise Unavailable("qemu-system-x86_64 is not installed (.ci/run installs qemu-system-x86)")
+    image, release = kernel()
+    initrd = os.path.join(work_dir, "initramfs.cpio")
+    shutil.copy(script, os.path.join(out_dir, "batch.sh"))  # the guest's /tmp is its own
+    build_initramfs(initrd, release, "/nh-out/batch.sh", cwd)
+    cmd = [qemu, "-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", str(memory_mb), "-nographic",
+           "-no-reboot", "-kernel", image, "-initrd", initrd,
+           "-append", "console=ttyS0 panic=-1 quiet loglevel=4",
+           "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on",
+           "-virtfs", f"local,path={out_dir},mount_tag=out,security_model=none",
+           "-net", "none"]
+    start = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise Unavailable(f"the guest did not finish in {timeout:g} s: {(e.stdout or b'')[-2000:]!r}") from None
+    elapsed = time.monotonic() - start
+    rc_file = os.path.join(out_dir, "rc")
+    if not os.path.exists(rc_file):
+        raise Unavailable(f"the guest never ran the batch (qemu exit {p.returncode}): {(p.stdout + p.stderr)[-3000:]}")
+    with open(rc_file) as f:
+        return int(f.read().strip() or 99), p.stdout, elapsed
