@@ -4,7 +4,8 @@
     node ns ...                                              +-- spine: the fabric namespace routes
     node ns (eth0 10.77.M.N/24) --veth-- leaf bridge br<M> --+   between the leaf subnets
 
-Every node also has a management interface (mgmt0, 10.78.0.N/24) on a bridge in the test's own
+Every node also has a management interface (mgmt0, 10.78.M.N/24, M from the process id, so that
+topologies of concurrent test runs never share a route) on a bridge in the test's own
 namespace: the test reads each daemon's HTTP port through it, so faults on the data network
 never hide what the agents report, as in a cluster with a separate management network.
 
@@ -47,6 +48,7 @@ class Node:
 class Topology:
     def __init__(self, leaves: int, per_leaf: int):
         self.tag = f"nh{os.getpid() % 100000}"
+        self.mgmt_net = f"10.78.{os.getpid() % 250}"  # this run's management subnet in the test's namespace
         self.fabric = f"{self.tag}fab"
         self.mgmt_bridge = f"{self.tag}mg"
         self.leaves = leaves
@@ -58,7 +60,7 @@ class Topology:
                 index = leaf * per_leaf + i
                 name = f"n{leaf}{i:02d}"
                 self.nodes.append(Node(name, leaf, f"{self.tag}{name}", f"10.77.{leaf}.{i + 1}",
-                                       f"10.78.0.{index + 1}", f"v{self.tag}{name}"[:15]))
+                                       f"{self.mgmt_net}.{index + 1}", f"v{self.tag}{name}"[:15]))
 
     def leaf_name(self, leaf: int) -> str:
         return f"leaf{leaf}"
@@ -90,7 +92,7 @@ class Topology:
             sh("ip", "link", "set", br, "up", ns=f)
         sh("ip", "link", "add", self.mgmt_bridge, "type", "bridge")
         self.links.append(self.mgmt_bridge)
-        sh("ip", "addr", "add", "10.78.0.254/24", "dev", self.mgmt_bridge)
+        sh("ip", "addr", "add", f"{self.mgmt_net}.254/24", "dev", self.mgmt_bridge)
         sh("ip", "link", "set", self.mgmt_bridge, "up")
         for n in self.nodes:
             self._netns(n.ns)
