@@ -350,6 +350,10 @@ class Daemon:
                 log.info("NVML events unavailable (%s); trying again in 5 s", e)
                 self.stop.wait(5.0)
                 continue
+            except Exception:  # a binding's own error (a TypeError) must not end Xid events for good
+                log.exception("NVML event wait failed; trying again in 5 s")
+                self.stop.wait(5.0)
+                continue
             events = [self._gpu_event(e) for e in raw if e.get("kind") == "xid" and isinstance(e.get("data"), int)]
             if events:
                 self.on_kernel(Batch(0, 0, None, events))
