@@ -340,3 +340,12 @@ def test_old_mlx5_fatal_error_line_and_pci_slot_gone():
     [f] = nic_health.judge(Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0),
                            dict(nic_health.DEFAULTS))
     assert (f.reason, f.severity, f.action) == ("NicFirmwareFatal", Severity.FATAL, Action.REBOOT)
+
+
+def test_a_panic_after_a_soft_lockup_is_a_crash_the_lockup_is_not():
+    """sonic-17358: the soft lockup stays the kernel check's; the panic it caused is a crash."""
+    log = kmsg._collect_files([os.path.join(HERE, "fixtures", "kmsg", "issues",
+                                            "sonic-17358.soft-lockup-panic.indented-elided.txt")])
+    crash = [e for e in log.events if e.kind == KERNEL_CRASH]
+    assert [e.detail["headers"][0] for e in crash] == ["Kernel panic - not syncing: softlockup: hung tasks"]
+    assert crash[0].detail["panic"] is True
