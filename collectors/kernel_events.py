@@ -155,7 +155,9 @@ _MEMORY_FAILURE = re.compile(r"(?:Memory failure:|MCE) (?P<pfn>0x[0-9a-fA-F]{1,1
                              r"(?P<what>[^:]{1,80}): (?P<result>Recovered|Ignored|Failed|Delayed)")
 _THROTTLE = re.compile(r"(?P<cpu>CPU\d{1,5}): (?P<scope>Core|Package) temperature (?:is )?above threshold, "
                        r"cpu clock (?:is )?throttled \(total events = (?P<total>\d{1,12})\)")
-_CRASH = re.compile(r"(?P<head>BUG: (?!soft lockup)[^\n]{1,160}|kernel BUG at [^\n]{1,160}|"
+# A soft lockup and a workqueue lockup also print "BUG:": the kernel check reports lockups, and a
+# panic they cause ("Kernel panic - not syncing: softlockup: hung tasks") is a crash.
+_CRASH = re.compile(r"(?P<head>BUG: (?!soft lockup|workqueue lockup)[^\n]{1,160}|kernel BUG at [^\n]{1,160}|"
                     r"(?:Oops: )?(?:general protection fault|divide error|invalid opcode)[^\n]{0,120}\[#\d{1,4}\]|"
                     r"Oops: [0-9a-fA-F]{1,8} \[#\d{1,4}\][^\n]{0,80}|Kernel panic - not syncing: [^\n]{1,160})")
 _RIP = re.compile(r"RIP: [0-9a-fA-F]{4}:(?:\[<[0-9a-fA-F]+>\]\s+\[<[0-9a-fA-F]+>\] )?(?P<fn>[\w.]{1,80})\+"
@@ -409,7 +411,7 @@ class EventParser:
             if rip:
                 return self._crash_event(rip.group("fn"), rip.group("module"))
             first, headers, left = self._crash
-            crash = (_CRASH.search(message) if "lockup" not in message and "achine check" not in message
+            crash = (_CRASH.search(message) if "achine check" not in message
                      and "hardware error" not in message else None)
             if crash and len(headers) < 4:
                 headers.append(crash.group("head").strip())  # the same crash's next header (Oops after BUG)
@@ -523,8 +525,7 @@ class EventParser:
                 return _event(NVME_ERROR, m.group("ctrl"), record, None, message[m.start():].strip(), {"step": step})
         if message.startswith("mlx5_core"):
             return self._mlx5(record, message)
-        if ("BUG" in message or "Oops" in message or "[#" in message or "panic" in message) \
-                and "lockup" not in message:
+        if "BUG" in message or "Oops" in message or "[#" in message or "panic" in message:
             m = _CRASH.search(message)
             if m and not (record.seq is not None and self._crash_seq is not None
                           and 0 < record.seq - self._crash_seq <= _CRASH_TRAIL_RECORDS):

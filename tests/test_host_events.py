@@ -306,3 +306,46 @@ def test_a_limit_that_would_fire_on_nothing_is_a_config_error(setting, tmp_path)
         config.load(str(path))
     path.write_text("checks:\n  memory_errors: {corrected_limit: 25}\n")
     assert config.load(str(path))["checks"]["memory_errors"]["corrected_limit"] == 25
+
+
+@pytest.mark.parametrize("message,reason,severity", [
+    # formats from the kernel (drivers/edac/mce_amd.c, arch/x86/kernel/cpu/mce/core.c, drivers/acpi/apei/ghes.c)
+    # as docs/domain/host-hardware.md sections 2 and 3 give them; no capture of these was found
+    ("mce: [Hardware Error]: Corrected error, no action required.", "MachineCheckCorrected", Severity.WARNING),
+    ("[Hardware Error]: Deferred error, no action required.", "MachineCheckCorrected", Severity.WARNING),
+    ("mce: [Hardware Error]: Uncorrected, software containable error.", "MachineCheckUncorrected", Severity.FATAL),
+    ("[Hardware Error]: System Fatal error.", "MachineCheckFatal", Severity.FATAL),
+    ("Kernel panic - not syncing: Fatal machine check", "MachineCheckFatal", Severity.FATAL),
+    ("mce: [Hardware Error]: Machine check: Processor context corrupt", "MachineCheckFatal", Severity.FATAL),
+    ("mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: 9c00000000010090", "MachineCheckCorrected",
+     Severity.WARNING),  # UC clear
+    ("mce: [Hardware Error]: CPU 3: Machine Check Exception: 5 Bank 5: b200000000070005", "MachineCheckFatal",
+     Severity.FATAL),  # UC and PCC
+    ("mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: bd80000000100134", "MachineCheckUncorrected",
+     Severity.FATAL),  # UC without PCC (SRAR)
+    ("Kernel panic - not syncing: Fatal hardware error!", "HardwareErrorFatal", Severity.FATAL),
+    ("{9}[Hardware Error]: event severity: info", None, None),
+])
+def test_machine_check_and_firmware_severities(message, reason, severity):
+    events = list(events_from_records(_records(message)))
+    obs = Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0)
+    findings = memory_errors.judge(obs, dict(memory_errors.DEFAULTS))
+    assert [(f.reason, f.severity) for f in findings] == ([(reason, severity)] if reason else [])
+    assert not crashes.judge(obs, dict(crashes.DEFAULTS))  # a machine-check panic is a hardware fault, not a bug
+
+
+def test_old_mlx5_fatal_error_line_and_pci_slot_gone():
+    events = list(events_from_records(_records("mlx5_core 0000:0c:00.0: poll_health:739:(pid 0): Fatal error 1 "
+                                               "detected")))
+    [f] = nic_health.judge(Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0),
+                           dict(nic_health.DEFAULTS))
+    assert (f.reason, f.severity, f.action) == ("NicFirmwareFatal", Severity.FATAL, Action.REBOOT)
+
+
+def test_a_panic_after_a_soft_lockup_is_a_crash_the_lockup_is_not():
+    """sonic-17358: the soft lockup stays the kernel check's; the panic it caused is a crash."""
+    log = kmsg._collect_files([os.path.join(HERE, "fixtures", "kmsg", "issues",
+                                            "sonic-17358.soft-lockup-panic.indented-elided.txt")])
+    crash = [e for e in log.events if e.kind == KERNEL_CRASH]
+    assert [e.detail["headers"][0] for e in crash] == ["Kernel panic - not syncing: softlockup: hung tasks"]
+    assert crash[0].detail["panic"] is True

@@ -66,7 +66,7 @@ FRAMINGS = [
     ("gpud/pstore/dmesg-erst.txt", 39, 0, {KERNEL_CRASH: 1}),  # pstore / ERST
     ("gpud/pstore/7530486857247/dmesg.txt", 415, 4, {LINK_UP: 1, KERNEL_CRASH: 1}),  # with per-part headers
     ("issues/open-gpu-kernel-modules-1150.xid45-caused-by-xid149-145.partial.txt", 7, 0, {XID: 7}),  # bare kernel:
-    ("issues/sonic-17358.soft-lockup-panic.indented-elided.txt", 9, 0, {"soft_lockup": 1}),  # indented, elided
+    ("issues/sonic-17358.soft-lockup-panic.indented-elided.txt", 9, 0, {"soft_lockup": 1, KERNEL_CRASH: 1}),
     ("issues/nvsentinel-155.fallen-off-bus-multiline-no-xid.txt", 3, 0, {GPU_FALLEN_OFF_BUS: 1}),
     ("issues/gpud-1160.xid-144-149-netir.lines.txt", 3, 3, {XID: 3}),  # no framing at all
     ("issues/nvsentinel-155.xid79-single-line.quoted.txt", 1, 1, {XID: 1}),  # and no final newline
