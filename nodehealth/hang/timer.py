@@ -126,6 +126,7 @@ class Timer:
         self.streams: dict[str, _Stream] = {}
         # by the group itself, held weakly: an id() could be reused by a later group
         self.groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.last_group: tuple[Any, Any] | None = None  # (weak ref to a group, its entry in self.groups)
         # async handles the watchdog polls, by id (the dict holds the handle, so the id stays its own):
         # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
         self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
@@ -217,6 +218,7 @@ class Timer:
 
     def group_destroyed(self, group: Any) -> None:
         """destroy_process_group() of the default group is the job's clean finish: say so at once."""
+        self.last_group = None
         if group is None or not self.dist.is_initialized():
             self.finished = True
             self.publish()
@@ -234,7 +236,7 @@ class Timer:
         tensors = _tensors(args, kwargs)
         op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
                               "sizes": [tuple(t.shape) for t in tensors[:4]],
-                              "dtype": str(tensors[0].dtype)[6:] if tensors else None}
+                              "dtype": _dtype_name(tensors[0].dtype) if tensors else None}
         if p2p:
             key += "/p2p"
             op["peer"] = _peer(name, args, kwargs)
@@ -294,10 +296,15 @@ class Timer:
         returns at once or fails, and timing it would leave an op that no peer ever matches."""
         if group is None:
             group = self.dist.group.WORLD
+        last = self.last_group  # most calls name the group of the call before: skip the weak lookup
+        if last is not None and last[0]() is group:
+            return last[1]
         if not isinstance(group, self.group_class):
             return None
-        if group in self.groups:
-            return self.groups[group]
+        known = self.groups.get(group, _UNKNOWN)
+        if known is not _UNKNOWN:
+            self.last_group = (weakref.ref(group), known)
+            return known
         try:
             ranks: list[int] | None = list(self.dist.get_process_group_ranks(group))
         except Exception:  # not initialized yet: time it, the ranks stay unknown
@@ -305,6 +312,7 @@ class Timer:
         member = ranks is None or self.dist.get_rank() in ranks
         known = (str(getattr(group, "group_name", None) or "0"), ranks) if member else None
         self.groups[group] = known
+        self.last_group = (weakref.ref(group), known)
         return known
 
     # -- regions -----------------------------------------------------------------------------
@@ -501,6 +509,18 @@ def _group_position(fn: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return names.index("group") if "group" in names else None
+
+
+_UNKNOWN = object()
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The name of a dtype ("float32"), remembered: str() of a dtype is slow on the hot path."""
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype)[6:]
+    return name
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[Any]:
