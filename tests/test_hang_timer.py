@@ -250,3 +250,22 @@ def test_cuda_device_is_the_tensors_and_the_watchdog_binds_it(tmp_path, monkeypa
     event = type("E", (), {"cuda_event": 1234})()
     assert t.cuda.done(event, 3) and t.cuda.done(event, 3) and t.cuda.done(event, 5)
     assert bound == [3, 5]
+
+
+def test_the_exception_that_kills_a_rank_is_in_its_last_record(tmp_path):
+    pytest.importorskip("torch")
+    code = ("import sys, torch.distributed as dist\n"
+            "from nodehealth.hang import timer\n"
+            f"timer.enable({str(tmp_path)!r})\n"
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+            "raise RuntimeError('CUDA error: an illegal memory access')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NODEHEALTH_HANG_JOB": "boom"})
+    assert out.returncode == 1 and "illegal memory access" in out.stderr, "the usual traceback still shows"
+    rec = record.read_record(record.record_path(str(tmp_path), "boom", 0))
+    assert rec["exited"] and rec["exit_reason"] == "uncaught RuntimeError: CUDA error: an illegal memory access"
+    from nodehealth.hang import merge
+
+    (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
+    assert v["summary"] == ("rank 0's process is gone: it exited after an uncaught RuntimeError: CUDA error: "
+                            "an illegal memory access while its peers wait")

@@ -126,6 +126,8 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
 def _process_verdict(r: int, process: str, rec: dict[str, Any]) -> dict[str, Any]:
     if process == "stopped":
         summary = f"rank {r} is stopped (SIGSTOP, or a debugger holds it): it cannot take part until resumed"
+    elif rec.get("exited") and isinstance(rec.get("exit_reason"), str):
+        summary = f"rank {r}'s process is gone: it exited after an {rec['exit_reason'][:200]} while its peers wait"
     elif rec.get("exited"):
         summary = f"rank {r}'s process is gone: it exited (exit code not known) while its peers wait"
     else:

@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -146,6 +147,7 @@ class Timer:
         self.start_time = _process_start_ticks()
         self.identity: dict[str, Any] | None = None  # job, rank, world size: kept for after destroy
         self.finished = False  # the default process group was destroyed: a clean finish, not a hang
+        self.exit_reason: str | None = None
 
     # -- wiring ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -168,9 +170,20 @@ class Timer:
             return result
         destroy_process_group.__wrapped__ = destroy  # type: ignore[attr-defined]
         dist.destroy_process_group = destroy_process_group
+        self._note_fatal_exception()
         os.makedirs(self.directory, exist_ok=True)
         atexit.register(self.close)
         self.thread.start()
+
+    def _note_fatal_exception(self) -> None:
+        """Keep the exception that ends the process, for the last record: "rank 2's process is gone"
+        then says why. The hook before ours still runs."""
+        previous = self.previous_excepthook = sys.excepthook
+
+        def excepthook(kind: Any, value: Any, tb: Any) -> None:
+            self.exit_reason = f"uncaught {kind.__name__}: {value}"[:300]
+            previous(kind, value, tb)
+        sys.excepthook = self.excepthook = excepthook
 
     def _time_ddp(self) -> None:
         """DistributedDataParallel issues its gradient all-reduce from C++, past our wrappers. Before
@@ -212,6 +225,8 @@ class Timer:
                 fn[0].forward = fn[1]
                 continue
             setattr(self.dist, name, fn)
+        if getattr(self, "excepthook", None) is sys.excepthook:
+            sys.excepthook = self.previous_excepthook
         self.close()
         if _timer is self:
             _timer = None
@@ -406,6 +421,7 @@ class Timer:
                 "host": self.host, "pid": self.pid, "start_time": self.start_time,
                 "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
                 "step": step, "regions": regions, "groups": groups, "exited": exited, "finished": self.finished,
+                "exit_reason": self.exit_reason if exited else None,
                 "gpu_poll": self.cuda.method, "last_error": self.last_error,
                 "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
