@@ -269,3 +269,25 @@ def test_the_exception_that_kills_a_rank_is_in_its_last_record(tmp_path):
     (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
     assert v["summary"] == ("rank 0's process is gone: it exited after an uncaught RuntimeError: CUDA error: "
                             "an illegal memory access while its peers wait")
+
+
+def test_an_async_op_issued_while_the_watchdog_dozes_is_timed_at_once(tmp_path):
+    """With nothing to poll the watchdog sleeps until the next record; an async handle wakes it, so
+    the op's time is not rounded up to the publish interval (DDP's all-reduce comes this way)."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        pytest.skip("torch is not installed")
+    t = timer.enable(str(tmp_path), interval=5.0)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        time.sleep(0.3)  # the watchdog has published once and dozes for 5 s
+        assert t.dozing
+        dist.all_reduce(torch.ones(4), async_op=True)  # never waited on: only the watchdog completes it
+        time.sleep(0.5)
+        (stream,) = t.streams.values()
+        assert stream.pending == {} and stream.recent[-1]["seconds"] < 0.3
+    finally:
+        t.uninstall()
+        dist.destroy_process_group()

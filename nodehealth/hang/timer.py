@@ -141,6 +141,8 @@ class Timer:
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
+        self.wake = threading.Event()  # set with stop, or when the watchdog dozes and something needs polling
+        self.dozing = False
         self.thread = threading.Thread(target=self._watchdog, name="nodehealth-hang", daemon=True)
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -240,6 +242,7 @@ class Timer:
 
     def close(self) -> None:
         self.stop.set()
+        self.wake.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(2 * POLL_SECONDS + 1)
         self.publish(exited=True)
@@ -272,10 +275,14 @@ class Timer:
         if result is not None and hasattr(result, "is_completed"):
             with self.lock:
                 self.works[id(result)] = (result, op, stream)
+            if self.dozing:
+                self.wake.set()
             return _TimedWork(result, op, stream, self)
         if isinstance(result, list) and result and hasattr(result[0], "is_completed"):
             with self.lock:  # batch_isend_irecv: the batch completes when its last handle does
                 self.works[id(result[-1])] = (result[-1], op, stream)
+            if self.dozing:
+                self.wake.set()
             return result
         if op.pop("_cuda", False):
             import torch
@@ -284,6 +291,8 @@ class Timer:
             event.record(torch.cuda.current_stream(op["_device"]))
             with self.lock:
                 self.events.append((event, op, stream))
+            if self.dozing:
+                self.wake.set()
             return result
         self.complete(op, stream)
         return result
@@ -349,8 +358,15 @@ class Timer:
         next_publish = 0.0
         # wake every POLL_SECONDS only while async handles or CUDA events wait to be polled: a thread
         # waking 20 times a second for nothing takes the GIL and a core from the training loop
-        while not self.stop.wait(POLL_SECONDS if self.works or self.events
-                                 else min(self.interval, max(POLL_SECONDS, next_publish - time.monotonic()))):
+        # (an async handle or event issued during a longer sleep wakes it, so its time stays exact)
+        while not self.stop.is_set():
+            self.dozing = not (self.works or self.events)
+            self.wake.wait(min(self.interval, max(POLL_SECONDS, next_publish - time.monotonic()))
+                           if self.dozing else POLL_SECONDS)
+            self.dozing = False
+            self.wake.clear()
+            if self.stop.is_set():
+                break
             try:
                 self.poll_completions()
             except Exception as e:  # a broken query must not stop the heartbeat: that would look like a hang
