@@ -37,6 +37,9 @@ DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
 POLL_BATCH = 64  # async handles queried per poll
+# Flight Recorder is read every this many publish intervals (10 s by default): its dump holds the GIL
+# for tens of milliseconds, and it only matters for collectives issued from C++, judged in minutes.
+FR_POLL_INTERVALS = 20
 DURATIONS_KEPT = 256
 RECENT_KEPT = 8
 PENDING_PUBLISHED = 8
@@ -141,6 +144,8 @@ class Timer:
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
+        self.fr_groups: dict[str, dict[str, Any]] = {}  # "fr/NAME": what Flight Recorder saw past our wrappers
+        self.next_fr_poll = 0.0
         self.wake = threading.Event()  # set with stop, or when the watchdog dozes and something needs polling
         self.dozing = False
         self.thread = threading.Thread(target=self._watchdog, name="nodehealth-hang", daemon=True)
@@ -375,6 +380,9 @@ class Timer:
             if now >= next_publish:
                 next_publish = now + self.interval
                 try:
+                    if now >= self.next_fr_poll and self.path is not None:
+                        self.next_fr_poll = now + FR_POLL_INTERVALS * self.interval
+                        self.poll_flight_recorder()
                     self.publish()
                     self.answer_flight_recorder_request()
                 except Exception as e:  # a full disk must not kill the thread: keep trying
@@ -431,6 +439,7 @@ class Timer:
         now = time.time()
         with self.lock:
             groups = {key: stream.snapshot() for key, stream in self.streams.items()}
+            groups.update(self.fr_groups)
             regions = [{"name": n, "seconds": now - t} for n, t in self.regions]
             step = self.step
         return {"version": record.VERSION, **self.identity, "local_rank": _int_env("LOCAL_RANK"),
@@ -464,6 +473,41 @@ class Timer:
         ours = pipe_path and os.path.dirname(os.path.realpath(pipe_path)) == os.path.realpath(self.directory)
         return {"buffer_size": size, "nccl_pipe": os.path.basename(pipe_path) if ours else None,
                 "nccl_dump": f"{prefix}{rank}"}
+
+    def poll_flight_recorder(self) -> None:
+        """Collectives issued from C++ (FSDP, DTensor, a built-in DDP hook) pass our wrappers but not
+        PyTorch's Flight Recorder: when it has counted more ops in a group than we have, publish its
+        view of that group as group "fr/NAME" (its sequence numbers and active ops), judged like ours."""
+        if self.flight_recorder_info(self.identity["rank"] if self.identity else 0) is None:
+            return
+        import json
+
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        dump = json.loads(_dump_fr_trace_json(True, True))
+        active: dict[str, list[dict[str, Any]]] = {}
+        for e in dump.get("entries") or []:
+            pg = e.get("process_group") or ["?"]
+            if e.get("is_p2p") or e.get("state") == "completed" or not isinstance(e.get("collective_seq_id"), int):
+                continue
+            active.setdefault(str(pg[0]), []).append(
+                {"seq": e["collective_seq_id"], "op": str(e.get("profiling_name", "?")).split(":")[-1],
+                 "sizes": (e.get("input_sizes") or [])[:4], "dtype": (e.get("input_dtypes") or [None])[0],
+                 "enqueued_at": (e.get("time_created_ns") or 0) / 1e9, "state": e.get("state")})
+        groups = {}
+        with self.lock:
+            for name, st in (dump.get("pg_status") or {}).items():
+                enqueued, completed = int(st["last_enqueued_collective"]), int(st["last_completed_collective"])
+                ours = self.streams.get(str(name))
+                if enqueued <= (ours.enqueued if ours else 0):
+                    continue  # we saw every op of this group ourselves
+                # gloo leaves finished entries "scheduled": the group's completed count is what says done
+                pending = sorted((op for op in active.get(str(name), []) if op["seq"] > completed),
+                                 key=lambda op: op["seq"])[:PENDING_PUBLISHED]
+                groups[f"fr/{name}"] = {"ranks": ours.ranks if ours else None, "enqueued": enqueued,
+                                        "completed": max(0, completed), "pending": pending,
+                                        "pending_count": len(pending), "recent": [], "p99": {}}
+            self.fr_groups = groups
 
     def answer_flight_recorder_request(self) -> None:
         """The detector touched our request file: dump FR as JSON next to the record.
