@@ -301,3 +301,15 @@ def test_native_frames_and_child_processes_in_every_output():
     assert "[1] child process, thread MainThread" in text and "__iter__ (data.py:7)" in text
     assert "gloo::AllreduceOp::run" in json.dumps(merge.to_json(job, tree, []))
     assert "gloo::AllreduceOp::run" in merge.to_folded(tree) and "gloo::AllreduceOp::run" in merge.to_svg(job, tree, [])
+
+
+def test_flight_recorder_groups_speak_only_when_ours_are_silent():
+    ours = {str(r): rec(r, 5, 4) for r in range(3)} | {"3": rec(3, 4, 4)}
+    for r, x in ours.items():
+        x["groups"]["fr/0"] = {"enqueued": 9 if r == "0" else 8, "completed": 8, "pending": [], "recent": []}
+    assert [v["group"] for v in merge.verdicts({"records": ours})] == ["0"]
+    for x in ours.values():
+        x["groups"]["0"]["enqueued"] = x["groups"]["0"]["completed"] = 4
+        x["groups"]["0"]["pending"] = []
+    (v,) = merge.verdicts({"records": ours})
+    assert v["group"] == "fr/0" and v["summary"].startswith("ranks 1-3 never entered op #9 of group fr/0")

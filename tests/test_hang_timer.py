@@ -250,3 +250,44 @@ def test_cuda_device_is_the_tensors_and_the_watchdog_binds_it(tmp_path, monkeypa
     event = type("E", (), {"cuda_event": 1234})()
     assert t.cuda.done(event, 3) and t.cuda.done(event, 3) and t.cuda.done(event, 5)
     assert bound == [3, 5]
+
+
+def test_the_exception_that_kills_a_rank_is_in_its_last_record(tmp_path):
+    pytest.importorskip("torch")
+    code = ("import sys, torch.distributed as dist\n"
+            "from nodehealth.hang import timer\n"
+            f"timer.enable({str(tmp_path)!r})\n"
+            f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, world_size=1)\n"
+            "raise RuntimeError('CUDA error: an illegal memory access')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "NODEHEALTH_HANG_JOB": "boom"})
+    assert out.returncode == 1 and "illegal memory access" in out.stderr, "the usual traceback still shows"
+    rec = record.read_record(record.record_path(str(tmp_path), "boom", 0))
+    assert rec["exited"] and rec["exit_reason"] == "uncaught RuntimeError: CUDA error: an illegal memory access"
+    from nodehealth.hang import merge
+
+    (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
+    assert v["summary"] == ("rank 0's process is gone: it exited after an uncaught RuntimeError: CUDA error: "
+                            "an illegal memory access while its peers wait")
+
+
+def test_an_async_op_issued_while_the_watchdog_dozes_is_timed_at_once(tmp_path):
+    """With nothing to poll the watchdog sleeps until the next record; an async handle wakes it, so
+    the op's time is not rounded up to the publish interval (DDP's all-reduce comes this way)."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        pytest.skip("torch is not installed")
+    t = timer.enable(str(tmp_path), interval=5.0)
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        time.sleep(0.3)  # the watchdog has published once and dozes for 5 s
+        assert t.dozing
+        dist.all_reduce(torch.ones(4), async_op=True)  # never waited on: only the watchdog completes it
+        time.sleep(0.5)
+        (stream,) = t.streams.values()
+        assert stream.pending == {} and stream.recent[-1]["seconds"] < 0.3
+    finally:
+        t.uninstall()
+        dist.destroy_process_group()

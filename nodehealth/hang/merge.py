@@ -118,6 +118,10 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
             v = _group_verdict(name, records, fr, stale)
             if v:
                 out.append(v)
+    if any(v["group"] and not v["group"].startswith("fr/") and v["kind"] != "p2p_pending" for v in out):
+        # the Flight Recorder's groups ("fr/NAME", read every few seconds) are the door for ops issued
+        # from C++; when our own exact counts give a verdict, they would only repeat it, staler
+        out = [v for v in out if not v["group"].startswith("fr/")]
     order = {"rank_gone": 0, "rank_stopped": 0, "never_joined": 1, "diverged": 2, "communication_hang": 3,
              "not_finished": 4, "incomplete": 5, "p2p_pending": 6}
     return sorted(out, key=lambda v: (order.get(v["kind"], 9), v["group"]))
@@ -126,6 +130,8 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
 def _process_verdict(r: int, process: str, rec: dict[str, Any]) -> dict[str, Any]:
     if process == "stopped":
         summary = f"rank {r} is stopped (SIGSTOP, or a debugger holds it): it cannot take part until resumed"
+    elif rec.get("exited") and isinstance(rec.get("exit_reason"), str):
+        summary = f"rank {r}'s process is gone: it exited after an {rec['exit_reason'][:200]} while its peers wait"
     elif rec.get("exited"):
         summary = f"rank {r}'s process is gone: it exited (exit code not known) while its peers wait"
     else:

@@ -20,6 +20,7 @@ import itertools
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -36,6 +37,9 @@ DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
 POLL_BATCH = 64  # async handles queried per poll
+# Flight Recorder is read every this many publish intervals (10 s by default): its dump holds the GIL
+# for tens of milliseconds, and it only matters for collectives issued from C++, judged in minutes.
+FR_POLL_INTERVALS = 20
 DURATIONS_KEPT = 256
 RECENT_KEPT = 8
 PENDING_PUBLISHED = 8
@@ -126,6 +130,7 @@ class Timer:
         self.streams: dict[str, _Stream] = {}
         # by the group itself, held weakly: an id() could be reused by a later group
         self.groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.last_group: tuple[Any, Any] | None = None  # (weak ref to a group, its entry in self.groups)
         # async handles the watchdog polls, by id (the dict holds the handle, so the id stays its own):
         # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
         self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
@@ -139,12 +144,17 @@ class Timer:
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
+        self.fr_groups: dict[str, dict[str, Any]] = {}  # "fr/NAME": what Flight Recorder saw past our wrappers
+        self.next_fr_poll = 0.0
+        self.wake = threading.Event()  # set with stop, or when the watchdog dozes and something needs polling
+        self.dozing = False
         self.thread = threading.Thread(target=self._watchdog, name="nodehealth-hang", daemon=True)
         self.host = socket.gethostname()
         self.pid = os.getpid()
         self.start_time = _process_start_ticks()
         self.identity: dict[str, Any] | None = None  # job, rank, world size: kept for after destroy
         self.finished = False  # the default process group was destroyed: a clean finish, not a hang
+        self.exit_reason: str | None = None
 
     # -- wiring ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -167,9 +177,20 @@ class Timer:
             return result
         destroy_process_group.__wrapped__ = destroy  # type: ignore[attr-defined]
         dist.destroy_process_group = destroy_process_group
+        self._note_fatal_exception()
         os.makedirs(self.directory, exist_ok=True)
         atexit.register(self.close)
         self.thread.start()
+
+    def _note_fatal_exception(self) -> None:
+        """Keep the exception that ends the process, for the last record: "rank 2's process is gone"
+        then says why. The hook before ours still runs."""
+        previous = self.previous_excepthook = sys.excepthook
+
+        def excepthook(kind: Any, value: Any, tb: Any) -> None:
+            self.exit_reason = f"uncaught {kind.__name__}: {value}"[:300]
+            previous(kind, value, tb)
+        sys.excepthook = self.excepthook = excepthook
 
     def _time_ddp(self) -> None:
         """DistributedDataParallel issues its gradient all-reduce from C++, past our wrappers. Before
@@ -211,18 +232,22 @@ class Timer:
                 fn[0].forward = fn[1]
                 continue
             setattr(self.dist, name, fn)
+        if getattr(self, "excepthook", None) is sys.excepthook:
+            sys.excepthook = self.previous_excepthook
         self.close()
         if _timer is self:
             _timer = None
 
     def group_destroyed(self, group: Any) -> None:
         """destroy_process_group() of the default group is the job's clean finish: say so at once."""
+        self.last_group = None
         if group is None or not self.dist.is_initialized():
             self.finished = True
             self.publish()
 
     def close(self) -> None:
         self.stop.set()
+        self.wake.set()
         if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(2 * POLL_SECONDS + 1)
         self.publish(exited=True)
@@ -234,7 +259,7 @@ class Timer:
         tensors = _tensors(args, kwargs)
         op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
                               "sizes": [tuple(t.shape) for t in tensors[:4]],
-                              "dtype": str(tensors[0].dtype)[6:] if tensors else None}
+                              "dtype": _dtype_name(tensors[0].dtype) if tensors else None}
         if p2p:
             key += "/p2p"
             op["peer"] = _peer(name, args, kwargs)
@@ -255,10 +280,14 @@ class Timer:
         if result is not None and hasattr(result, "is_completed"):
             with self.lock:
                 self.works[id(result)] = (result, op, stream)
+            if self.dozing:
+                self.wake.set()
             return _TimedWork(result, op, stream, self)
         if isinstance(result, list) and result and hasattr(result[0], "is_completed"):
             with self.lock:  # batch_isend_irecv: the batch completes when its last handle does
                 self.works[id(result[-1])] = (result[-1], op, stream)
+            if self.dozing:
+                self.wake.set()
             return result
         if op.pop("_cuda", False):
             import torch
@@ -267,6 +296,8 @@ class Timer:
             event.record(torch.cuda.current_stream(op["_device"]))
             with self.lock:
                 self.events.append((event, op, stream))
+            if self.dozing:
+                self.wake.set()
             return result
         self.complete(op, stream)
         return result
@@ -294,10 +325,15 @@ class Timer:
         returns at once or fails, and timing it would leave an op that no peer ever matches."""
         if group is None:
             group = self.dist.group.WORLD
+        last = self.last_group  # most calls name the group of the call before: skip the weak lookup
+        if last is not None and last[0]() is group:
+            return last[1]
         if not isinstance(group, self.group_class):
             return None
-        if group in self.groups:
-            return self.groups[group]
+        known = self.groups.get(group, _UNKNOWN)
+        if known is not _UNKNOWN:
+            self.last_group = (weakref.ref(group), known)
+            return known
         try:
             ranks: list[int] | None = list(self.dist.get_process_group_ranks(group))
         except Exception:  # not initialized yet: time it, the ranks stay unknown
@@ -305,6 +341,7 @@ class Timer:
         member = ranks is None or self.dist.get_rank() in ranks
         known = (str(getattr(group, "group_name", None) or "0"), ranks) if member else None
         self.groups[group] = known
+        self.last_group = (weakref.ref(group), known)
         return known
 
     # -- regions -----------------------------------------------------------------------------
@@ -326,8 +363,15 @@ class Timer:
         next_publish = 0.0
         # wake every POLL_SECONDS only while async handles or CUDA events wait to be polled: a thread
         # waking 20 times a second for nothing takes the GIL and a core from the training loop
-        while not self.stop.wait(POLL_SECONDS if self.works or self.events
-                                 else min(self.interval, max(POLL_SECONDS, next_publish - time.monotonic()))):
+        # (an async handle or event issued during a longer sleep wakes it, so its time stays exact)
+        while not self.stop.is_set():
+            self.dozing = not (self.works or self.events)
+            self.wake.wait(min(self.interval, max(POLL_SECONDS, next_publish - time.monotonic()))
+                           if self.dozing else POLL_SECONDS)
+            self.dozing = False
+            self.wake.clear()
+            if self.stop.is_set():
+                break
             try:
                 self.poll_completions()
             except Exception as e:  # a broken query must not stop the heartbeat: that would look like a hang
@@ -336,6 +380,9 @@ class Timer:
             if now >= next_publish:
                 next_publish = now + self.interval
                 try:
+                    if now >= self.next_fr_poll and self.path is not None:
+                        self.next_fr_poll = now + FR_POLL_INTERVALS * self.interval
+                        self.poll_flight_recorder()
                     self.publish()
                     self.answer_flight_recorder_request()
                 except Exception as e:  # a full disk must not kill the thread: keep trying
@@ -392,12 +439,14 @@ class Timer:
         now = time.time()
         with self.lock:
             groups = {key: stream.snapshot() for key, stream in self.streams.items()}
+            groups.update(self.fr_groups)
             regions = [{"name": n, "seconds": now - t} for n, t in self.regions]
             step = self.step
         return {"version": record.VERSION, **self.identity, "local_rank": _int_env("LOCAL_RANK"),
                 "host": self.host, "pid": self.pid, "start_time": self.start_time,
                 "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
                 "step": step, "regions": regions, "groups": groups, "exited": exited, "finished": self.finished,
+                "exit_reason": self.exit_reason if exited else None,
                 "gpu_poll": self.cuda.method, "last_error": self.last_error,
                 "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
@@ -424,6 +473,41 @@ class Timer:
         ours = pipe_path and os.path.dirname(os.path.realpath(pipe_path)) == os.path.realpath(self.directory)
         return {"buffer_size": size, "nccl_pipe": os.path.basename(pipe_path) if ours else None,
                 "nccl_dump": f"{prefix}{rank}"}
+
+    def poll_flight_recorder(self) -> None:
+        """Collectives issued from C++ (FSDP, DTensor, a built-in DDP hook) pass our wrappers but not
+        PyTorch's Flight Recorder: when it has counted more ops in a group than we have, publish its
+        view of that group as group "fr/NAME" (its sequence numbers and active ops), judged like ours."""
+        if self.flight_recorder_info(self.identity["rank"] if self.identity else 0) is None:
+            return
+        import json
+
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+
+        dump = json.loads(_dump_fr_trace_json(True, True))
+        active: dict[str, list[dict[str, Any]]] = {}
+        for e in dump.get("entries") or []:
+            pg = e.get("process_group") or ["?"]
+            if e.get("is_p2p") or e.get("state") == "completed" or not isinstance(e.get("collective_seq_id"), int):
+                continue
+            active.setdefault(str(pg[0]), []).append(
+                {"seq": e["collective_seq_id"], "op": str(e.get("profiling_name", "?")).split(":")[-1],
+                 "sizes": (e.get("input_sizes") or [])[:4], "dtype": (e.get("input_dtypes") or [None])[0],
+                 "enqueued_at": (e.get("time_created_ns") or 0) / 1e9, "state": e.get("state")})
+        groups = {}
+        with self.lock:
+            for name, st in (dump.get("pg_status") or {}).items():
+                enqueued, completed = int(st["last_enqueued_collective"]), int(st["last_completed_collective"])
+                ours = self.streams.get(str(name))
+                if enqueued <= (ours.enqueued if ours else 0):
+                    continue  # we saw every op of this group ourselves
+                # gloo leaves finished entries "scheduled": the group's completed count is what says done
+                pending = sorted((op for op in active.get(str(name), []) if op["seq"] > completed),
+                                 key=lambda op: op["seq"])[:PENDING_PUBLISHED]
+                groups[f"fr/{name}"] = {"ranks": ours.ranks if ours else None, "enqueued": enqueued,
+                                        "completed": max(0, completed), "pending": pending,
+                                        "pending_count": len(pending), "recent": [], "p99": {}}
+            self.fr_groups = groups
 
     def answer_flight_recorder_request(self) -> None:
         """The detector touched our request file: dump FR as JSON next to the record.
@@ -501,6 +585,18 @@ def _group_position(fn: Any) -> int | None:
     except (TypeError, ValueError):
         return None
     return names.index("group") if "group" in names else None
+
+
+_UNKNOWN = object()
+_DTYPES: dict[Any, str] = {}
+
+
+def _dtype_name(dtype: Any) -> str:
+    """The name of a dtype ("float32"), remembered: str() of a dtype is slow on the hot path."""
+    name = _DTYPES.get(dtype)
+    if name is None:
+        name = _DTYPES[dtype] = str(dtype)[6:]
+    return name
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[Any]:
