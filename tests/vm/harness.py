@@ -34,10 +34,9 @@ for d in proc sys dev; do /bin/busybox mount --move /$d /newroot/$d; done
 /bin/busybox mount -t tmpfs tmp /newroot/tmp
 /bin/busybox mount -t tmpfs run /newroot/run
 echo "nh-vm: root ready"
-/bin/busybox chroot /newroot /bin/sh -c 'cd {cwd} && OUT=/nh-out /bin/sh {script} > /nh-out/console.log 2>&1; echo $? > /nh-out/rc'
-echo "nh-vm: batch done"
-/bin/busybox sync
-/bin/busybox poweroff -f
+# switch_root, not chroot: the kernel's own helpers (module autoload) must see the new root too
+exec /bin/busybox switch_root /newroot /bin/sh -c 'cd {cwd} && OUT=/nh-out /bin/sh {script} \
+> /nh-out/console.log 2>&1; echo $? > /nh-out/rc; sync; echo o > /proc/sysrq-trigger; sleep 10'
 """
 
 
@@ -93,7 +92,7 @@ def build_initramfs(path: str, release: str, script: str, cwd: str) -> None:
 
 
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
-              memory_mb: int = 3072) -> tuple[int, str, float]:
+              memory_mb: int = 3072, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
@@ -101,6 +100,8 @@ def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float
     image, release = kernel()
     initrd = os.path.join(work_dir, "initramfs.cpio")
     shutil.copy(script, os.path.join(out_dir, "batch.sh"))  # the guest's /tmp is its own
+    with open(os.path.join(out_dir, "env.sh"), "w") as f:  # the guest starts with no environment of ours
+        f.writelines(f"export {k}='{v}'\n" for k, v in (env or {}).items())
     build_initramfs(initrd, release, "/nh-out/batch.sh", cwd)
     cmd = [qemu, "-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", str(memory_mb), "-nographic",
            "-no-reboot", "-kernel", image, "-initrd", initrd,
