@@ -39,6 +39,7 @@ def guest(tmp_path_factory):
     out = tmp_path_factory.mktemp("vm-out")
     work = tmp_path_factory.mktemp("vm-work")
     try:
+        harness.build_module(harness.kernel()[1], os.path.join(HERE, "vm", "printk"), str(out))
         rc, serial, seconds = harness.run_batch(os.path.join(HERE, "vm", "batch.sh"), str(out), str(work), REPO)
     except harness.Unavailable as e:
         _unavailable(str(e))
@@ -100,3 +101,19 @@ def test_a_peer_killed_mid_test_leaks_nothing(guest):
     after = read(guest, "res_after.txt").strip().splitlines()
     assert after[0] == base  # the device's pd/cq/qp/mr/ctx counts are back to the kernel's own
     assert not any("comm python" in line for line in after)
+
+
+def test_the_daemon_sees_kernel_records_and_not_a_userspace_forgery(guest):
+    raw = read(guest, "kmsg_raw.txt")
+    # the same text twice: written to /dev/kmsg by a shell (facility 1, user) and printk'd by the module (0)
+    forged = [line for line in raw.splitlines() if "0000:5e:00" in line]
+    real = [line for line in raw.splitlines() if "0000:3b:00" in line]
+    assert forged and forged[0].startswith("user  :"), raw  # dmesg -x: facility, then level
+    assert real and real[0].startswith("kern  :err"), raw
+    before = json.loads(read(guest, "report_user.json"))
+    assert not [f for f in before["findings"] if f["reason"].startswith("Xid")], before["findings"]
+    after = json.loads(read(guest, "report_kernel.json"))
+    reasons = {(f["reason"], f.get("device")) for f in after["findings"]}
+    assert any(r == "Xid79FallenOffBus" for r, _ in reasons), after["findings"]
+    assert any(r == "HungTask" for r, _ in reasons), after["findings"]
+    assert not any("5e:00" in str(d) for _, d in reasons)

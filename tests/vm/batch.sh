@@ -98,4 +98,22 @@ counts > $OUT/res_after.txt
 rdma resource show qp >> $OUT/res_after.txt
 rdma resource show > $OUT/rdma_resource.txt
 cat $OUT/wronggid.txt $OUT/portdown.txt $OUT/bogus.txt $OUT/killed.txt $OUT/res_*.txt
+
+# 4. kernel log: the daemon's stream takes the printk module's records (facility 0), not a
+# userspace write of the same text (facility 1)
+ip link set lo up
+report() { $PY -c "import urllib.request as u, sys; sys.stdout.write(u.urlopen('http://127.0.0.1:9456/v1/report').read().decode())"; }
+$NH daemon --listen 127.0.0.1:9456 --interval 1 --state-dir /tmp/nhstate > $OUT/daemon.log 2>&1 &
+dpid=$!
+wait_port 9456
+sleep 2
+echo "NVRM: Xid (PCI:0000:5e:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." > /dev/kmsg
+sleep 4
+report > $OUT/report_user.json
+insmod $OUT/nh_printk.ko gpu=0000:3b:00
+sleep 4
+report > $OUT/report_kernel.json
+dmesg -x | grep -E "Xid|blocked for more" > $OUT/kmsg_raw.txt
+kill $dpid; wait $dpid
+cat $OUT/kmsg_raw.txt
 exit 0

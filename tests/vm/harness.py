@@ -91,6 +91,21 @@ def build_initramfs(path: str, release: str, script: str, cwd: str) -> None:
         f.write(_cpio(entries))
 
 
+def build_module(release: str, source: str, dest: str) -> str:
+    """Build the printk module in `source` against linux-headers for `release`; the .ko's path."""
+    build = f"/lib/modules/{release}/build"
+    if not os.path.isdir(build):
+        raise Unavailable(f"no {build} (.ci/run installs linux-headers-amd64 of the kernel's version)")
+    work = os.path.join(dest, "printk-build")
+    shutil.copytree(source, work)
+    p = subprocess.run(["make", "-s", "-C", build, f"M={work}", "modules"], capture_output=True, text=True,
+                       timeout=300)
+    ko = os.path.join(work, "nh_printk.ko")
+    if p.returncode != 0 or not os.path.exists(ko):
+        raise Unavailable(f"the printk module did not build: {(p.stdout + p.stderr)[-1500:]}")
+    return shutil.copy(ko, os.path.join(dest, "nh_printk.ko"))
+
+
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
               memory_mb: int = 3072, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds)."""
