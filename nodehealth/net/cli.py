@@ -519,7 +519,7 @@ def _netcheck_table(doc: dict) -> str:
 
 def _add_rdma_bw(subparsers: Any) -> None:
     r = subparsers.add_parser("rdma-bw", help="RDMA WRITE bandwidth to a peer (perftest's ib_write_bw method, "
-                                              "pyverbs); exit 0 measured, 1 failed, 2 could not run",
+                                              "pyverbs); exit 0 measured, 1 failed or could not run",
                               description="Run `nodehealth rdma-bw` on the server, then `nodehealth rdma-bw SERVER` "
                                           "on the client. Defaults are perftest's.")
     r.add_argument("server", nargs="?", help="the server's address (omit on the server)")
