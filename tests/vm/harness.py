@@ -34,10 +34,9 @@ for d in proc sys dev; do /bin/busybox mount --move /$d /newroot/$d; done
 /bin/busybox mount -t tmpfs tmp /newroot/tmp
 /bin/busybox mount -t tmpfs run /newroot/run
 echo "nh-vm: root ready"
-/bin/busybox chroot /newroot /bin/sh -c 'cd {cwd} && OUT=/nh-out /bin/sh {script} > /nh-out/console.log 2>&1; echo $? > /nh-out/rc'
-echo "nh-vm: batch done"
-/bin/busybox sync
-/bin/busybox poweroff -f
+# switch_root, not chroot: the kernel's own helpers (module autoload) must see the new root too
+exec /bin/busybox switch_root /newroot /bin/sh -c 'cd {cwd} && OUT=/nh-out /bin/sh {script} \
+> /nh-out/console.log 2>&1; echo $? > /nh-out/rc; sync; echo o > /proc/sysrq-trigger; sleep 10'
 """
 
 
@@ -92,8 +91,23 @@ def build_initramfs(path: str, release: str, script: str, cwd: str) -> None:
         f.write(_cpio(entries))
 
 
+def build_module(release: str, source: str, dest: str) -> str:
+    """Build the printk module in `source` against linux-headers for `release`; the .ko's path."""
+    build = f"/lib/modules/{release}/build"
+    if not os.path.isdir(build):
+        raise Unavailable(f"no {build} (.ci/run installs linux-headers-amd64 of the kernel's version)")
+    work = os.path.join(dest, "printk-build")
+    shutil.copytree(source, work)
+    p = subprocess.run(["make", "-s", "-C", build, f"M={work}", "modules"], capture_output=True, text=True,
+                       timeout=300)
+    ko = os.path.join(work, "nh_printk.ko")
+    if p.returncode != 0 or not os.path.exists(ko):
+        raise Unavailable(f"the printk module did not build: {(p.stdout + p.stderr)[-1500:]}")
+    return shutil.copy(ko, os.path.join(dest, "nh_printk.ko"))
+
+
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
-              memory_mb: int = 3072) -> tuple[int, str, float]:
+              memory_mb: int = 3072, env: dict[str, str] | None = None) -> tuple[int, str, float]:
     """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
@@ -101,6 +115,8 @@ def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float
     image, release = kernel()
     initrd = os.path.join(work_dir, "initramfs.cpio")
     shutil.copy(script, os.path.join(out_dir, "batch.sh"))  # the guest's /tmp is its own
+    with open(os.path.join(out_dir, "env.sh"), "w") as f:  # the guest starts with no environment of ours
+        f.writelines(f"export {k}='{v}'\n" for k, v in (env or {}).items())
     build_initramfs(initrd, release, "/nh-out/batch.sh", cwd)
     cmd = [qemu, "-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", str(memory_mb), "-nographic",
            "-no-reboot", "-kernel", image, "-initrd", initrd,

@@ -1,0 +1,500 @@
+"""`nodehealth rdma-bw`: RDMA WRITE bandwidth between two hosts, the way perftest's ib_write_bw measures it.
+
+The only module that imports pyverbs, and only when a test runs. The method is perftest's: the two
+sides exchange LID, GID, QPN, PSN, rkey and buffer address over TCP, connect an RC queue pair, and
+the client writes `size`-byte messages into the server's registered buffer, at most `tx_depth`
+outstanding, every `cq_mod`-th one signalled. Average Gb/s = size x iterations / (last completion -
+first post); peak = the best rate over any stretch between two signalled completions; MsgRate =
+iterations / that time. A preflight runs before any verbs call, and every verbs object is closed on
+every path (ExitStack), including a timeout and a peer that vanishes.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import random
+import resource
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+from nodehealth.host import HostPaths, read_attr
+
+# perftest's defaults (ib_write_bw), so that results compare with it.
+DEFAULT_SIZE = 65536
+DEFAULT_ITERATIONS = 5000
+DEFAULT_TX_DEPTH = 128
+DEFAULT_CQ_MOD = 100  # forced to 1 above 8192-byte messages unless given, as perftest does
+DEFAULT_PORT = 18515
+DEFAULT_IB_PORT = 1
+QP_TIMEOUT, RETRY_CNT, RNR_RETRY, MIN_RNR_TIMER = 14, 7, 7, 12
+OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for the peer
+OOB_MAX = 512
+# An RC write to a vanished peer errors after timeout x retries (~0.5 s); a soft device may never
+# complete it: no completion for this long ends the test.
+STALL_SECONDS = 10.0  # an out-of-band message is one line this long at most
+CAP_IPC_LOCK = 14
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class RdmaError(Exception):
+    """A clear, one-line reason the test could not run or finish."""
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str | None = None
+    ib_port: int = DEFAULT_IB_PORT
+    gid_index: int | None = None  # None: LID only (InfiniBand); RoCE needs one
+    size: int = DEFAULT_SIZE
+    iterations: int = DEFAULT_ITERATIONS
+    duration: float | None = None  # seconds; replaces iterations
+    tx_depth: int = DEFAULT_TX_DEPTH
+    cq_mod: int | None = None
+    port: int = DEFAULT_PORT
+    warmup: bool = True
+
+    def moderation(self) -> int:
+        if self.cq_mod is not None:
+            return max(1, self.cq_mod)
+        return 1 if self.size > 8192 else DEFAULT_CQ_MOD
+
+    def depth(self) -> int:
+        return max(1, min(self.tx_depth, self.iterations)) if self.duration is None else max(1, self.tx_depth)
+
+
+@dataclass
+class Result:
+    size: int
+    iterations: int
+    seconds: float
+    bw_avg_gbps: float
+    bw_peak_gbps: float
+    msg_rate_mpps: float
+    device: str = ""
+    verified: bool = False
+    method: str = "rdma-write"
+    extra: dict = field(default_factory=dict)
+
+
+def bandwidth(size: int, iterations: int, first_post: float, completions: list[tuple[float, int]],
+              window: int = 1) -> tuple:
+    """(avg Gb/s, peak Gb/s, Mmsg/s) from the first post time and (time, messages completed so far)
+    at each signalled completion, as ib_write_bw reports them with --report_gbits. The peak is the
+    best rate over any stretch of at least `window` messages: completions are stamped when polled,
+    and two polled back to back would otherwise make a peak no link can reach."""
+    if not completions or iterations <= 0:
+        raise RdmaError("no completion was seen, so there is no bandwidth to report")
+    total = completions[-1][0] - first_post
+    if total <= 0:
+        raise RdmaError("the clock did not advance during the test")
+    points = [(first_post, 0)] + completions
+    peak_rate, lo = 0.0, 0
+    for hi in range(1, len(points)):
+        while lo + 1 < hi and points[hi][1] - points[lo + 1][1] >= window:
+            lo += 1
+        (t0, n0), (t1, n1) = points[lo], points[hi]
+        if n1 - n0 >= window and t1 > t0:
+            peak_rate = max(peak_rate, (n1 - n0) / (t1 - t0))
+    return (size * iterations * 8 / total / 1e9, size * peak_rate * 8 / 1e9, iterations / total / 1e6)
+
+
+# -- preflight (no verbs call) ------------------------------------------------------------------
+
+def _cap_ipc_lock(host: HostPaths) -> bool:
+    try:
+        with open(host.proc("self", "status")) as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_IPC_LOCK & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def memlock_problem(need: int, host: HostPaths) -> str | None:
+    """Why registering `need` bytes would fail on the memlock limit, or None."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY or soft >= need or _cap_ipc_lock(host):
+        return None
+    return memlock_message(need, soft)
+
+
+def memlock_message(need: int, soft: int | None = None) -> str:
+    if soft is None:
+        soft = resource.getrlimit(resource.RLIMIT_MEMLOCK)[0]
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft // 1024} KiB"
+    return (f"cannot lock {need // 1024} KiB of memory for RDMA: the memlock limit (ulimit -l) is {limit} and "
+            "CAP_IPC_LOCK is not held; raise it (limits.conf 'memlock unlimited', systemd LimitMEMLOCK=infinity, "
+            "docker --ulimit memlock=-1) or grant CAP_IPC_LOCK")
+
+
+def devices(host: HostPaths) -> list[str]:
+    try:
+        return sorted(os.listdir(host.sys("class", "infiniband")))
+    except OSError:
+        return []
+
+
+def preflight(opts: Options, host: HostPaths, need: int) -> str:
+    """The device to use, after checking what can be checked without verbs; RdmaError otherwise."""
+    found = devices(host)
+    if not found:
+        raise RdmaError("no RDMA device (/sys/class/infiniband is empty or absent)")
+    device = opts.device or found[0]
+    if device not in found:
+        raise RdmaError(f"no RDMA device {device!r} (found: {', '.join(found)})")
+    port_dir = host.sys("class", "infiniband", device, "ports", str(opts.ib_port))
+    state = read_attr(os.path.join(port_dir, "state"))
+    if state is None:
+        raise RdmaError(f"{device} has no port {opts.ib_port}")
+    if "ACTIVE" not in state:
+        raise RdmaError(f"{device} port {opts.ib_port} is not ACTIVE ({state})")
+    link = read_attr(os.path.join(port_dir, "link_layer")) or ""
+    if opts.gid_index is None and link == "Ethernet":
+        raise RdmaError(f"{device} port {opts.ib_port} is RoCE (Ethernet): give a GID index (-x)")
+    if opts.gid_index is not None:
+        gid = read_attr(os.path.join(port_dir, "gids", str(opts.gid_index)))
+        if gid is None or gid.replace(":", "").strip("0") == "":
+            raise RdmaError(f"{device} port {opts.ib_port} has no GID at index {opts.gid_index}")
+    uverbs = [p for p in _uverbs(host)]
+    if not uverbs:
+        raise RdmaError(f"no {host.dev('infiniband')}/uverbs* device node (is ib_uverbs loaded? "
+                        "in a container, mount /dev/infiniband)")
+    if not any(os.access(p, os.R_OK | os.W_OK) for p in uverbs):
+        raise RdmaError(f"no read-write access to {', '.join(uverbs)} (run as a user in the rdma group, "
+                        "or give the container the device)")
+    problem = memlock_problem(need, host)
+    if problem:
+        raise RdmaError(problem)
+    return device
+
+
+def _uverbs(host: HostPaths) -> Iterator[str]:
+    try:
+        names = sorted(os.listdir(host.dev("infiniband")))
+    except OSError:
+        return iter(())
+    return (host.dev("infiniband", n) for n in names if n.startswith("uverbs"))
+
+
+# -- pyverbs (loaded only here) ------------------------------------------------------------------
+
+def _pyverbs():
+    """Import pyverbs, the distribution's when the environment has none; RdmaError in one line."""
+    try:
+        import pyverbs  # noqa: F401
+    except ImportError:
+        system = "/usr/lib/python3/dist-packages"
+        if os.path.isdir(os.path.join(system, "pyverbs")) and system not in sys.path:
+            sys.path.append(system)  # last, so it shadows nothing the environment has
+    try:
+        from pyverbs import addr, cq, device, mr, pd, qp, wr
+        from pyverbs.pyverbs_error import PyverbsError, PyverbsRDMAError
+        try:
+            from pyverbs import enums as e
+        except ImportError:  # rdma-core >= 59: typed enums
+            e = _TypedEnums()
+    except ImportError as exc:
+        text = str(exc)
+        if "IBVERBS_PRIVATE" in text or "symbol" in text or "version" in text:
+            raise RdmaError(f"pyverbs does not match this host's rdma-core ({text.splitlines()[0]}): install the "
+                            "pyverbs built with it (python3-pyverbs of the same distribution, MOFED or DOCA)") from None
+        raise RdmaError(f"pyverbs is not importable ({text.splitlines()[0]}): install python3-pyverbs from the "
+                        "distribution, MOFED or DOCA that provides this host's rdma-core") from None
+    return addr, cq, device, mr, pd, qp, wr, e, PyverbsError, PyverbsRDMAError
+
+
+class _TypedEnums:
+    """rdma-core >= 59 moved the enums into typed classes in pyverbs.libibverbs_enums."""
+
+    def __getattr__(self, name: str):
+        from pyverbs import libibverbs_enums as lib
+
+        for cls in vars(lib).values():
+            if hasattr(cls, name):
+                return getattr(cls, name)
+        raise AttributeError(name)
+
+
+# -- out-of-band exchange ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Endpoint:
+    lid: int
+    qpn: int
+    psn: int
+    rkey: int
+    addr: int
+    gid: str  # 32 hex digits, zeros when LID-only
+    size: int
+    mtu: int
+
+    def encode(self) -> bytes:
+        return (f"NHRDMA1 {self.lid:04x} {self.qpn:06x} {self.psn:06x} {self.rkey:08x} {self.addr:016x} "
+                f"{self.gid} {self.size:x} {self.mtu}\n").encode()
+
+    @classmethod
+    def decode(cls, line: bytes) -> Endpoint:
+        parts = line.decode("ascii", "replace").split()
+        if len(parts) != 9 or parts[0] != "NHRDMA1" or len(parts[6]) != 32:
+            raise RdmaError(f"the peer's out-of-band message is not an rdma-bw endpoint: {line[:80]!r}")
+        try:
+            lid, qpn, psn, rkey, addr = (int(p, 16) for p in parts[1:6])
+            int(parts[6], 16)
+            size, mtu = int(parts[7], 16), int(parts[8])
+        except ValueError:
+            raise RdmaError(f"the peer's out-of-band message has a bad number: {line[:80]!r}") from None
+        if lid >> 16 or qpn >> 24 or psn >> 24 or rkey >> 32 or addr >> 64 or not 0 < size <= 1 << 31:
+            raise RdmaError(f"the peer's out-of-band message is out of range: {line[:80]!r}")
+        return cls(lid, qpn, psn, rkey, addr, parts[6], size, mtu)
+
+
+def _recv_line(sock: socket.socket, what: str) -> bytes:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        try:
+            chunk = sock.recv(1)
+        except socket.timeout:
+            raise RdmaError(f"the peer sent no {what} within {sock.gettimeout():g} s") from None
+        if not chunk:
+            raise RdmaError(f"the peer closed the connection before its {what}")
+        buf += chunk
+        if len(buf) > OOB_MAX:
+            raise RdmaError(f"the peer's {what} is longer than {OOB_MAX} bytes")
+    return buf
+
+
+# -- the test ------------------------------------------------------------------------------------
+
+def pattern(size: int) -> bytes:
+    """What the client writes: position-dependent, so a short or misplaced write shows."""
+    block = hashlib.sha256(str(size).encode()).digest()
+    return (block * (size // len(block) + 1))[:size]
+
+
+class _Verbs:
+    """Context, PD, MR, CQ and RC QP for one side; closed in reverse order by the ExitStack."""
+
+    def __init__(self, stack: contextlib.ExitStack, opts: Options, device_name: str):
+        (self.addr, cq, device, mr, pd, qp, self.wr, self.e, self.Err, self.RdmaErr) = _pyverbs()
+        self.opts = opts
+        e = self.e
+        try:
+            self.ctx = stack.enter_context(_closing(device.Context(name=device_name)))
+            self.port_attr = self.ctx.query_port(opts.ib_port)
+            if self.port_attr.state != e.IBV_PORT_ACTIVE:
+                raise RdmaError(f"{device_name} port {opts.ib_port} is not ACTIVE")
+            gid = "0" * 32
+            if opts.gid_index is not None:
+                g = self.ctx.query_gid(opts.ib_port, opts.gid_index)
+                gid = str(g).replace(":", "")
+                if int(gid, 16) == 0:
+                    raise RdmaError(f"{device_name} port {opts.ib_port} has no GID at index {opts.gid_index}")
+            self.pd = stack.enter_context(_closing(pd.PD(self.ctx)))
+            access = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+            length = max(opts.size, PAGE)
+            try:
+                self.mr = stack.enter_context(_closing(mr.MR(self.pd, length, access)))
+            except self.RdmaErr as err:
+                if getattr(err, "error_code", None) == errno.ENOMEM:
+                    raise RdmaError(memlock_message(length)) from None
+                raise
+            depth = opts.depth()
+            self.cq = stack.enter_context(_closing(cq.CQ(self.ctx, depth + 1)))
+            cap = qp.QPCap(max_send_wr=depth, max_recv_wr=1, max_send_sge=1, max_recv_sge=1)
+            init = qp.QPInitAttr(qp_type=e.IBV_QPT_RC, scq=self.cq, rcq=self.cq, cap=cap, sq_sig_all=0)
+            self.qp = stack.enter_context(_closing(qp.QP(self.pd, init)))
+            self.qpattr = qp.QPAttr
+        except self.Err as err:
+            raise RdmaError(f"{device_name}: {err}") from None
+        self.psn = random.getrandbits(24)
+        self.local = Endpoint(self.port_attr.lid, self.qp.qp_num, self.psn, self.mr.rkey, self.mr.buf, gid,
+                              opts.size, int(self.port_attr.active_mtu))
+
+    def connect(self, remote: Endpoint) -> None:
+        e, opts = self.e, self.opts
+        try:
+            attr = self.qpattr(qp_state=e.IBV_QPS_INIT, cur_qp_state=e.IBV_QPS_RESET)
+            attr.qp_access_flags = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE
+            attr.pkey_index = 0
+            attr.port_num = opts.ib_port
+            attr.path_mtu = min(self.local.mtu, remote.mtu)
+            attr.dest_qp_num = remote.qpn
+            attr.rq_psn = remote.psn
+            attr.sq_psn = self.psn
+            attr.max_dest_rd_atomic = 1
+            attr.max_rd_atomic = 1
+            attr.min_rnr_timer = MIN_RNR_TIMER
+            attr.timeout = QP_TIMEOUT
+            attr.retry_cnt = RETRY_CNT
+            attr.rnr_retry = RNR_RETRY
+            if opts.gid_index is not None:
+                gr = self.addr.GlobalRoute(dgid=self.addr.GID(_gid_text(remote.gid)), sgid_index=opts.gid_index,
+                                           hop_limit=255)
+                ah = self.addr.AHAttr(gr=gr, is_global=1, port_num=opts.ib_port)
+            else:
+                ah = self.addr.AHAttr(dlid=remote.lid, is_global=0, port_num=opts.ib_port)
+            attr.ah_attr = ah
+            self.qp.to_rts(attr)
+        except self.Err as err:
+            raise RdmaError(f"cannot connect the queue pair: {err}") from None
+
+    def write_all(self, remote: Endpoint, deadline: float) -> tuple[int, float, list[tuple[float, int]]]:
+        """Post the timed writes; returns (iterations, first post time, signalled completions)."""
+        opts, e, wrm = self.opts, self.e, self.wr
+        mod, depth = opts.moderation(), opts.depth()
+        sge = wrm.SGE(self.mr.buf, opts.size, self.mr.lkey)
+
+        def make(signaled: bool):
+            w = wrm.SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge],
+                           send_flags=e.IBV_SEND_SIGNALED if signaled else 0)
+            w.set_wr_rdma(remote.rkey, remote.addr)
+            return w
+
+        plain, signaled = make(False), make(True)
+        if opts.warmup:
+            self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline)
+        end = time.monotonic() + opts.duration if opts.duration else None
+        return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline)
+
+    def _run(self, iterations: int, plain, signaled, mod: int, depth: int, end: float | None, deadline: float):
+        posted = completed = 0
+        completions: list[tuple[float, int]] = []
+        pending: list[int] = []  # messages covered by each outstanding signalled WR
+        unsignaled = 0
+        first = time.perf_counter()
+        stalled_since = time.monotonic()
+        while True:
+            stop_posting = (end is not None and time.monotonic() >= end) or (end is None and posted >= iterations)
+            while not stop_posting and posted - completed < depth:
+                last = end is None and posted + 1 == iterations
+                sig = last or (posted + 1) % mod == 0 or posted - completed + 1 == depth
+                self.qp.post_send(signaled if sig else plain)
+                posted += 1
+                unsignaled += 1
+                if sig:
+                    pending.append(unsignaled)
+                    unsignaled = 0
+                stop_posting = end is None and posted >= iterations
+            if stop_posting and unsignaled:  # the duration ended between signals: signal the tail
+                if posted - completed < depth:
+                    self.qp.post_send(signaled)
+                    posted += 1
+                    pending.append(unsignaled + 1)
+                    unsignaled = 0
+            if stop_posting and not pending:
+                break
+            n, wcs = self.cq.poll(num_entries=16)
+            now = time.perf_counter()
+            for wc in wcs[:n]:
+                if wc.status != self.e.IBV_WC_SUCCESS:
+                    raise RdmaError(f"an RDMA WRITE failed: completion status {wc.status} "
+                                    f"({_wc_status(wc.status)}); the peer or the path is gone")
+                completed += pending.pop(0)
+                completions.append((now, completed))
+            if n:
+                stalled_since = time.monotonic()
+            elif time.monotonic() - stalled_since > STALL_SECONDS or time.monotonic() > deadline:
+                raise RdmaError(f"no RDMA WRITE completed for {time.monotonic() - stalled_since:.0f} s: "
+                                "the peer or the path is gone")
+        return completed, first, completions
+
+
+def _wc_status(status: int) -> str:
+    names = {5: "flushed", 12: "transport retry counter exceeded", 13: "RNR retry counter exceeded",
+             10: "remote access error", 9: "remote invalid request"}
+    return names.get(int(status), "see ibv_wc_status_str")
+
+
+def _gid_text(hex32: str) -> str:
+    return ":".join(hex32[i:i + 4] for i in range(0, 32, 4))
+
+
+@contextlib.contextmanager
+def _closing(obj):
+    try:
+        yield obj
+    finally:
+        obj.close()
+
+
+def _check_opts(opts: Options) -> None:
+    if not 1 <= opts.size <= 1 << 30:
+        raise RdmaError("--size must be 1 B to 1 GiB")
+    if opts.iterations < 5 and opts.duration is None:
+        raise RdmaError("--iterations must be at least 5 (as perftest)")
+    if opts.duration is not None and not 0 < opts.duration <= 3600:
+        raise RdmaError("--duration must be in (0, 3600] seconds")
+    if opts.tx_depth < 1:
+        raise RdmaError("--tx-depth must be at least 1")
+
+
+def server(opts: Options, listen: str = "0.0.0.0", host: HostPaths | None = None, timeout: float = OOB_TIMEOUT
+           ) -> Result:
+    """Wait for one client, expose the buffer, and return the client's report once it verified."""
+    _check_opts(opts)
+    host = host or HostPaths("/")
+    device = preflight(opts, host, max(opts.size, PAGE))
+    with contextlib.ExitStack() as stack:
+        lsock = stack.enter_context(socket.create_server((listen, opts.port), reuse_port=False))
+        lsock.settimeout(timeout)
+        verbs = _Verbs(stack, opts, device)
+        try:
+            conn, _ = lsock.accept()
+        except socket.timeout:
+            raise RdmaError(f"no client connected to port {opts.port} within {timeout:g} s") from None
+        conn = stack.enter_context(conn)
+        conn.settimeout(timeout)
+        remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+        if remote.size != opts.size:
+            raise RdmaError(f"the client writes {remote.size}-byte messages, this server expects {opts.size}")
+        conn.sendall(verbs.local.encode())
+        verbs.connect(remote)
+        conn.settimeout(timeout + (opts.duration or 0) + opts.iterations * 0.01)
+        report = _recv_line(conn, "report")
+        try:
+            doc = json.loads(report)
+            result = Result(**{k: doc[k] for k in Result.__dataclass_fields__ if k in doc})
+        except (ValueError, TypeError, KeyError):
+            raise RdmaError(f"the client's report is not a result: {report[:80]!r}") from None
+        result.verified = verbs.mr.read(opts.size, 0) == pattern(opts.size)
+        result.device = device
+        conn.sendall(b"OK\n" if result.verified else b"BAD\n")
+        if not result.verified:
+            raise RdmaError("the bytes written into this server's buffer are not the client's")
+        return result
+
+
+def client(server_host: str, opts: Options, host: HostPaths | None = None, timeout: float = OOB_TIMEOUT) -> Result:
+    _check_opts(opts)
+    host = host or HostPaths("/")
+    device = preflight(opts, host, max(opts.size, PAGE))
+    with contextlib.ExitStack() as stack:
+        verbs = _Verbs(stack, opts, device)
+        verbs.mr.write(pattern(opts.size), opts.size)
+        try:
+            conn = stack.enter_context(socket.create_connection((server_host, opts.port), timeout=timeout))
+        except OSError as err:
+            raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: {err.strerror or err}"
+                            ) from None
+        conn.sendall(verbs.local.encode())
+        remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+        if remote.size < opts.size:
+            raise RdmaError(f"the server's buffer ({remote.size} B) is smaller than a message")
+        verbs.connect(remote)
+        limit = (opts.duration or 0) + timeout + opts.iterations * 0.01
+        n, first, completions = verbs.write_all(remote, time.monotonic() + limit)
+        avg, peak, rate = bandwidth(opts.size, n, first, completions, window=max(1, min(opts.depth(), n // 2)))
+        result = Result(opts.size, n, completions[-1][0] - first, avg, peak, rate, device)
+        conn.sendall(json.dumps(asdict(result)).encode() + b"\n")
+        answer = _recv_line(conn, "verification")
+        result.verified = answer.strip() == b"OK"
+        if not result.verified:
+            raise RdmaError("the server found other bytes in its buffer than this client wrote")
+        return result

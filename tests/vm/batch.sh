@@ -1,0 +1,119 @@
+#!/bin/sh
+# The VM tier's batch: every scenario of one boot, run as root in the guest from the checkout.
+# Results go to $OUT as small files the tests read; each step logs what it ran to stdout (console.log).
+set -u
+. "$OUT/env.sh"
+PY="$PWD/.venv/bin/python"
+NH="$PY -m nodehealth.cli"
+export PYTHONDONTWRITEBYTECODE=1
+log() { echo "== $*"; }
+wait_port() {
+  i=0
+  while ! ss -ltnH "sport = :$1" | grep -q .; do
+    i=$((i+1)); [ $i -gt 600 ] && { echo "port $1 never listened"; return 1; }; sleep 0.1
+  done
+}
+# the device's resource counts (the kernel's own QP1 and its PD/CQ are always there)
+counts() { rdma resource show | grep rxe0 | sed 's/^[0-9]*: //'; }
+
+ip link set lo up
+modprobe rdma_rxe || { echo "no rdma_rxe"; exit 3; }
+rdma link add rxe0 type rxe netdev lo || exit 3
+for i in $(seq 50); do grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state && break; sleep 0.1; done
+GID=""
+for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+  n=${g##*/}
+  if [ "$(cat $g 2>/dev/null)" = "0000:0000:0000:0000:0000:ffff:7f00:0001" ] && \
+     [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ]; then GID=$n; fi
+done
+echo "$GID" > $OUT/gid
+log "rxe0 on lo, GID index $GID"; ibv_devinfo -d rxe0 | head -20
+counts > $OUT/res_base.txt
+
+# 1. bandwidth: ib_write_bw and rdma-bw alternated, 64 KiB and 1 MiB, ${REPS} rounds each
+REPS=${REPS:-3}
+: > $OUT/bw.tsv
+port=18600
+for size in ${SIZES-65536 1048576}; do
+  n=$((65536000 / size))
+  for rep in $(seq $REPS); do
+    port=$((port+1))
+    ib_write_bw -d rxe0 -x $GID -s $size -n $n -F --report_gbits -p $port > $OUT/ibs.txt 2>&1 &
+    wait_port $port
+    ib_write_bw -d rxe0 -x $GID -s $size -n $n -F --report_gbits -p $port 127.0.0.1 > $OUT/ibc.txt 2>&1
+    wait
+    bw=$(awk -v s=$size '$1==s {print $4}' $OUT/ibc.txt | tail -1)
+    echo "ib_write_bw $size $rep ${bw:-nan}" >> $OUT/bw.tsv
+    port=$((port+1))
+    $NH rdma-bw -d rxe0 -x $GID -s $size -n $n -p $port --json > $OUT/nhs.json 2> $OUT/nhs.err &
+    wait_port $port
+    $NH rdma-bw -d rxe0 -x $GID -s $size -n $n -p $port --json 127.0.0.1 > $OUT/nhc.json 2> $OUT/nhc.err
+    echo "client rc $?"; wait
+    bw=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['bw_avg_gbps'])" $OUT/nhc.json 2>/dev/null)
+    echo "rdma-bw $size $rep ${bw:-nan}" >> $OUT/bw.tsv
+    cp $OUT/nhc.json $OUT/nhc-$size.json; cp $OUT/nhs.json $OUT/nhs-$size.json
+    cat $OUT/nhc.err $OUT/nhs.err
+  done
+done
+cat $OUT/bw.tsv
+
+# 2. memlock: a non-root user with ulimit -l 64 (root ignores the limit)
+chmod 755 /root /root/.pyenv 2>/dev/null; chmod 666 /dev/infiniband/uverbs*
+port=$((port+1))
+ib_write_bw -d rxe0 -x $GID -s 1048576 -n 20 -p $port > /dev/null 2>&1 &
+wait_port $port
+setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "ulimit -l 64; ib_write_bw -d rxe0 -x $GID -s 1048576 -n 20 -p $port 127.0.0.1" > $OUT/memlock_perftest.txt 2>&1
+echo "rc $?" >> $OUT/memlock_perftest.txt
+kill %1 2>/dev/null; wait
+setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "ulimit -l 64; $NH rdma-bw -d rxe0 -x $GID -s 1048576 -n 20 -p $port 127.0.0.1" > $OUT/memlock_nh.txt 2>&1
+echo "rc $?" >> $OUT/memlock_nh.txt
+cat $OUT/memlock_perftest.txt $OUT/memlock_nh.txt
+
+# 3. failures: wrong GID index, a port set down, a bogus out-of-band message, a peer killed mid-test
+$NH rdma-bw -d rxe0 -x 99 -p 18700 127.0.0.1 > $OUT/wronggid.txt 2>&1; echo "rc $?" >> $OUT/wronggid.txt
+ip link add nhdown type dummy && rdma link add rxe1 type rxe netdev nhdown && ip link set nhdown down
+sleep 0.5
+$NH rdma-bw -d rxe1 -x 0 -p 18701 127.0.0.1 > $OUT/portdown.txt 2>&1; echo "rc $?" >> $OUT/portdown.txt
+$NH rdma-bw -d rxe0 -x $GID -p 18702 --timeout 20 > $OUT/bogus.txt 2>&1 &
+wait_port 18702
+$PY -c "import socket; s=socket.create_connection(('127.0.0.1',18702)); s.sendall(b'GET / HTTP/1.0\r\n\r\n'); s.recv(10)" 2>/dev/null
+wait $!; echo "rc $?" >> $OUT/bogus.txt
+$NH rdma-bw -d rxe0 -x $GID -s 1048576 -p 18703 --timeout 20 > $OUT/killed_server.txt 2>&1 &
+spid=$!
+wait_port 18703
+( $NH rdma-bw -d rxe0 -x $GID -s 1048576 -D 30 -p 18703 --timeout 20 127.0.0.1 > $OUT/killed.txt 2>&1; echo "rc $?" >> $OUT/killed.txt ) &
+cpid=$!
+i=0  # both sides hold their queue pairs: the test is under way
+until [ "$(rdma resource show qp | grep -c 'comm python')" -ge 2 ] || [ $i -gt 600 ]; do i=$((i+1)); sleep 0.1; done
+sleep 2
+counts > $OUT/res_during.txt
+rdma resource show qp >> $OUT/res_during.txt
+kill -9 $spid
+wait $spid
+wait $cpid
+i=0  # the kernel releases a killed process's objects; a soft device may take a moment
+until [ "$(counts)" = "$(cat $OUT/res_base.txt)" ] || [ $i -gt 300 ]; do i=$((i+1)); sleep 0.1; done
+echo "settled after $i tenths of a second" > $OUT/res_settle.txt
+counts > $OUT/res_after.txt
+rdma resource show qp >> $OUT/res_after.txt
+rdma resource show > $OUT/rdma_resource.txt
+cat $OUT/wronggid.txt $OUT/portdown.txt $OUT/bogus.txt $OUT/killed.txt $OUT/res_*.txt
+
+# 4. kernel log: the daemon's stream takes the printk module's records (facility 0), not a
+# userspace write of the same text (facility 1)
+ip link set lo up
+report() { $PY -c "import urllib.request as u, sys; sys.stdout.write(u.urlopen('http://127.0.0.1:9456/v1/report').read().decode())"; }
+$NH daemon --listen 127.0.0.1:9456 --interval 1 --state-dir /tmp/nhstate > $OUT/daemon.log 2>&1 &
+dpid=$!
+wait_port 9456
+sleep 2
+echo "NVRM: Xid (PCI:0000:5e:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." > /dev/kmsg
+sleep 4
+report > $OUT/report_user.json
+insmod $OUT/nh_printk.ko gpu=0000:3b:00
+sleep 4
+report > $OUT/report_kernel.json
+dmesg -x | grep -E "Xid|blocked for more" > $OUT/kmsg_raw.txt
+kill $dpid; wait $dpid
+cat $OUT/kmsg_raw.txt
+exit 0
