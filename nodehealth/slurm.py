@@ -24,10 +24,14 @@ PREFIX = "nodehealth:"
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN, EXIT_SLURM = 0, 1, 2, 3
 _UNSAFE = re.compile(r"[^A-Za-z0-9 ._:/,+@()-]+")
 _REASON_TAIL = re.compile(r" \[[^\]]*@[^\]]*\]$")  # scontrol appends "[user@time]" to the reason
+# scontrol's words when slurmctld is not there (down, restarting, failing over, overloaded); any other
+# error is an answer (an unknown node, a refused update) that waiting does not change.
+_UNREACHABLE = re.compile(r"Unable to contact|timed out|Zero Bytes|standby|Connection refused|connection failure",
+                          re.IGNORECASE)
 
 
 class SlurmError(Exception):
-    """slurmctld could not be reached or refused the command, after the configured attempts."""
+    """slurmctld could not be reached after the configured attempts, or refused the command."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,11 @@ def parse_node(text: str) -> NodeState:
     return NodeState(state, reason)
 
 
+def _text(data: bytes | str | None) -> str:
+    """A timed-out run's partial output, which subprocess hands back as bytes."""
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+
+
 class Scontrol:
     """scontrol with bounded retries: slurmctld may be restarting."""
 
@@ -83,15 +92,20 @@ class Scontrol:
                                       timeout=cfg["timeout_seconds"], stdin=subprocess.DEVNULL)
             except FileNotFoundError:
                 raise SlurmError(f"{cfg['scontrol']} not found: install slurm-client or set slurm.scontrol") from None
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired as e:
+                said = " ".join(_text(e.stderr).split())[:300]
+                if said and not _UNREACHABLE.search(said):  # e.g. no slurm.conf: scontrol waits 60 s for it
+                    raise SlurmError(f"`scontrol {' '.join(args)}` gave no answer in {cfg['timeout_seconds']:g} s: "
+                                     f"{said}") from None
                 last = f"no answer in {cfg['timeout_seconds']:g} s"
                 continue
             if done.returncode == 0:
                 return done.stdout
             last = " ".join((done.stderr or done.stdout).split())[:300] or f"exit {done.returncode}"
-            if "Invalid node name" in last:  # a wrong name does not get better by waiting
-                break
-        raise SlurmError(f"scontrol {args[0]} failed after {attempt + 1} attempt(s): {last}")
+            if not _UNREACHABLE.search(last):
+                raise SlurmError(f"slurmctld refused `scontrol {' '.join(args)}`: {last}")
+        raise SlurmError(f"slurmctld did not answer `scontrol {args[0]} {args[1]}` in {cfg['attempts']} attempt(s): "
+                         f"{last}")
 
     def node(self, name: str) -> NodeState:
         return parse_node(self.run("show", "node", name))
@@ -139,8 +153,7 @@ def cmd_slurm(args: argparse.Namespace) -> int:
     try:
         code, line = act(report, node, Scontrol(cfg["slurm"]), cfg["slurm"]["reason_max_chars"])
     except SlurmError as e:
-        print(f"nodehealth: slurm: cannot reach slurmctld for node {node} (verdict {report.status.value}): {e}",
-              file=sys.stderr)
+        print(f"nodehealth: slurm: node {node} is {report.status.value}, but {e}", file=sys.stderr)
         return EXIT_SLURM
     print(f"nodehealth: {line}")
     return code

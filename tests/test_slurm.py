@@ -40,6 +40,20 @@ def test_parse_node_reads_state_and_strips_the_user_and_time():
         parse_node("slurm_load_node error: something else")
 
 
+def test_a_missing_slurm_conf_is_one_line_without_retries(tmp_path):
+    require_tool("scontrol")
+    cfg = tmp_path / "nodehealth.json"
+    cfg.write_text(json.dumps({"slurm": {"timeout_seconds": 2, "attempts": 3, "retry_delay_seconds": 1}}))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "nodehealth.cli", "slurm", "--root", HEALTHY, "--node-name", NODE,
+                           "--config", str(cfg), "--state-dir", str(tmp_path / "state")],
+                          env=dict(os.environ, SLURM_CONF=str(tmp_path / "missing.conf")),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "missing.conf" in done.stderr, done.stderr
+    assert time.monotonic() - started < 5  # scontrol itself would wait a minute; three tries would take 8 s
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     for tool in TOOLS:
@@ -109,6 +123,13 @@ def test_unhealthy_node_is_drained_with_the_finding_then_resumed_once_healthy(no
     code, out, err = run_slurm(node, UNHEALTHY, tmp_path)  # a second pass leaves its own drain as it is
     assert code == 1 and "already drained" in out, out + err
 
+    # Another fault on a node nodehealth drained: the reason follows the worst finding now.
+    code, out, err = run_slurm(node, machine("fragmented"), tmp_path)
+    assert code == 1, out + err
+    assert node.node()["Reason"] == "nodehealth: HugeBlocksExhausted Normal zone of node 0"
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)
+    assert code == 1 and node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0", out + err
+
     # A pass that cannot judge (plain-host has no InfiniBand) leaves the drain as it is.
     code, out, err = run_slurm(node, HEALTHY, tmp_path, extra=("--only", "infiniband"))
     assert code == 2, out + err
@@ -132,6 +153,15 @@ def test_an_admins_drain_is_left_alone(node, tmp_path):
     assert "drained by someone else" in out
 
 
+def test_a_node_slurm_does_not_know_is_one_clear_line_without_retries(node, tmp_path):
+    cmd = [sys.executable, "-m", "nodehealth.cli", "slurm", "--root", HEALTHY, "--node-name", "no-such-node",
+           "--state-dir", str(tmp_path / "state")]
+    done = subprocess.run(cmd, env=node.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "slurmctld refused `scontrol show node no-such-node`" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
 def test_slurmctld_down_is_one_clear_line_then_retried(node, tmp_path):
     node.stop_controller()
     started = time.monotonic()
@@ -139,7 +169,7 @@ def test_slurmctld_down_is_one_clear_line_then_retried(node, tmp_path):
     assert code == 3, out + err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert "cannot reach slurmctld" in lines[0] and "after 2 attempt(s)" in lines[0]
+    assert "unhealthy, but slurmctld did not answer `scontrol show node` in 2 attempt(s)" in lines[0]
     assert "Unable to contact slurm controller" in lines[0]
     assert time.monotonic() - started < 60
 
