@@ -1,4 +1,4 @@
-"""Command line: `nodehealth check`, `nodehealth daemon`, `nodehealth version`.
+"""Command line: `nodehealth check`, `nodehealth daemon`, `nodehealth slurm`, `nodehealth version`.
 
 Subcommands stay thin: they build the pieces and call the core. The daemon's modules (HTTP,
 exposition) are imported only when the daemon runs, so `check` stays fast.
@@ -60,10 +60,8 @@ def node_name(args: argparse.Namespace, host: HostPaths) -> str:
     return getattr(args, "node_name", None) or os.environ.get("NODE_NAME") or hostname(host)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    cfg = config.load(args.config)
-    if args.kernel_log:
-        cfg["collectors"]["kmsg"]["files"] = list(args.kernel_log)
+def one_pass(args: argparse.Namespace, cfg: dict[str, Any]) -> Report:
+    """One check pass and its verdict: what `check` prints and `slurm` acts on."""
     engine = build_engine(args, cfg)
     host = engine.host
     results, findings = engine.run()
@@ -72,16 +70,23 @@ def cmd_check(args: argparse.Namespace) -> int:
     # still contributes the sticky faults the daemon recorded this boot.
     policy = Policy(cfg["policy"], (), boot_id(host), debounce=False)
     state_dir = args.state_dir or (cfg["daemon"]["state_dir"] if host.is_live else None)
-    if state_dir and not args.kernel_log:  # a saved log is another node's story, not this host's
+    if state_dir and not getattr(args, "kernel_log", None):  # a saved log is another node's story, not this host's
         policy.restore(StateFile(state_dir).load(read_only=True))
     selected = {c.NAME for c in engine.checks}
     findings = policy.apply(findings, host.now()) + [f for f in policy.sticky_findings() if f.check in selected]
-    status = verdict(findings, fail_on_warning=args.fail_on == "warning")
-    report = Report(node_name(args, host), status, sort_findings(findings), list(results.values()), host.now())
+    status = verdict(findings, fail_on_warning=getattr(args, "fail_on", "degraded") == "warning")
+    return Report(node_name(args, host), status, sort_findings(findings), list(results.values()), host.now())
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    cfg = config.load(args.config)
+    if args.kernel_log:
+        cfg["collectors"]["kmsg"]["files"] = list(args.kernel_log)
+    report = one_pass(args, cfg)
     from nodehealth import report as render
 
     sys.stdout.write(render.to_json(report) if args.json else render.to_table(report, verbose=args.verbose))
-    return status.code
+    return report.status.code
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -143,6 +148,12 @@ def cmd_controller(args: argparse.Namespace) -> int:
     from nodehealth import controller  # the Kubernetes client and the analysis, only here
 
     return controller.cmd_controller(args)
+
+
+def cmd_slurm(args: argparse.Namespace) -> int:
+    from nodehealth import slurm  # scontrol and the drain logic, only here
+
+    return slurm.cmd_slurm(args)
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -218,6 +229,11 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--identity", metavar="NAME", help="its name in the leader Lease (default $POD_NAME, else the "
                                                       "hostname)")
     c.set_defaults(func=cmd_controller)
+
+    c = sub.add_parser("slurm", help="one pass, then drain this Slurm node (unhealthy) or resume it (healthy, "
+                                     "drained by nodehealth): HealthCheckProgram or Prolog")
+    _common(c)
+    c.set_defaults(func=cmd_slurm)
 
     b = sub.add_parser("breaker", help="the cluster-wide quarantine circuit breaker")
     bsub = b.add_subparsers(dest="breaker_command", required=True)

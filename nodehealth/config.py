@@ -56,6 +56,20 @@ KUBE_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The Slurm face (nodehealth/slurm.py): `nodehealth slurm` as HealthCheckProgram or Prolog.
+SLURM_DEFAULTS: dict[str, Any] = {
+    "scontrol": "scontrol",  # found on PATH; slurm.conf's location comes from $SLURM_CONF as for scontrol
+    # slurmctld may be restarting (upgrade, failover): try this many times, this far apart, before
+    # giving up. Slurm runs HealthCheckProgram again at the next HealthCheckInterval anyway, so a few
+    # seconds of patience is enough and keeps a Prolog from holding a job start for long.
+    "attempts": 3,
+    "retry_delay_seconds": 2.0,
+    "timeout_seconds": 10.0,  # one scontrol call; slurm's own MessageTimeout defaults to 10 s
+    # Slurm shows the reason in sinfo -R; nodehealth's are a few words, longer ones are cut here.
+    "reason_max_chars": 120,
+}
+
+
 # Hang detection for distributed training (nodehealth/hang/detector.py).
 HANG_DEFAULTS: dict[str, Any] = {
     "enabled": False,  # the daemon watches `directory` for hung ranks
@@ -212,6 +226,7 @@ def defaults() -> dict[str, Any]:
         "kube": copy.deepcopy(KUBE_DEFAULTS),
         "hang": copy.deepcopy(HANG_DEFAULTS),
         "pingmesh": copy.deepcopy(PINGMESH_DEFAULTS),
+        "slurm": copy.deepcopy(SLURM_DEFAULTS),
     }
 
 
@@ -261,6 +276,11 @@ def check_ranges(cfg: dict[str, Any]) -> None:
                       ("nic_health", "watchdog_repeat"), ("edac", "corrected_limit")):
         if not cfg["checks"][name][key] >= 1:
             raise ConfigError(f"checks.{name}.{key}: must be at least 1, not {cfg['checks'][name][key]!r}")
+    for key in ("timeout_seconds", "retry_delay_seconds"):
+        positive(f"slurm.{key}", cfg["slurm"][key])
+    for key, least in (("attempts", 1), ("reason_max_chars", 20)):
+        if not cfg["slurm"][key] >= least:
+            raise ConfigError(f"slurm.{key}: must be at least {least}, not {cfg['slurm'][key]!r}")
     pm = cfg["pingmesh"]
     # A probe may outlive the interval (timeout_seconds >= probe_interval_seconds): it is not refused.
     for key in ("probe_interval_seconds", "timeout_seconds", "max_probes_per_second", "fetch_timeout_seconds"):

@@ -39,7 +39,7 @@ def options(parser: argparse.ArgumentParser, command: str) -> list[list[str]]:
     return [a.option_strings for a in sub._actions if a.option_strings and "--help" not in a.option_strings]
 
 
-@pytest.mark.parametrize("command", ["check", "daemon"])
+@pytest.mark.parametrize("command", ["check", "daemon", "slurm"])
 def test_each_synopsis_lists_every_flag(command):
     synopsis = re.search(rf"```\n(nodehealth {command} .*?)```", read("README.md"), re.S).group(1)
     listed = set(re.findall(r"--?[a-z][a-z-]*", synopsis))

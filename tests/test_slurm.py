@@ -1,0 +1,223 @@
+"""`nodehealth slurm` against a real slurmctld, slurmd and munged from Debian, started here on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import IN_CI, machine, require_tool
+from slurm_cluster import NODE, TOOLS, SlurmCluster
+
+from nodehealth.model import Finding, Severity
+from nodehealth.slurm import PREFIX, NodeState, SlurmError, drain_reason, parse_node
+
+UNHEALTHY = machine("nvml-h100-xid79-lost")  # GPU 3 lost: GpuLost is its worst finding
+HEALTHY = machine("plain-host")
+
+
+def test_drain_reason_is_one_bounded_printable_line():
+    f = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "msg", device="0000:cb:00.0")
+    assert drain_reason(f, 120) == "nodehealth: Xid79FallenOffBus 0000:cb:00.0"
+    hostile = Finding("mounts", Severity.FATAL, "MountHung", "msg",
+                      device='/mnt/$(rm -rf /)\n"x";\tState=IDLE' + "é" * 300)
+    reason = drain_reason(hostile, 60)
+    assert reason.startswith(PREFIX) and len(reason) <= 60
+    assert not set(reason) & set('$\n\t";=é'), reason
+
+
+def test_parse_node_reads_state_and_strips_the_user_and_time():
+    text = ("NodeName=nh1 Arch=x86_64 CoresPerSocket=1\n   State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0\n"
+            "   Reason=nodehealth: GpuLost 0000:5d:00.0 [root@2026-11-23T21:35:47]\n")
+    node = parse_node(text)
+    assert node == NodeState("IDLE+DRAIN", "nodehealth: GpuLost 0000:5d:00.0")
+    assert node.drained and node.ours
+    assert not parse_node("   State=MIXED ThreadsPerCore=1\n").drained
+    assert not NodeState("DOWN+DRAIN", "admin: fan").ours
+    with pytest.raises(SlurmError, match="no State"):
+        parse_node("slurm_load_node error: something else")
+
+
+def test_a_missing_slurm_conf_is_one_line_without_retries(tmp_path):
+    require_tool("scontrol")
+    cfg = tmp_path / "nodehealth.json"
+    cfg.write_text(json.dumps({"slurm": {"timeout_seconds": 2, "attempts": 3, "retry_delay_seconds": 1}}))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "nodehealth.cli", "slurm", "--root", HEALTHY, "--node-name", NODE,
+                           "--config", str(cfg), "--state-dir", str(tmp_path / "state")],
+                          env=dict(os.environ, SLURM_CONF=str(tmp_path / "missing.conf")),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "missing.conf" in done.stderr, done.stderr
+    assert time.monotonic() - started < 5  # scontrol itself would wait a minute; three tries would take 8 s
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    for tool in TOOLS:
+        require_tool(tool)
+    if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail("the Slurm tests run slurmd as root; CI runs as root")
+        pytest.skip("slurmd and slurmctld need root here (SlurmUser=root)")
+    top = tmp_path_factory.mktemp("slurm")
+    # The Prolog: `nodehealth slurm` on the machine named in prolog-root (healthy unless a test says otherwise).
+    (top / "prolog-root").write_text(HEALTHY)
+    prolog = top / "prolog"
+    prolog.write_text(f"#!{sys.executable}\nimport sys\nfrom nodehealth.cli import main\n"
+                      f"root = open({str(top / 'prolog-root')!r}).read()\n"
+                      f"sys.exit(main(['slurm', '--root', root, '--node-name', {NODE!r}, "
+                      f"'--state-dir', {str(top / 'prolog-state')!r}]))\n")
+    prolog.chmod(0o755)
+    c = SlurmCluster(str(top), prolog=str(prolog))
+    try:
+        try:
+            c.start()
+        except RuntimeError as e:
+            if IN_CI:
+                pytest.fail(f"the Slurm cluster did not start: {e}")
+            pytest.skip(f"the Slurm cluster did not start: {e}")
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def node(cluster, tmp_path):
+    """The cluster with its node idle and undrained at the start of each test."""
+    if "slurmctld" not in cluster.procs:
+        cluster.start_controller()
+    # A restarted slurmctld knows the node again only when slurmd answers its next ping.
+    cluster.wait_for(lambda: not {"UNKNOWN", "NOT_RESPONDING"} & set(cluster.state().split("+")), "slurmd to answer")
+    if "DRAIN" in cluster.state():
+        done = cluster.scontrol("update", f"NodeName={NODE}", "State=RESUME")
+        assert done.returncode == 0, (done.stderr, cluster.scontrol("show", "node", NODE).stdout)
+    cluster.wait_state("IDLE")  # a resumed node is NOT_RESPONDING until slurmctld's next ping
+    return cluster
+
+
+def run_slurm(cluster, root, tmp_path, config=None, wait=True, extra=()):
+    cmd = [sys.executable, "-m", "nodehealth.cli", "slurm", "--root", root, "--node-name", NODE,
+           "--state-dir", str(tmp_path / "state"), *extra]
+    if config is not None:
+        path = tmp_path / "nodehealth.json"
+        path.write_text(json.dumps({"slurm": config}))
+        cmd += ["--config", str(path)]
+    p = subprocess.Popen(cmd, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return p
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out, err
+
+
+def test_unhealthy_node_is_drained_with_the_finding_then_resumed_once_healthy(node, tmp_path):
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)
+    assert code == 1, out + err
+    state = node.node()
+    assert "DRAIN" in state["State"].split("+")
+    assert state["Reason"] == "nodehealth: GpuLost 0000:5d:00.0"
+    assert "drained: nodehealth: GpuLost" in out
+
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)  # a second pass leaves its own drain as it is
+    assert code == 1 and "already drained" in out, out + err
+
+    # Another fault on a node nodehealth drained: the reason follows the worst finding now.
+    code, out, err = run_slurm(node, machine("fragmented"), tmp_path)
+    assert code == 1, out + err
+    assert node.node()["Reason"] == "nodehealth: HugeBlocksExhausted Normal zone of node 0"
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)
+    assert code == 1 and node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0", out + err
+
+    # A pass that cannot judge (plain-host has no InfiniBand) leaves the drain as it is.
+    code, out, err = run_slurm(node, HEALTHY, tmp_path, extra=("--only", "infiniband"))
+    assert code == 2, out + err
+    assert node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0"
+
+    code, out, err = run_slurm(node, HEALTHY, tmp_path)
+    assert code == 0, out + err
+    assert "DRAIN" not in node.state().split("+"), node.node()
+    assert "resumed" in out
+
+
+def test_an_admins_drain_is_left_alone(node, tmp_path):
+    admin = "maintenance: fan tray 2"
+    assert node.scontrol("update", f"NodeName={NODE}", "State=DRAIN", f"Reason={admin}").returncode == 0
+    code, out, err = run_slurm(node, HEALTHY, tmp_path)
+    assert code == 0, out + err
+    assert node.node()["Reason"] == admin and "DRAIN" in node.state().split("+")
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)  # unhealthy too: the admin's reason stays
+    assert code == 1, out + err
+    assert node.node()["Reason"] == admin and "DRAIN" in node.state().split("+")
+    assert "drained by someone else" in out
+
+
+def test_a_node_slurm_does_not_know_is_one_clear_line_without_retries(node, tmp_path):
+    cmd = [sys.executable, "-m", "nodehealth.cli", "slurm", "--root", HEALTHY, "--node-name", "no-such-node",
+           "--state-dir", str(tmp_path / "state")]
+    done = subprocess.run(cmd, env=node.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "slurmctld refused `scontrol show node no-such-node`" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_slurmctld_down_is_one_clear_line_then_retried(node, tmp_path):
+    node.stop_controller()
+    started = time.monotonic()
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path, {"attempts": 2, "retry_delay_seconds": 0.2})
+    assert code == 3, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "unhealthy, but slurmctld did not answer `scontrol show node` in 2 attempt(s)" in lines[0]
+    assert "Unable to contact slurm controller" in lines[0]
+    assert time.monotonic() - started < 60
+
+    # The controller comes back while nodehealth is retrying: the drain goes through.
+    p = run_slurm(node, UNHEALTHY, tmp_path, {"attempts": 30, "retry_delay_seconds": 0.5}, wait=False)
+    time.sleep(1)
+    node.start_controller()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 1, out + err
+    assert node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0"
+
+
+def job(cluster, job_id: str) -> str:
+    out = cluster.scontrol("show", "job", job_id).stdout
+    return " ".join(t for t in out.split() if t.startswith(("JobState=", "Reason=")))
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_as_prolog_a_job_runs_on_a_healthy_node_and_is_requeued_from_an_unhealthy_one(node, tmp_path):
+    top = os.path.dirname(node.conf)
+
+    def submit() -> str:
+        done = subprocess.run(["sbatch", "--parsable", "--wrap", "true", "-o", "/dev/null"], env=node.env,
+                              capture_output=True, text=True, cwd=str(tmp_path), timeout=30)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    ok = submit()
+    wait_for(lambda: "JobState=COMPLETED" in job(node, ok), f"job {ok} to complete: {job(node, ok)}")
+
+    with open(os.path.join(top, "prolog-root"), "w") as f:
+        f.write(UNHEALTHY)
+    try:
+        bad = submit()
+        wait_for(lambda: "DRAIN" in node.state().split("+"), "the Prolog to drain the node")
+        # Slurm keeps nodehealth's reason, so the next healthy pass resumes the node.
+        assert node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0"
+        wait_for(lambda: "JobState=PENDING" in job(node, bad), f"job {bad} to be requeued: {job(node, bad)}")
+        assert "launch_failed_requeued_held" in job(node, bad)
+        subprocess.run(["scancel", bad], env=node.env, timeout=30)
+    finally:
+        with open(os.path.join(top, "prolog-root"), "w") as f:
+            f.write(HEALTHY)
