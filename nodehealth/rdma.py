@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from nodehealth.host import HostPaths, read_attr
 
@@ -79,7 +79,6 @@ class Result:
     device: str = ""
     verified: bool = False
     method: str = "rdma-write"
-    extra: dict = field(default_factory=dict)
 
 
 def bandwidth(size: int, iterations: int, first_post: float, completions: list[tuple[float, int]],
