@@ -31,9 +31,9 @@ for m in {modules}; do /bin/busybox insmod /modules/$m.ko || echo "nh-vm: insmod
 /bin/busybox mkdir -p /newroot/nh-out
 /bin/busybox mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 out /newroot/nh-out
 for d in proc sys dev; do /bin/busybox mount --move /$d /newroot/$d; done
-/bin/busybox mount -t tmpfs tmp /newroot/tmp
+{keep}/bin/busybox mount -t tmpfs tmp /newroot/tmp
 /bin/busybox mount -t tmpfs run /newroot/run
-echo "nh-vm: root ready"
+{restore}echo "nh-vm: root ready"
 # switch_root, not chroot: the kernel's own helpers (module autoload) must see the new root too
 exec /bin/busybox switch_root /newroot /bin/sh -c 'cd {cwd} && OUT=/nh-out /bin/sh {script} \
 > /nh-out/console.log 2>&1; echo $? > /nh-out/rc; sync; echo o > /proc/sysrq-trigger; sleep 10'
@@ -85,7 +85,12 @@ def build_initramfs(path: str, release: str, script: str, cwd: str) -> None:
             with open(found[0], "rb") as f:
                 entries.append((f"modules/{m}.ko", stat.S_IFREG | 0o644, f.read()))
             mods.append(m)
-    init = INIT.format(modules=" ".join(mods), script=script, cwd=cwd)
+    # A checkout under /tmp or /run (a CI clone may be there) would vanish under the guest's own
+    # tmpfs: it is set aside before and put back after, at the same path.
+    hidden = cwd.startswith(("/tmp/", "/run/"))
+    keep = f"/bin/busybox mkdir -p /keep\n/bin/busybox mount --bind /newroot{cwd} /keep\n" if hidden else ""
+    restore = f"/bin/busybox mkdir -p /newroot{cwd}\n/bin/busybox mount --move /keep /newroot{cwd}\n" if hidden else ""
+    init = INIT.format(modules=" ".join(mods), script=script, cwd=cwd, keep=keep, restore=restore)
     entries.append(("init", stat.S_IFREG | 0o755, init.encode()))
     with open(path, "wb") as f:
         f.write(_cpio(entries))
