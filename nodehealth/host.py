@@ -100,24 +100,29 @@ def read_bytes(path: str, limit: int = DEFAULT_READ_LIMIT, single: bool = False)
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        chunks = []
-        total = 0
-        while total < limit:
-            try:
-                chunk = os.read(fd, min(65536, limit - total))
-            except BlockingIOError:
-                raise OSError(errno.EAGAIN, "read would block", path) from None
-            except OSError as e:
-                raise OSError(e.errno, e.strerror, path) from None
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-            if single:
-                break
-        return b"".join(chunks)
+        return read_fd(fd, limit, path, single)
     finally:
         os.close(fd)
+
+
+def read_fd(fd: int, limit: int, path: str, single: bool = False) -> bytes:
+    """Read an open descriptor to EOF or `limit` bytes (one read with `single`); errors name `path`."""
+    chunks = []
+    total = 0
+    while total < limit:
+        try:
+            chunk = os.read(fd, min(65536, limit - total))
+        except BlockingIOError:
+            raise OSError(errno.EAGAIN, "read would block", path) from None
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, path) from None
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        if single:
+            break
+    return b"".join(chunks)
 
 
 def read_text(path: str, limit: int = DEFAULT_READ_LIMIT, single: bool = False) -> str:

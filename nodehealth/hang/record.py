@@ -14,7 +14,7 @@ import re
 import stat
 from typing import Any
 
-from nodehealth.host import write_atomic
+from nodehealth.host import read_fd, write_atomic
 
 VERSION = 1
 SUFFIX = ".rank.json"
@@ -64,14 +64,7 @@ def read_regular(path: str, limit: int) -> bytes:
     """Up to `limit` bytes of a plain file, opened with open_plain."""
     fd = open_plain(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
-        chunks, total = [], 0
-        while total < limit:
-            chunk = os.read(fd, min(1 << 20, limit - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-        return b"".join(chunks)
+        return read_fd(fd, limit, path)
     finally:
         os.close(fd)
 
