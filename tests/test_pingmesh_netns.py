@@ -144,8 +144,8 @@ def test_a_rate_limited_node_is_named(mesh, fault):
 
 
 def test_loss_on_a_leaf_uplink_names_the_leaf(mesh, fault):
-    fault.leaf_uplink_loss(1, 15)
-    result = watch(mesh, lambda vs: ("leaf", "leaf1") in named(vs))
+    fault.leaf_uplink_loss(1, 25)
+    result = watch(mesh, lambda vs: ("leaf", "leaf1") in named(vs), windows=8)
     assert named(result.verdicts) == {("leaf", "leaf1")}, [v.message for v in result.verdicts]
 
 
