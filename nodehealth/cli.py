@@ -103,6 +103,10 @@ def cmd_daemon(args: argparse.Namespace) -> int:
         cfg["hang"]["directory"] = args.hang_dir
     if args.dry_run:
         cfg["kube"]["dry_run"] = True
+    if args.slurm:
+        cfg["slurm"]["enabled"] = True
+    if args.node_name and not cfg["slurm"]["node_name"]:
+        cfg["slurm"]["node_name"] = args.node_name
     if args.probe_listen:
         cfg["pingmesh"]["enabled"] = True
         cfg["pingmesh"]["listen"] = args.probe_listen
@@ -202,6 +206,9 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--interval", type=_positive, metavar="S", help="seconds between passes (default 30)")
     d.add_argument("--kube", action="store_true", help="publish taints, conditions and events on this Node")
     d.add_argument("--dry-run", action="store_true", help="compute and export what would be published; write nothing")
+    d.add_argument("--slurm", action="store_true", help="drain this Slurm node when unhealthy, resume its own drains "
+                                                        "(Slurm's name: slurm.node_name, $SLURMD_NODENAME or the "
+                                                        "short hostname)")
     d.add_argument("--hang-dir", metavar="DIR", help="watch training ranks' hang records in DIR ($NODEHEALTH_HANG_DIR)")
     d.add_argument("--probe-listen", metavar="ADDR:PORT",
                    help="run the pingmesh probe agent: answer Pings here (port 9457) and probe this node's peers")

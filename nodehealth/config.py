@@ -56,8 +56,15 @@ KUBE_DEFAULTS: dict[str, Any] = {
 }
 
 
-# The Slurm face (nodehealth/slurm.py): `nodehealth slurm` as HealthCheckProgram or Prolog.
+# The Slurm face (nodehealth/slurm.py): `nodehealth slurm` as HealthCheckProgram or Prolog, or the
+# daemon draining on its own passes (`daemon --slurm`) instead of Kubernetes taints.
 SLURM_DEFAULTS: dict[str, Any] = {
+    "enabled": False,  # the daemon drains and resumes this node in Slurm
+    "node_name": "",  # Slurm's name for this node; empty: $SLURMD_NODENAME, else the short hostname
+    # The daemon calls scontrol when the verdict changes, and this often besides to put back a drain that
+    # was lifted while the fault stays: Slurm's own HealthCheckInterval is commonly 300 s, and a call per
+    # pass from every node would load slurmctld for nothing.
+    "resync_seconds": 300.0,
     "scontrol": "scontrol",  # found on PATH; slurm.conf's location comes from $SLURM_CONF as for scontrol
     # slurmctld may be restarting (upgrade, failover): try this many times, this far apart, before
     # giving up. Slurm runs HealthCheckProgram again at the next HealthCheckInterval anyway, so a few
@@ -276,7 +283,7 @@ def check_ranges(cfg: dict[str, Any]) -> None:
                       ("nic_health", "watchdog_repeat"), ("edac", "corrected_limit")):
         if not cfg["checks"][name][key] >= 1:
             raise ConfigError(f"checks.{name}.{key}: must be at least 1, not {cfg['checks'][name][key]!r}")
-    for key in ("timeout_seconds", "retry_delay_seconds"):
+    for key in ("timeout_seconds", "retry_delay_seconds", "resync_seconds"):
         positive(f"slurm.{key}", cfg["slurm"][key])
     for key, least in (("attempts", 1), ("reason_max_chars", 20)):
         if not cfg["slurm"][key] >= least:

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -188,6 +189,7 @@ class Daemon:
         self.save_errors = 0
         self.save_error: str | None = None  # why the last save failed; None once one succeeds
         self.publisher: Any = None  # nodehealth.kube.Publisher when kube.enabled
+        self.drainer: Any = None  # nodehealth.slurm.Drainer when slurm.enabled
         self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
         self.pingmesh: Any = None  # nodehealth.probe.mesh.Pingmesh when pingmesh.enabled
 
@@ -267,8 +269,14 @@ class Daemon:
         log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
                     len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
         self.save_state()
-        if self.publisher is not None and report is not None:
-            self.publisher.publish(report)
+        if report is not None:
+            self._send(report)
+
+    def _send(self, report: Report) -> None:
+        """Hand a full report to the faces that act on the scheduler: Kubernetes, Slurm."""
+        for face in (self.publisher, self.drainer):
+            if face is not None:
+                face.publish(report)
 
     def _take_clear_request(self) -> None:
         request = take_clear_request(self.state.directory)
@@ -289,8 +297,7 @@ class Daemon:
             self.pass_duration = time.monotonic() - start
             report = self.report
         self.save_state()
-        if self.publisher is not None:
-            self.publisher.publish(report)
+        self._send(report)
 
     def on_kernel(self, batch: Batch) -> None:
         with self.lock:
@@ -299,8 +306,8 @@ class Daemon:
                 self._publish(self.results, self.kernel_checks, self.engine.clock())
             report = self.report if self.passes else None  # nothing goes out before a full pass
         self.save_state()
-        if self.publisher is not None and report is not None:
-            self.publisher.publish(report)
+        if report is not None:
+            self._send(report)
 
     # -- threads -------------------------------------------------------------------------------
     def _pass_loop(self) -> None:
@@ -389,12 +396,9 @@ class Daemon:
             m = Metric("nodehealth_kernel_log_follower_up", "1 while the kernel log follower is reading, else 0.")
             m.add((), 1 if self.follower_alive else 0)
             out.append(m)
-        if self.publisher is not None:
-            out.extend(self.publisher.metrics())
-        if self.hang is not None:
-            out.extend(self.hang.metrics())
-        if self.pingmesh is not None:
-            out.extend(self.pingmesh.metrics())
+        for face in (self.publisher, self.drainer, self.hang, self.pingmesh):
+            if face is not None:
+                out.extend(face.metrics())
         return out
 
     def health(self) -> tuple[bool, str]:
@@ -490,6 +494,9 @@ class Daemon:
                 require_client()
             except KubeError as e:  # said once, at start, instead of at every retry
                 raise ConfigError(f"--kube: {e}") from None
+        if self.cfg["slurm"]["enabled"] and shutil.which(self.cfg["slurm"]["scontrol"]) is None:
+            raise ConfigError(f"--slurm: {self.cfg['slurm']['scontrol']} not found: install slurm-client or set "
+                              "slurm.scontrol")
         listen = self.cfg["daemon"]["listen"]
         try:
             server = make_server(self, listen)
@@ -525,6 +532,11 @@ class Daemon:
 
             self.publisher = Publisher(self.node, self.cfg["kube"], on_clear=self.clear)
             self.publisher.start()
+        if self.cfg["slurm"]["enabled"]:
+            from nodehealth.slurm import Drainer, slurm_node_name
+
+            self.drainer = Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"])
+            self.drainer.start()
         if self.nvml_supported:
             threads.append(threading.Thread(target=self._nvml_events, name="nvml-events", daemon=True))
         for t in threads:
@@ -535,8 +547,9 @@ class Daemon:
         self.stop.wait()
         log.info("stopping")
         server.shutdown()
-        if self.publisher is not None:
-            self.publisher.stop(0.5)
+        for face in (self.publisher, self.drainer):
+            if face is not None:
+                face.stop(0.5)
         if self.nvml_supported:
             nvml.reset_backend()  # wakes the event waiter
         server.server_close()

@@ -1,4 +1,5 @@
-"""The Slurm face: one check pass, then drain this node or resume it through `scontrol`.
+"""The Slurm face: drain this node or resume it through `scontrol`, after one check pass
+(`nodehealth slurm`) or from the daemon's own passes (`nodehealth daemon --slurm`).
 
 Whose drain it is lives in the reason, as LBNL's NHC does it: nodehealth writes reasons that start
 with `nodehealth:` and resumes only those, so an administrator's drain is never undone. scontrol runs
@@ -7,17 +8,21 @@ only here, always from an argv list: no shell ever sees a reason built from a fi
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from nodehealth import config
-from nodehealth.model import Finding, Report, Severity, Status
+from nodehealth.model import Finding, Metric, Report, Severity, Status
+
+log = logging.getLogger(__name__)
 
 PREFIX = "nodehealth:"
 # Exit codes of `nodehealth slurm` (0-2 are `check`'s).
@@ -117,31 +122,143 @@ class Scontrol:
         self.run("update", f"NodeName={name}", "State=RESUME")
 
 
-def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> tuple[int, str]:
-    """Drain on a degraded or fatal verdict, resume our own drain once healthy; the exit code and a line."""
+@dataclass(frozen=True)
+class Outcome:
+    code: int  # the exit code of `nodehealth slurm`
+    line: str  # what was done, for a person
+    ours: bool  # the node is drained by nodehealth now
+    other: bool  # the node is drained by someone else
+
+
+def worst_reason(report: Report, limit: int) -> str | None:
+    """The drain reason an unhealthy verdict asks for; None for any other verdict."""
+    if report.status is not Status.UNHEALTHY:
+        return None
+    return drain_reason(next(f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank), limit)
+
+
+def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> Outcome:
+    """Drain on a degraded or fatal verdict, resume our own drain once healthy."""
     current = ctl.node(node)
-    if report.status is Status.UNHEALTHY:
-        worst = next(f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank)
-        reason = drain_reason(worst, reason_limit)
-        if current.drained and not current.ours:
-            return EXIT_UNHEALTHY, f"{node}: unhealthy ({reason}); left as drained by someone else: {current.reason}"
+    other = current.drained and not current.ours
+    reason = worst_reason(report, reason_limit)
+    if reason is not None:
+        if other:
+            return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy ({reason}); left as drained by someone else: "
+                                           f"{current.reason}", False, True)
         if current.ours and current.reason == reason:
-            return EXIT_UNHEALTHY, f"{node}: unhealthy, already drained: {reason}"
+            return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy, already drained: {reason}", True, False)
         ctl.drain(node, reason)
-        return EXIT_UNHEALTHY, f"{node}: drained: {reason}"
+        return Outcome(EXIT_UNHEALTHY, f"{node}: drained: {reason}", True, False)
     if report.status is Status.HEALTHY:
         if current.ours:
             ctl.resume(node)
-            return EXIT_HEALTHY, f"{node}: healthy, resumed (was: {current.reason})"
-        return EXIT_HEALTHY, f"{node}: healthy" + (f"; drained by someone else: {current.reason}"
-                                                   if current.drained else "")
+            return Outcome(EXIT_HEALTHY, f"{node}: healthy, resumed (was: {current.reason})", False, False)
+        return Outcome(EXIT_HEALTHY, f"{node}: healthy" + (f"; drained by someone else: {current.reason}"
+                                                           if other else ""), False, other)
     # Unknown: no evidence either way, so the node stays as it is (a drain of ours stays too).
-    return EXIT_UNKNOWN, f"{node}: could not judge; node left {current.state}"
+    return Outcome(EXIT_UNKNOWN, f"{node}: could not judge; node left {current.state}", current.ours, other)
 
 
-def slurm_node_name(args: argparse.Namespace) -> str:
+class Drainer:
+    """The daemon's Slurm face: keeps the node's drain in line with the latest verdict from its own
+    thread, so a slow or absent slurmctld never holds up a pass.
+
+    scontrol runs when the verdict or its worst finding changes, and every `resync_seconds` besides
+    (a drain an admin lifted while the fault stays comes back, as HealthCheckProgram would do); not at
+    every pass, which across a large cluster would load slurmctld for nothing.
+    """
+
+    def __init__(self, node: str, cfg: dict[str, Any], ctl: Scontrol | None = None):
+        self.node = node
+        self.cfg = cfg
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self.ctl = ctl or Scontrol(cfg, sleep=self._stop.wait)  # retries end at shutdown
+        self._thread: threading.Thread | None = None
+        self._report: Report | None = None
+        self._key: tuple[str, str | None] | None = None  # the verdict last acted on
+        self._due = 0.0
+        # What the metrics show.
+        self.errors = 0
+        self.last_sync: float | None = None
+        self.outcome: Outcome | None = None
+
+    def publish(self, report: Report) -> None:
+        key = (report.status.value, worst_reason(report, self.cfg["reason_max_chars"]))
+        with self._lock:
+            self._report = report
+            if key != self._key:
+                self._due = 0.0
+        self._wake.set()
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="slurm", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                report, wait = self._report, max(0.0, self._due - time.monotonic())
+            if report is None or wait > 0:
+                self._wake.wait(None if report is None else wait)
+                self._wake.clear()
+                continue
+            self.sync_once(report)
+
+    def sync_once(self, report: Report) -> None:
+        key = (report.status.value, worst_reason(report, self.cfg["reason_max_chars"]))
+        try:
+            outcome = act(report, self.node, self.ctl, self.cfg["reason_max_chars"])
+        except SlurmError as e:
+            with self._lock:
+                self.errors += 1
+                self._due = time.monotonic() + self.cfg["retry_delay_seconds"] * self.cfg["attempts"]
+            log.warning("slurm: node %s is %s, but %s", self.node, report.status.value, e)
+            return
+        with self._lock:
+            changed = self.outcome is None or outcome.line != self.outcome.line
+            self.outcome, self.last_sync, self._key = outcome, time.time(), key
+            if self._report is report:  # a newer verdict that came in meanwhile is acted on at once
+                self._due = time.monotonic() + self.cfg["resync_seconds"]
+        if changed:
+            log.info("slurm: %s", outcome.line)
+
+    def metrics(self) -> list[Metric]:
+        with self._lock:
+            outcome, errors, last_sync = self.outcome, self.errors, self.last_sync
+        m = Metric("nodehealth_slurm_errors_total", "scontrol calls of the daemon that failed after their retries.",
+                   "counter")
+        m.add((), errors)
+        out = [m]
+        m = Metric("nodehealth_slurm_last_sync_timestamp_seconds",
+                   "Unix time the Slurm node's drain last matched the verdict.")
+        m.add((), last_sync)
+        out.append(m)
+        for name, help_text, value in (
+                ("nodehealth_slurm_drained",
+                 "1 while nodehealth's drain is on the Slurm node, as last read or written.",
+                 outcome and outcome.ours),
+                ("nodehealth_slurm_drained_by_other",
+                 "1 while someone else's drain (an administrator's) is on the Slurm node; nodehealth leaves it.",
+                 outcome and outcome.other)):
+            m = Metric(name, help_text)
+            m.add((), None if outcome is None else int(bool(value)))
+            out.append(m)
+        return out
+
+
+def slurm_node_name(given: str | None) -> str:
     """Slurm's name for this node: --node-name, else $SLURMD_NODENAME (set for Prolog), else the short hostname."""
-    return args.node_name or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return given or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
 def cmd_slurm(args: argparse.Namespace) -> int:
@@ -149,11 +266,11 @@ def cmd_slurm(args: argparse.Namespace) -> int:
 
     cfg = config.load(args.config)
     report = one_pass(args, cfg)
-    node = slurm_node_name(args)
+    node = slurm_node_name(args.node_name)
     try:
-        code, line = act(report, node, Scontrol(cfg["slurm"]), cfg["slurm"]["reason_max_chars"])
+        outcome = act(report, node, Scontrol(cfg["slurm"]), cfg["slurm"]["reason_max_chars"])
     except SlurmError as e:
         print(f"nodehealth: slurm: node {node} is {report.status.value}, but {e}", file=sys.stderr)
         return EXIT_SLURM
-    print(f"nodehealth: {line}")
-    return code
+    print(f"nodehealth: {outcome.line}")
+    return outcome.code

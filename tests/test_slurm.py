@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from conftest import IN_CI, machine, require_tool
+from conftest import IN_CI, DaemonProcess, machine, require_tool
 from slurm_cluster import NODE, TOOLS, SlurmCluster
 
 from nodehealth.model import Finding, Severity
@@ -221,3 +221,83 @@ def test_as_prolog_a_job_runs_on_a_healthy_node_and_is_requeued_from_an_unhealth
     finally:
         with open(os.path.join(top, "prolog-root"), "w") as f:
             f.write(HEALTHY)
+
+
+def slurm_metric(d: DaemonProcess, name: str) -> float | None:
+    code, body = d.get("/metrics")
+    assert code == 200
+    for line in body.decode().splitlines():
+        if line.split(" ")[0] == name:
+            return float(line.split()[-1])
+    return None
+
+
+def test_the_daemon_drains_on_its_own_passes_and_resumes_only_its_own_drain(node, tmp_path):
+    """`daemon --slurm`: drain on the verdict, not a scontrol per pass, a lifted drain put back at the resync,
+    slurmctld down (counted, retried, /healthz still ok), resume once healthy, an admin's drain left alone."""
+    calls = tmp_path / "calls"
+    wrapper = tmp_path / "scontrol"  # the real scontrol, counting its calls
+    wrapper.write_text(f"#!/bin/sh\necho \"$1\" >> {calls}\nexec {require_tool('scontrol')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    cfg = tmp_path / "nodehealth.json"
+    cfg.write_text(json.dumps({"slurm": {"scontrol": str(wrapper), "node_name": NODE, "resync_seconds": 4,
+                                         "attempts": 2, "retry_delay_seconds": 0.3}}))
+
+    def start(root: str) -> DaemonProcess:
+        d = DaemonProcess(root, str(tmp_path / os.path.basename(root)), "--slurm", "--config", str(cfg),
+                          interval=0.5, env=node.env)
+        d.wait_ready(30)
+        return d
+
+    def reason() -> str:
+        return node.node().get("Reason", "")
+
+    d = start(UNHEALTHY)
+    try:
+        wait_for(lambda: reason() == "nodehealth: GpuLost 0000:5d:00.0", "the daemon to drain the node")
+        wait_for(lambda: slurm_metric(d, "nodehealth_slurm_drained") == 1, "the drained metric")
+        drained_at = len(calls.read_text().split())
+        time.sleep(2.5)  # five passes with the same verdict: no scontrol call
+        assert len(calls.read_text().split()) == drained_at, calls.read_text()
+
+        # An admin lifts the drain while the GPU is still lost: the resync puts it back.
+        assert node.scontrol("update", f"NodeName={NODE}", "State=RESUME").returncode == 0
+        wait_for(lambda: "DRAIN" not in node.state().split("+"), "the admin's resume")
+        wait_for(lambda: reason() == "nodehealth: GpuLost 0000:5d:00.0", "the resync to drain again", 20)
+        assert slurm_metric(d, "nodehealth_slurm_errors_total") == 0
+        last_sync = slurm_metric(d, "nodehealth_slurm_last_sync_timestamp_seconds")
+        assert last_sync and abs(last_sync - time.time()) < 30
+
+        # slurmctld goes away: errors are counted, the daemon stays ready, and acts once it is back.
+        node.stop_controller()
+        assert node.scontrol("show", "node", NODE).returncode != 0
+        wait_for(lambda: (slurm_metric(d, "nodehealth_slurm_errors_total") or 0) >= 1, "a failed resync", 30)
+        assert d.get("/healthz")[0] == 200
+    finally:
+        d.stop()
+    node.start_controller()
+    node.wait_for(lambda: not {"UNKNOWN", "NOT_RESPONDING"} & set(node.state().split("+")), "slurmd to answer")
+
+    d = start(HEALTHY)
+    try:
+        wait_for(lambda: "DRAIN" not in node.state().split("+"), "the daemon to resume its own drain")
+        wait_for(lambda: slurm_metric(d, "nodehealth_slurm_drained") == 0, "the drained metric to clear")
+        admin = "maintenance: fan tray 2"
+        assert node.scontrol("update", f"NodeName={NODE}", "State=DRAIN", f"Reason={admin}").returncode == 0
+        wait_for(lambda: slurm_metric(d, "nodehealth_slurm_drained_by_other") == 1, "the resync to see the admin's "
+                 "drain", 20)
+        assert reason() == admin and "DRAIN" in node.state().split("+")
+    finally:
+        d.stop()
+    assert "slurm: nh1: healthy, resumed (was: nodehealth: GpuLost 0000:5d:00.0)" in d.output()
+
+
+def test_the_daemon_without_scontrol_is_one_clear_line(tmp_path):
+    cfg = tmp_path / "nodehealth.json"
+    cfg.write_text(json.dumps({"slurm": {"scontrol": str(tmp_path / "no-scontrol")}}))
+    done = subprocess.run([sys.executable, "-m", "nodehealth.cli", "daemon", "--slurm", "--root", HEALTHY,
+                           "--config", str(cfg), "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "--slurm:" in done.stderr and "no-scontrol not found" in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
