@@ -134,7 +134,7 @@ def test_a_lost_probe_in_every_window_of_every_agent_names_nothing(seed):
     summaries = mesh(TOPO, noise=0, windows=8)
     for s in summaries:
         for w in s["windows"]:
-            e = rng.choice(w["peers"])
+            e = rng.choice([e for e in w["peers"] if e["probe"] == "tcp"])  # the probes localization judges
             e["lost"], e["counts"] = 1, [[e["counts"][0][0], e["counts"][0][1] - 1]] + e["counts"][1:]
     assert analyze(summaries, {}, NOW).verdicts == []
     assert analyze(summaries, {"significance": 1.0}, NOW).verdicts != []  # what the background test is for
@@ -142,7 +142,8 @@ def test_a_lost_probe_in_every_window_of_every_agent_names_nothing(seed):
 
 @pytest.mark.parametrize("rate", [0.01, 0.02, 0.05])
 def test_a_node_with_a_few_percent_loss_is_named_within_a_few_windows(rate):
-    a = analyze(mesh(TOPO, windows=8, sent=20, loss=touching("gpu-b03", rate, windows=range(3, 8))), {}, NOW)
+    # 40 TCP probes per edge and window: what 20 of each kind gave when Pings counted too.
+    a = analyze(mesh(TOPO, windows=8, sent=40, loss=touching("gpu-b03", rate, windows=range(3, 8))), {}, NOW)
     assert found(a) == {("node", "gpu-b03")}
     v = a.verdicts[0]
     assert T0 + 3 * WS <= v.since <= T0 + 5 * WS and v.windows >= 3
@@ -645,3 +646,25 @@ def test_nodehealth_pingmesh_analyze_runs_as_a_program(tmp_path):
     r = subprocess.run([sys.executable, "-m", "nodehealth.cli", "pingmesh", "analyze"], capture_output=True,
                        text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2 and "--bundle" in r.stderr
+
+
+def ping_loss(summaries, node: str) -> list:
+    """Every Ping to or from `node` lost: its agent is starved (or gone) while its kernel answers SYNs."""
+    for s in summaries:
+        for w in s["windows"]:
+            for e in w["peers"]:
+                if e["probe"] == "ping" and node in (s["node"], e["node"]):
+                    e["lost"], e["counts"] = e["sent"], []
+    return summaries
+
+
+def test_a_starved_agent_that_answers_no_ping_is_not_a_network_fault():
+    assert analyze(ping_loss(mesh(TOPO), "gpu-b03"), {}, NOW).verdicts == []
+
+
+def test_where_there_are_no_tcp_probes_the_pings_are_judged():
+    summaries = ping_loss(mesh(TOPO), "gpu-b03")
+    for s in summaries:
+        for w in s["windows"]:
+            w["peers"] = [e for e in w["peers"] if e["probe"] == "ping"]
+    assert found(analyze(summaries, {}, NOW)) == {("node", "gpu-b03")}

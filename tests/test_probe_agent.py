@@ -2,13 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
+import selectors
 import socket
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
-from conftest import free_port, http_get, machine, require_tool
+from conftest import HERE, IN_CI, free_port, http_get, machine, require_tool
 
 from nodehealth.config import PINGMESH_DEFAULTS
 from nodehealth.probe import agent
@@ -251,3 +254,70 @@ def test_a_flood_of_connects_on_the_tcp_probe_port_never_stops_our_own_probes(po
         listener.close()
     pings = rec.of("node-b", "ping")
     assert len(pings) >= 6 and all(r is not None for r in pings)
+
+
+def test_a_starved_prober_reports_the_kernels_round_trip_not_its_own_delay(port):
+    """The loop gets to a finished connect 1.2 s late (a CPU-starved agent): the probe is still fast and
+    not retransmitted, because the kernel timed the handshake."""
+    listener = agent.listen_tcp("127.0.0.7", port)
+    rec = Recorder()
+    prober = Prober("node-a", cfg(port, tcp_port=port, timeout_seconds=3.0), rec)
+    sel = selectors.DefaultSelector()
+    try:
+        prober._connect(target("node-b", "127.0.0.7"), sel)
+        time.sleep(1.2)
+        prober._poll_connects(sel, 0.5)
+    finally:
+        sel.close()
+        listener.close()
+    assert rec.results == [("node-b", "tcp", pytest.approx(0.0, abs=0.05), False)], rec.results
+
+
+TCP_PROBE_SCRIPT = """
+import json, selectors, sys, time
+from nodehealth.config import PINGMESH_DEFAULTS
+from nodehealth.probe import agent
+from nodehealth.probe.pinglist import Target
+from nodehealth.probe.prober import Prober
+port = int(sys.argv[1])
+listener = agent.listen_tcp("127.0.0.1", port)
+out = []
+prober = Prober("a", dict(PINGMESH_DEFAULTS, tcp_port=port, timeout_seconds=4.0),
+                lambda t, probe, sent, rtt, retrans: out.append([rtt, retrans]))
+sel = selectors.DefaultSelector()
+for _ in range(2):
+    prober._connect(Target(node="b", address="127.0.0.1", rail=0, leaf="l", group="g"), sel)
+    while sel.get_map():
+        prober._poll_connects(sel, 0.5)
+print(json.dumps(out))
+"""
+
+
+def test_a_dropped_syn_is_a_retransmission_the_kernel_counted(port):
+    """In a namespace whose loopback drops every other SYN (nftables), each connect needs its SYN sent
+    twice: retransmitted, about a second. Without the rule: neither."""
+    require_tool("nft")
+    if os.geteuid() != 0:
+        if IN_CI:
+            pytest.fail("network namespaces need root; CI runs as root")
+        pytest.skip("network namespaces need root")
+    ns = f"nh-syn-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+
+        def probe() -> list:
+            done = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", TCP_PROBE_SCRIPT, str(port)],
+                                  capture_output=True, text=True, timeout=60, cwd=os.path.dirname(HERE))
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        clean = probe()
+        assert [r[1] for r in clean] == [False, False] and all(r[0] < 0.1 for r in clean), clean
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], check=True, text=True,
+                       input="table inet t {\n chain syns {\n type filter hook input priority 0;\n"
+                             f" tcp dport {port} tcp flags & (syn|ack) == syn numgen inc mod 2 == 0 drop\n }}\n}}\n")
+        dropped = probe()
+        assert [r[1] for r in dropped] == [True, True] and all(0.9 <= r[0] < 2.5 for r in dropped), dropped
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)

@@ -1,6 +1,7 @@
 """Pingmesh localization: which node, leaf or leaf-to-leaf path explains the lost and slow probes.
 
 Pure: agents' summaries (stats.Summary or the decoded JSON of `/v1/pingmesh`) in, an Analysis out.
+Evidence is the TCP probes (answered by the peer's kernel); a peer's Pings count only without them.
 Windows of all agents are aligned by their start; only closed ones count. Each window is judged on
 its own, in three steps, each explaining away what the one before could not:
 
@@ -274,10 +275,15 @@ class _Mesh:
                 self._add_window(win, src, w.peers)
 
     def _add_window(self, win: _Window, src: int, peers: list) -> None:
-        """One agent's window: its probes folded per peer node, then into the window's counters."""
+        """One agent's window: its probes folded per peer node, then into the window's counters.
+
+        A peer's Pings count only where it has no TCP probes: the kernel answers a SYN whatever the
+        load, while a Ping waits for the peer's agent, which a CPU-bound training job can starve; a
+        slow or silent agent is not a network fault (the agents' own metrics show it)."""
         edges: dict[str, list] = {}
+        by_tcp = {p.node for p in peers if p.probe == "tcp" and p.sent > 0}
         for p in peers:
-            if p.sent <= 0:
+            if p.sent <= 0 or (p.probe != "tcp" and p.node in by_tcp):
                 continue
             e = edges.get(p.node)
             if e is None:

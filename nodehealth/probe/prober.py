@@ -14,9 +14,12 @@ gRPC calls are futures and TCP connects are non-blocking sockets under one selec
 - TCP: a fresh connect per probe to the peer's TCP probe port (`tcp_port`), from a fresh source
   port (ECMP spreads them over paths), timed
   SYN to SYN-ACK and reset at once. Linux retransmits a SYN after 1 s and again after 3 s, so a
-  connect that took about a second saw its SYN or SYN-ACK dropped (Pingmesh infers drops this
+  connect that needed a second SYN saw its SYN or SYN-ACK dropped (Pingmesh infers drops this
   way); past the timeout it is lost. A refused connect (RST) crossed the network and counts as
-  answered: the Ping shows whether the agent is there.
+  answered: the Ping shows whether the agent is there. The round trip and the retransmission are
+  the kernel's own (TCP_INFO: its RTT sample of the handshake, its count of SYNs sent again), not
+  the time this loop noticed the connect: a CPU-starved agent must not report its own delay as a
+  slow or lossy network.
 """
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ from nodehealth.probe.pinglist import Target
 
 log = logging.getLogger("nodehealth.probe")
 
-SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow retransmitted
+SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow retransmitted (without TCP_INFO)
+# struct tcp_info (linux/tcp.h), stable since 2.6: tcpi_rtt (us) at byte 68, tcpi_total_retrans at byte 100.
+TCP_INFO_BYTES, TCPI_RTT, TCPI_TOTAL_RETRANS = 104, 68, 100
 MAX_WAIT_SECONDS = 0.5  # the loop wakes at least this often to start due probes and expire late ones
 MAX_ACCEPTS_PER_WAKE = 64  # peers' TCP probes answered per turn of the loop (330 peers send 33 a second)
 
@@ -237,9 +242,17 @@ class Prober:
                 self._accept_all()
                 continue
             target, sent_wall, start = key.data
-            rtt = time.monotonic() - start
+            seen = time.monotonic() - start  # includes however late this loop got here
             err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-            self._finish_connect(sel, key.fileobj, key.data, rtt if err in (0, errno.ECONNREFUSED) else None)
+            if err not in (0, errno.ECONNREFUSED):
+                self._finish_connect(sel, key.fileobj, key.data, None)
+                continue
+            rtt, retransmitted = handshake(key.fileobj)
+            if retransmitted is None:
+                retransmitted = seen >= SYN_RETRANSMIT_SECONDS
+            # A retransmitted handshake's sample is the last SYN's alone: the probe's time is the one seen.
+            self._finish_connect(sel, key.fileobj, key.data, seen if rtt is None or retransmitted else rtt,
+                                 retransmitted)
         now = time.monotonic()
         for key in list(sel.get_map().values()):
             if key.data is not None and now - key.data[2] >= self.timeout:
@@ -258,12 +271,27 @@ class Prober:
                 continue
             conn.close()
 
-    def _finish_connect(self, sel: selectors.BaseSelector, s: Any, data: tuple, rtt: float | None) -> None:
+    def _finish_connect(self, sel: selectors.BaseSelector, s: Any, data: tuple, rtt: float | None,
+                        retransmitted: bool = False) -> None:
         target, sent_wall, _ = data
         sel.unregister(s)
         s.close()
-        self.record(target, "tcp", sent_wall, rtt, rtt is not None and rtt >= SYN_RETRANSMIT_SECONDS)
+        self.record(target, "tcp", sent_wall, rtt, rtt is not None and retransmitted)
         self._done()
+
+
+def handshake(s: socket.socket) -> tuple[float | None, bool | None]:
+    """The kernel's account of a finished connect: its RTT sample of the handshake (None when it took
+    none, e.g. a refused connect) and whether it sent the SYN again (None without TCP_INFO)."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+    except OSError:
+        return None, None
+    if len(info) < TCP_INFO_BYTES:
+        return None, None
+    (rtt_us,) = struct.unpack_from("I", info, TCPI_RTT)
+    (retrans,) = struct.unpack_from("I", info, TCPI_TOTAL_RETRANS)
+    return (rtt_us / 1e6 if rtt_us else None), retrans > 0
 
 
 def _endpoint(target: Target, cfg: dict[str, Any]) -> str:
