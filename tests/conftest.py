@@ -19,6 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MACHINES_DIR = os.path.join(HERE, "fixtures", "machines")
 MACHINES = sorted(d for d in os.listdir(MACHINES_DIR) if os.path.isdir(os.path.join(MACHINES_DIR, d)))
 IN_CI = os.environ.get("CI") == "true"
+# How long a stopped daemon may take to exit in a test: its own joins take at most 1.5 s; the rest is
+# room for the interpreter's teardown on a busy 2-core machine, still well inside the pod's 10 s grace.
+STOP_SECONDS = 4.0
 
 
 @dataclass(frozen=True)

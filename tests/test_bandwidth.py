@@ -8,7 +8,7 @@ import shutil
 import time
 
 import pytest
-from conftest import machine
+from conftest import STOP_SECONDS, machine
 from test_machines import compare
 
 from nodehealth import config, exporter
@@ -106,4 +106,4 @@ def test_the_daemon_serves_throughput_from_its_second_pass(node, tmp_path, daemo
     assert 'nodehealth_infiniband_port_throughput_bytes_per_second{device="mlx5_0",port="1",direction="transmit"} 0' \
         in body
     assert 'link="1",direction="transmit"} 0' in body  # the NVLink family, from the same rates
-    assert d.stop() < 2.0
+    assert d.stop() < STOP_SECONDS

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import HERE, MACHINES, MACHINES_DIR, machine
+from conftest import HERE, MACHINES, MACHINES_DIR, STOP_SECONDS, machine
 
 GOLDEN = os.path.join(HERE, "golden")
 VOLATILE = re.compile(r"duration_seconds|timestamp_seconds|daemon_passes_total")
@@ -84,6 +84,6 @@ def test_daemon_metrics_are_golden(name, tmp_path, daemon_factory):
     code, body = d.get("/metrics")
     assert code == 200
     compare(f"{name}.metrics.txt", body.decode())
-    assert d.stop() < 2.0
+    assert d.stop() < STOP_SECONDS
     assert report["node"] == json.loads(run_check("--json", "--root", machine(name),
                                                   "--state-dir", str(tmp_path)).stdout)["node"]

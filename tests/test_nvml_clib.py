@@ -15,7 +15,7 @@ import threading
 import time
 
 import pytest
-from conftest import MACHINES, machine, require_tool
+from conftest import MACHINES, STOP_SECONDS, machine, require_tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_machines import EXPECTED_EXIT, GOLDEN, stable
@@ -64,7 +64,7 @@ def test_daemon_metrics_through_real_pynvml_are_golden(name, work, tmp_path, dae
     code, body = d.get("/metrics")
     assert code == 200
     assert stable(body.decode()) == golden(f"{name}.metrics.txt")
-    assert d.stop() < 2.0  # nvmlShutdown ends the event wait at once
+    assert d.stop() < STOP_SECONDS  # nvmlShutdown ends the event wait at once
 
 
 def test_without_the_library_the_driver_backend_says_so(work, tmp_path):
