@@ -19,7 +19,6 @@ import logging
 import math
 import random
 import re
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from typing import Any, Callable, Protocol
 from nodehealth.config import KUBE_DEFAULTS
 from nodehealth.model import Finding, Metric, Report, Severity, sort_findings
 from nodehealth.probe import inventory, verdicts
+from nodehealth.worker import Worker
 
 log = logging.getLogger("nodehealth.kube")
 
@@ -532,12 +532,14 @@ def _pingmesh_configmap(api: KubeApi, cfg: dict[str, Any], key: str) -> dict[str
 # -- the publisher --------------------------------------------------------------------------------
 
 
-class Publisher:
+class Publisher(Worker):
     """Keeps the Node in line with the latest report, from a background thread, never blocking.
 
     publish() only records the desired state and wakes the thread; nothing is written before the
     first publish(), so a restart never clears a problem before the first full pass has run.
     """
+
+    THREAD_NAME = "kube"
 
     def __init__(self, node_name: str, cfg: dict[str, Any], api: KubeApi | None = None,
                  on_clear: Callable[[str], None] | None = None):
@@ -548,10 +550,7 @@ class Publisher:
         self.on_clear = on_clear
         self._api = api
         self.breaker = Breaker(self.cfg, node_name) if self.cfg["breaker_enabled"] else None
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._desired: dict[str, SubsystemState] | None = None
         self._dirty = False
         self._failures = 0
@@ -577,17 +576,6 @@ class Publisher:
             self._desired = desired
             self._dirty = True
         self._wake.set()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kube", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     # -- the loop ------------------------------------------------------------------------------
     def _run(self) -> None:

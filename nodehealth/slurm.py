@@ -14,13 +14,13 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from nodehealth import config
 from nodehealth.model import Finding, Metric, Report, Severity, Status
+from nodehealth.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> Outcome:
     return Outcome(EXIT_UNKNOWN, f"{node}: could not judge; node left {current.state}", current.ours, other)
 
 
-class Drainer:
+class Drainer(Worker):
     """The daemon's Slurm face: keeps the node's drain in line with the latest verdict from its own
     thread, so a slow or absent slurmctld never holds up a pass.
 
@@ -169,14 +169,13 @@ class Drainer:
     every pass, which across a large cluster would load slurmctld for nothing.
     """
 
+    THREAD_NAME = "slurm"
+
     def __init__(self, node: str, cfg: dict[str, Any], ctl: Scontrol | None = None):
+        super().__init__()
         self.node = node
         self.cfg = cfg
-        self._stop = threading.Event()
-        self._wake = threading.Event()
-        self._lock = threading.Lock()
         self.ctl = ctl or Scontrol(cfg, sleep=self._stop.wait)  # retries end at shutdown
-        self._thread: threading.Thread | None = None
         self._report: Report | None = None
         self._key: tuple[str, str | None] | None = None  # the verdict last acted on
         self._due = 0.0
@@ -192,17 +191,6 @@ class Drainer:
             if key != self._key:
                 self._due = 0.0
         self._wake.set()
-
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="slurm", daemon=True)
-            self._thread.start()
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         while not self._stop.is_set():
