@@ -55,6 +55,7 @@ class Panel:
     width: int = 12
     height: int = 8
     description: str = ""
+    per_node: bool = True  # its series carry `instance`; else it counts over nodes, and links to all of them
 
 
 def q(expr: str, legend: str = "") -> Query:
@@ -214,12 +215,13 @@ def fleet_rows() -> list[tuple[str, list[Panel]]]:
             Panel("Nodes by status", "stat",
                   (q("count(nodehealth_health_status == 0) or vector(0)", "healthy"),
                    q("count(nodehealth_health_status == 1) or vector(0)", "unhealthy"),
-                   q("count(nodehealth_health_status == 2) or vector(0)", "unknown")), width=8, height=5),
+                   q("count(nodehealth_health_status == 2) or vector(0)", "unknown")), width=8, height=5,
+                  per_node=False),
             Panel("Nodes that are not healthy (1 unhealthy, 2 unknown)", "table",
                   (q("nodehealth_health_status != 0"),), width=16, height=5),
             Panel("Nodes by finding", "table",
                   (q('sort_desc(count by (severity, check, reason) (nodehealth_finding{severity!="info"} == 1))'),),
-                  description="How many nodes have each finding; the node dashboard lists them."),
+                  description="How many nodes have each finding; the node dashboard lists them.", per_node=False),
             Panel("Fatal and degraded findings by node", "table",
                   (q('nodehealth_finding{severity=~"fatal|degraded"} == 1'),)),
         ]),
@@ -230,13 +232,13 @@ def fleet_rows() -> list[tuple[str, list[Panel]]]:
             Panel("Circuit breaker", "stat",
                   (q("max(nodehealth_kube_breaker_tripped)", "tripped"),
                    q("max(nodehealth_kube_breaker_quarantined_nodes)", "quarantined nodes"),
-                   q("max(nodehealth_kube_breaker_cap_nodes)", "cap")), width=12, height=5),
+                   q("max(nodehealth_kube_breaker_cap_nodes)", "cap")), width=12, height=5, per_node=False),
             Panel("Nodes in dry run or under an operator's hold", "table",
                   (q("nodehealth_kube_dry_run == 1", "dry run"), q("nodehealth_kube_hold == 1", "hold")), height=5),
         ]),
         ("GPUs", [
             Panel("Top Xid codes across the fleet (nodes that logged each this boot)", "table",
-                  (q("topk(10, count by (xid) (nodehealth_gpu_xid_events_total > 0))"),)),
+                  (q("topk(10, count by (xid) (nodehealth_gpu_xid_events_total > 0))"),), per_node=False),
             Panel("GPUs with the most Xid errors this boot", "table",
                   (q("topk(20, sum by (instance, pci_bus_id, xid) (nodehealth_gpu_xid_events_total > 0))"),)),
             Panel("GPU faults by node", "table",
@@ -259,7 +261,7 @@ def fleet_rows() -> list[tuple[str, list[Panel]]]:
                      'nodehealth_pcie_link_width_lanes{bound="max"}', "sysfs"),
                    q(bad_width, "GPU (NVML)"))),
             Panel("Pingmesh verdicts (controller)", "table",
-                  (q("max by (kind, element) (nodehealth_pingmesh_verdict) == 1"),)),
+                  (q("max by (kind, element) (nodehealth_pingmesh_verdict) == 1"),), per_node=False),
             Panel("Pingmesh: lost fraction per node (5m)", "table",
                   (q("topk(20, sum by (instance) (rate(nodehealth_pingmesh_lost_total[5m])) / "
                      "sum by (instance) (rate(nodehealth_pingmesh_probes_total[5m])))"),), unit="percentunit"),
@@ -361,9 +363,13 @@ def _panel(spec: Panel, panel_id: int, link_to_node: bool):
             target = target.instant().format(prometheus_model.PromQueryFormat.TABLE)
         panel = panel.with_target(target)
     if link_to_node:
-        # A table row's instance is a column; a series' is a label. Rows without one open the node
-        # dashboard for all nodes.
-        instance = "${__data.fields.instance}" if spec.kind == "table" else "${__field.labels.instance}"
+        # A table row's instance is a column; a series' is a label; a count over nodes has none.
+        if not spec.per_node:
+            instance = "$__all"
+        elif spec.kind == "table":
+            instance = "${__data.fields.instance}"
+        else:
+            instance = "${__field.labels.instance}"
         panel = panel.data_links([builder.DashboardLink("Open the node dashboard").url(NODE_LINK + instance)])
     return panel
 

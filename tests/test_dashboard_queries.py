@@ -41,6 +41,14 @@ def targets():
     return out
 
 
+def link_of(title: str) -> str:
+    """The data link of a fleet panel."""
+    with open(os.path.join(DASHBOARDS, F)) as f:
+        (panel,) = [p for p in json.load(f)["panels"] if p["title"] == title]
+    (link,) = panel["fieldConfig"]["defaults"]["links"]
+    return link["url"]
+
+
 class Empty:
     """A query no fixture makes non-empty: it must still evaluate, and return nothing here."""
 
@@ -291,7 +299,9 @@ def test_panel_query_returns_the_machines_it_should(fleet, file, title, ref, exp
     assert series, "no series"
     if expected == AGGREGATE:
         assert all("instance" not in s["metric"] for s in series), series[:3]
+        assert file == N or link_of(title).endswith("var-instance=$__all"), "a count over nodes opens them all"
         return
+    assert file == N or not link_of(title).endswith("var-instance=$__all"), "a node's series opens its node"
     by_instance = {v: k for k, v in instance.items()}
     got = {by_instance.get(s["metric"].get("instance"), s["metric"].get("instance")) for s in series}
     assert got == expected, (sorted(got - expected), sorted(expected - got))
