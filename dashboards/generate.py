@@ -19,9 +19,11 @@ import re
 import sys
 from dataclasses import dataclass
 
+from grafana_foundation_sdk.builders import common as common_builder
 from grafana_foundation_sdk.builders import dashboard as builder
 from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prometheus_model
 
@@ -348,9 +350,19 @@ def build(uid: str, title: str, rows: list[tuple[str, list[Panel]]], description
 
 
 def _panel(spec: Panel, panel_id: int, link_to_node: bool):
-    kinds = {"stat": stat.Panel, "table": table.Panel, "timeseries": timeseries.Panel}
-    panel = (kinds[spec.kind]().id(panel_id).title(spec.title).datasource(DATASOURCE)
-             .span(spec.width).height(spec.height))
+    if spec.kind == "stat":
+        panel = (stat.Panel().graph_mode(common.BigValueGraphMode.NONE)
+                 .reduce_options(common_builder.ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+    elif spec.kind == "table":
+        # Columns that say nothing about the row: the query's time, the family name, the scrape job.
+        hidden = model.DataTransformerConfig(id_val="organize", options={
+            "excludeByName": {"Time": True, "__name__": True, "job": True}})
+        panel = table.Panel().show_header(True).with_transformation(hidden)
+    else:
+        panel = timeseries.Panel().legend(common_builder.VizLegendOptions().show_legend(True)
+                                          .display_mode(common.LegendDisplayMode.LIST)
+                                          .placement(common.LegendPlacement.BOTTOM))
+    panel = panel.id(panel_id).title(spec.title).datasource(DATASOURCE).span(spec.width).height(spec.height)
     if spec.description:
         panel = panel.description(spec.description)
     if spec.unit:
