@@ -313,6 +313,8 @@ def exported_families() -> set[str]:
 
 
 def fixture_families() -> set[str]:
+    """The families with samples in the exporter's output for each fixture machine, as `nodehealth check
+    --root` would judge it (the daemon's own, Kubernetes', hang and pingmesh families are literals)."""
     from nodehealth import config, exporter, registry
     from nodehealth.cli import one_pass
 
