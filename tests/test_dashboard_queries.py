@@ -5,7 +5,8 @@ One Prometheus and one set of daemons serve the whole module: a GPU node with a 
 and InfiniBand, healthy and sick GPU nodes (a lost GPU, an NVLink down, a downtrained link, a HW
 slowdown, ECC errors, a failed row remap), a fragmented host watching two training jobs (one hung,
 one with a straggler), a host with memory and storage faults, two pingmesh agents probing each other
-and a peer that never answers, and the lost GPU's daemon publishing taints to a fake API server.
+and a peer with no agent, and two `--kube` daemons on a fake API server: the lost GPU's node takes
+the one quarantine slot, the NVLink-down node trips the circuit breaker.
 """
 from __future__ import annotations
 
@@ -127,12 +128,12 @@ EXPECTED = {
     (F, "Nodes by finding", "A"): AGGREGATE,
     (F, "Fatal and degraded findings by node", "A"): UNHEALTHY,
     (F, "Tainted nodes (nodehealth taints on the Node)", "A"): {"nvml-h100-xid79-lost"},
-    (F, "Taints the circuit breaker withholds", "A"): Empty("the breaker's cap (every node here) is not reached"),
+    (F, "Taints the circuit breaker withholds", "A"): {"nvml-h100-nvlink-down"},
     (F, "Circuit breaker", "A"): AGGREGATE,
     (F, "Circuit breaker", "B"): AGGREGATE,
     (F, "Circuit breaker", "C"): AGGREGATE,
-    (F, "Nodes in dry run or under an operator's hold", "A"): Empty("the one --kube daemon writes (no --dry-run)"),
-    (F, "Nodes in dry run or under an operator's hold", "B"): Empty("no hold annotation on its Node"),
+    (F, "Nodes in dry run or under an operator's hold", "A"): Empty("the --kube daemons write (no --dry-run)"),
+    (F, "Nodes in dry run or under an operator's hold", "B"): Empty("no hold annotation on their Nodes"),
     (F, "Top Xid codes across the fleet (nodes that logged each this boot)", "A"): AGGREGATE,
     (F, "GPUs with the most Xid errors this boot", "A"): {"h100-8x-cx7", "nvml-h100-xid79-lost"},
     (F, "GPU faults by node", "A"): {"nvml-h100-xid79-lost"},
@@ -181,14 +182,15 @@ def fleet(tmp_path_factory):
     prometheus = require_tool("prometheus")
     tmp = tmp_path_factory.mktemp("fleet")
     api = FakeApiServer().start()
-    api.add_node("gpu-lost", labels={"nvidia.com/gpu.present": "true"})
+    for node in ("gpu-lost", "gpu-nvlink"):
+        api.add_node(node, labels={"nvidia.com/gpu.present": "true"})
     sleepers = [subprocess.Popen([sys.executable, "-c", SLEEPER]) for _ in range(5)]
     daemons, prom = {}, None
     try:
         kube_cfg = tmp / "kube.json"
         kube_cfg.write_text(json.dumps({"kube": {
             "kubeconfig": api.kubeconfig(str(tmp / "kubeconfig")), "retry_initial_seconds": 0.1,
-            "retry_max_seconds": 0.5, "max_quarantined_fraction": 1.0}}))
+            "retry_max_seconds": 0.5}}))  # the default cap: 10 % of 2 GPU nodes, so one node
         # Two jobs on the fragmented host: "stuck" waits 10 s in an all_reduce (over the 1 s floor),
         # "slow" has a rank whose collectives finish far sooner than its peers' (it arrives last).
         hang_dir = tmp / "hang"
@@ -223,14 +225,22 @@ def fleet(tmp_path_factory):
             "peer_series_p99_seconds": 1e-9}}))
         extra = {
             "nvml-h100-xid79-lost": ("--kube", "--config", str(kube_cfg), "--node-name", "gpu-lost"),
+            "nvml-h100-nvlink-down": ("--kube", "--config", str(kube_cfg), "--node-name", "gpu-nvlink"),
             "fragmented": ("--hang-dir", str(hang_dir), "--config", str(hang_cfg)),
             "nvml-h100-healthy": ("--node-name", "gpu-a", "--config", str(mesh_cfg), "--probe-inventory",
                                   str(inventory), "--probe-listen", f"127.0.0.2:{mesh_port}"),
             "nvml-h100-hw-slowdown": ("--node-name", "gpu-b", "--config", str(mesh_cfg), "--probe-inventory",
                                       str(inventory), "--probe-listen", f"127.0.0.3:{mesh_port}"),
         }
-        for name in sorted(EVERY):
+        def start(name: str) -> None:
             daemons[name] = DaemonProcess(machine(name), str(tmp / name), *extra.get(name, ()), interval=2.0)
+        for name in sorted(EVERY - {"nvml-h100-nvlink-down"}):
+            start(name)
+        # The lost GPU's node takes the one quarantine slot; then the NVLink-down node asks for one,
+        # trips the circuit breaker and has its taint withheld.
+        wait_until(lambda: any(t["key"] == "nodehealth.io/gpu" for t in api.node("gpu-lost")["spec"].get("taints", [])),
+                   "the lost GPU's Node tainted", time.monotonic() + 30, [(n, d.proc) for n, d in daemons.items()])
+        start("nvml-h100-nvlink-down")
         instance = {name: f"127.0.0.1:{d.port}" for name, d in daemons.items()}
         port = free_port()
         (tmp / "prometheus.yml").write_text(json.dumps({
@@ -257,9 +267,12 @@ def fleet(tmp_path_factory):
                 return len(result.get("data", {}).get("result", [])) >= count
             return check
         # Three scrapes of every daemon, so that rate() and increase() have two samples in any window.
-        wait_until(ready("count_over_time(up[1m]) >= 3", len(daemons)), "three scrapes of every daemon",
-                   deadline, procs)
+        wait_until(ready("count_over_time(nodehealth_health_status[1m]) >= 3", len(daemons)),
+                   "three scrapes of every daemon", deadline, procs)
         wait_until(ready("nodehealth_kube_taint_applied == 1"), "the taint on the lost GPU's Node", deadline, procs)
+        wait_until(ready("nodehealth_kube_taint_withheld == 1"), "the NVLink-down node's taint withheld", deadline,
+                   procs)
+        wait_until(ready("nodehealth_kube_breaker_tripped == 1"), "the breaker tripped", deadline, procs)
         wait_until(ready("nodehealth_hang_detected == 1"), "the hung job", deadline, procs)
         wait_until(ready("nodehealth_hang_straggler == 1"), "the straggler", deadline, procs)
         wait_until(ready("nodehealth_pingmesh_peer_rtt_p99_seconds", 2), "a closed pingmesh window on both agents",
