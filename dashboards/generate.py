@@ -237,6 +237,11 @@ def fleet_rows() -> list[tuple[str, list[Panel]]]:
                    q("max(nodehealth_kube_breaker_cap_nodes)", "cap")), width=12, height=5, per_node=False),
             Panel("Nodes in dry run or under an operator's hold", "table",
                   (q("nodehealth_kube_dry_run == 1", "dry run"), q("nodehealth_kube_hold == 1", "hold")), height=5),
+            Panel("Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)",
+                  "table",
+                  (q("nodehealth_slurm_drained == 1", "drained by nodehealth"),
+                   q("nodehealth_slurm_drained_by_other == 1", "drained by someone else"),
+                   q("increase(nodehealth_slurm_errors_total[15m]) > 0", "scontrol failing")), width=24, height=6),
         ]),
         ("GPUs", [
             Panel("Top Xid codes across the fleet (nodes that logged each this boot)", "table",

@@ -231,16 +231,13 @@ class Drainer(Worker):
                    "Unix time the Slurm node's drain last matched the verdict.")
         m.add((), last_sync)
         out.append(m)
-        for name, help_text, value in (
-                ("nodehealth_slurm_drained",
-                 "1 while nodehealth's drain is on the Slurm node, as last read or written.",
-                 outcome and outcome.ours),
-                ("nodehealth_slurm_drained_by_other",
-                 "1 while someone else's drain (an administrator's) is on the Slurm node; nodehealth leaves it.",
-                 outcome and outcome.other)):
-            m = Metric(name, help_text)
-            m.add((), None if outcome is None else int(bool(value)))
-            out.append(m)
+        drained = Metric("nodehealth_slurm_drained",
+                         "1 while nodehealth's drain is on the Slurm node, as last read or written.")
+        other = Metric("nodehealth_slurm_drained_by_other",
+                       "1 while someone else's drain (an administrator's) is on the Slurm node; nodehealth leaves it.")
+        drained.add((), None if outcome is None else int(outcome.ours))
+        other.add((), None if outcome is None else int(outcome.other))
+        out += [drained, other]
         return out
 
 

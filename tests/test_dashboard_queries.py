@@ -65,6 +65,8 @@ BUDDY = {"h100-8x-cx7", "fragmented", "host-faults"}  # machines with /proc/budd
 PINGMESH = {"nvml-h100-healthy", "nvml-h100-hw-slowdown"}
 EVERY = GPU_NODES | KMSG | BUDDY
 UNHEALTHY = EVERY - {"nvml-h100-healthy"}
+SLURM = Empty("no daemon here runs --slurm; tests/test_slurm.py reads these families from one against a real "
+              "slurmctld")
 THROUGHPUT = Empty("a rate between two passes; a replayed machine's clock (its proc/uptime) never moves")
 
 # (file, panel title, refId) -> the fixture machines whose instance the query returns.
@@ -134,6 +136,9 @@ EXPECTED = {
     (F, "Circuit breaker", "C"): AGGREGATE,
     (F, "Nodes in dry run or under an operator's hold", "A"): Empty("the --kube daemons write (no --dry-run)"),
     (F, "Nodes in dry run or under an operator's hold", "B"): Empty("no hold annotation on their Nodes"),
+    (F, "Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)", "A"): SLURM,
+    (F, "Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)", "B"): SLURM,
+    (F, "Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)", "C"): SLURM,
     (F, "Top Xid codes across the fleet (nodes that logged each this boot)", "A"): AGGREGATE,
     (F, "GPUs with the most Xid errors this boot", "A"): {"h100-8x-cx7", "nvml-h100-xid79-lost"},
     (F, "GPU faults by node", "A"): {"nvml-h100-xid79-lost"},
