@@ -3,7 +3,6 @@ exports; the shipped alert rules too. tests/test_dashboard_queries.py runs every
 from __future__ import annotations
 
 import functools
-import glob
 import importlib.util
 import json
 import os
@@ -29,19 +28,6 @@ def generator():
     sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
-
-
-def exported_names() -> set:
-    """Every family in the golden expositions (the fixture machines, the pingmesh agent), and the
-    families the controller declares."""
-    names = set()
-    for path in glob.glob(os.path.join(HERE, "golden", "*.metrics.txt")):
-        with open(path) as f:
-            # Sample names: a histogram's series are NAME_bucket, NAME_count and NAME_sum.
-            names |= {line.split("{")[0].split()[0] for line in f if not line.startswith("#")}
-    with open(os.path.join(ROOT, "nodehealth", "controller.py")) as f:
-        names |= set(re.findall(r'"(nodehealth_[a-z0-9_]+)"', f.read()))
-    return names
 
 
 def committed() -> dict:
@@ -92,6 +78,10 @@ def test_every_fleet_panel_opens_the_node_dashboard_for_its_node():
 
 
 def test_every_alert_rule_uses_exported_metrics():
+    """The same families the generator allows the dashboards (a histogram's series by their family)."""
+    gen = generator()
+    exported = gen.exported_families()
     with open(os.path.join(ROOT, "deploy", "prometheus", "nodehealth-rules.yaml")) as f:
-        used = set(NAME.findall(f.read()))
-    assert used and used <= exported_names(), sorted(used - exported_names())
+        used = {next((n[:-len(s)] for s in gen.HISTOGRAM_SUFFIXES if n.endswith(s)), n) for n in NAME.findall(f.read())}
+    assert "nodehealth_slurm_errors_total" in used
+    assert used and used <= exported, sorted(used - exported)
