@@ -390,10 +390,13 @@ class _Verbs:
             return w
 
         plain, signaled = make(False), make(True)
-        if opts.warmup:
-            self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline, cancel)
-        end = time.monotonic() + opts.duration if opts.duration else None
-        return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline, cancel)
+        try:
+            if opts.warmup:
+                self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline, cancel)
+            end = time.monotonic() + opts.duration if opts.duration else None
+            return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline, cancel)
+        except self.Err as err:  # a post or poll refused: the queue pair went to the error state
+            raise RdmaError(f"an RDMA WRITE failed: {err}") from None
 
     def _run(self, iterations: int, plain, signaled, mod: int, depth: int, end: float | None, deadline: float,
              cancel: threading.Event | None):
@@ -513,6 +516,8 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
                 outcome = err
             except OSError as err:  # the client reset the connection
                 outcome = RdmaError(f"the client's connection failed: {err.strerror or err}")
+            except Exception as err:  # one client's session, whatever went wrong, must not stop the server
+                outcome = RdmaError(f"the test failed: {type(err).__name__}: {err}")
             on_result(outcome)
 
 

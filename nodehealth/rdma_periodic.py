@@ -78,7 +78,11 @@ class RdmaPeriodic:
                 if not self.peers or not _wait_idle(idle, stop):
                     break
                 peer = self.peers[(number + index) % len(self.peers)]
-                run = self.test(index, rail, peer, stop)
+                try:
+                    run = self.test(index, rail, peer, stop)
+                except Exception:  # a bug must not end the tests for the daemon's lifetime
+                    log.exception("RDMA bandwidth test of %s:%d against %s", rail[0], rail[1], peer)
+                    continue
                 if run is None:  # cancelled: the daemon is stopping
                     return
                 self.record(run)

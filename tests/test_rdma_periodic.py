@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -23,6 +24,7 @@ from nodehealth.host import HostPaths
 from nodehealth.rdma_periodic import RdmaPeriodic, find_rails, inventory_peers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, "golden", "rdma-bw.metrics.txt")
 with open(os.path.join(HERE, "fixtures", "rdma", "vm-runs.json")) as f:
     VM = json.load(f)
 
@@ -186,6 +188,26 @@ def test_metrics_of_runs(tmp_path):
     assert rate == pytest.approx(res["msg_rate_mpps"] * 1e6)
 
 
+def test_metrics_golden():
+    """The families and their text, byte for byte (UPDATE_GOLDEN=1 rewrites): two rails, three peers,
+    the recorded result and the recorded failures, and what this node served."""
+    r = runner(cfg(), fake_rdma())
+    res = VM["client_result"]
+    for t, (device, peer) in enumerate([("mlx5_0", "b"), ("mlx5_1", "c"), ("mlx5_0", "c"), ("mlx5_1", "d")]):
+        r.record(facts_module.Run(device, 1, peer, 1000.0 + t, "ok", None, res["size"], res["seconds"],
+                                  res["bw_avg_gbps"], res["bw_peak_gbps"], res["msg_rate_mpps"]))
+    r.record(facts_module.Run("mlx5_0", 1, "d", 1010.0, "transfer", VM["errors"]["killed"], res["size"]))
+    r.record(facts_module.Run("mlx5_1", 1, "b", 1011.0, "peer", VM["errors"]["unreachable"], res["size"]))
+    r._served(rdma.Result(**res))
+    r._served(rdma.RdmaError(VM["errors"]["bogus"]))
+    text = exporter.render(facts_module.metrics(r.facts())).decode()
+    if os.environ.get("UPDATE_GOLDEN"):
+        with open(GOLDEN, "w") as f:
+            f.write(text)
+    with open(GOLDEN) as f:
+        assert text == f.read()
+
+
 def test_the_daemon_judges_a_run_at_once_and_shows_it(tmp_path):
     root = tmp_path / "machine"
     shutil.copytree(machine("h100-8x-cx7"), root, symlinks=True)
@@ -275,3 +297,45 @@ def test_off_by_default_and_pyverbs_stays_unloaded():
             "print([m for m in sys.modules if m.startswith(('pyverbs', 'nodehealth.rdma'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['nodehealth.rdma_periodic']"
+
+
+def test_a_bug_in_one_test_does_not_end_the_rounds():
+    backend = fake_rdma()
+    real = backend.client
+    broken = []
+
+    def client(peer, opts, host, timeout, cancel=None):
+        if not broken:
+            broken.append(peer)
+            raise ValueError("a bug")
+        return real(peer, opts, host, timeout, cancel)
+
+    backend.client = client
+    r = runner(cfg(), backend)
+    run_until(r, backend, 3)
+    assert broken == ["b"] and len(r.facts().runs) >= 3
+
+
+def test_a_real_daemon_on_a_fixture_node_says_why_its_rails_were_not_tested(tmp_path, daemon_factory):
+    """The real nodehealth.rdma on an 8-rail fixture of a machine this host is not: every ACTIVE rail's
+    test stops before any write, each says why, and nothing is called healthy."""
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"rdma_bw": {"enabled": True, "peers": ["127.0.0.1"], "start_delay_seconds": 0,
+                                            "port": 28515, "listen": "127.0.0.1"}}))
+    d = daemon_factory(machine("h100-8x-cx7"), str(tmp_path / "state"), "--config", str(path))
+    d.wait_ready()
+    deadline = time.monotonic() + 20
+    found = []
+    while time.monotonic() < deadline and len(found) < 7:
+        report = json.loads(d.get("/v1/report")[1])
+        found = [f for f in report["findings"] if f["check"] == "rdma_bw"]
+        time.sleep(0.1)
+    assert {(f["reason"], f["severity"]) for f in found} == {("RdmaBwNotRun", "unknown")}
+    rails = find_rails(HostPaths(machine("h100-8x-cx7")), [])
+    assert len(rails) >= 7 and sorted(f["device"] for f in found) == [f"{d}:{p}" for d, p in rails]
+    # the fixture has uverbs files, so the test gets as far as pyverbs, which finds no such device
+    assert found[0]["message"].startswith("The RDMA bandwidth test of mlx5_0:1 could not run: ")
+    text = d.get("/metrics")[1].decode()
+    assert re.search(r'nodehealth_rdma_bw_runs_total\{device="mlx5_0",port="1",result="(preflight|setup)"\} 1', text)
+    assert "nodehealth_rdma_write_bw_gbps" not in text
+    assert d.stop() < 5
