@@ -3,9 +3,10 @@
 Every `interval_seconds` a round tests each rail once, one test at a time and only between the
 daemon's passes, for `duration_seconds`, against the next peer in turn (rail i of this node writes
 to rail i of the peer, whose daemon serves it on `port + i`), so that over rounds a rail meets
-different peers. Each outcome becomes a Run (collectors/rdma_bw.py) that the `rdma_bw` check judges.
-Tests run on their own threads, interrupted by the daemon's stop event. pyverbs is loaded by
-nodehealth.rdma when the first test or server starts, never here.
+different peers; a peer that does not take the test passes the rail on to the next. Each outcome
+becomes a Run (collectors/rdma_bw.py) that the `rdma_bw` check judges. Tests run on their own
+threads, interrupted by the daemon's stop event. pyverbs is loaded by nodehealth.rdma when the
+first test or server starts, never here.
 """
 from __future__ import annotations
 
@@ -75,18 +76,23 @@ class RdmaPeriodic:
         number = 0
         while not stop.is_set():
             for index, rail in enumerate(self.rails):
-                if not self.peers or not _wait_idle(idle, stop):
-                    break
-                peer = self.peers[(number + index) % len(self.peers)]
-                try:
-                    run = self.test(index, rail, peer, stop)
-                except Exception:  # a bug must not end the tests for the daemon's lifetime
-                    log.exception("RDMA bandwidth test of %s:%d against %s", rail[0], rail[1], peer)
-                    continue
-                if run is None:  # cancelled: the daemon is stopping
-                    return
-                self.record(run)
-                self.on_run()
+                # A peer that does not take the test (busy with another node's, or down) hands the
+                # rail to the next one, so that one busy peer does not leave the rail unjudged.
+                for attempt in range(len(self.peers)):
+                    if not _wait_idle(idle, stop):
+                        return
+                    peer = self.peers[(number + index + attempt) % len(self.peers)]
+                    try:
+                        run = self.test(index, rail, peer, stop)
+                    except Exception:  # a bug must not end the tests for the daemon's lifetime
+                        log.exception("RDMA bandwidth test of %s:%d against %s", rail[0], rail[1], peer)
+                        break
+                    if run is None:  # cancelled: the daemon is stopping
+                        return
+                    self.record(run)
+                    self.on_run()
+                    if run.stage != "peer":
+                        break
             number += 1
             stop.wait(self.cfg["interval_seconds"])
 

@@ -138,3 +138,10 @@ def test_a_rail_whose_device_vanished_keeps_its_runs_but_has_no_line_rate():
 
 def test_module_contract():
     assert check.NAME == "rdma_bw" and check.NEEDS == ("rdma_bw",) and not getattr(check, "DEBOUNCE", False)
+
+
+def test_check_with_only_this_check_says_the_daemon_runs_it():
+    from nodehealth.engine import nothing_checked
+
+    found = nothing_checked([check], {})
+    assert found.reason == "NothingChecked" and "rdma_bw: only the daemon runs it" in found.message

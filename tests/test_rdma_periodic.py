@@ -155,6 +155,20 @@ def test_outcomes_become_runs_with_their_stage_and_the_servers_count_what_they_s
     assert dict(facts.served) == {"ok": 2, "error": 2}
 
 
+def test_a_peer_that_does_not_take_the_test_hands_the_rail_to_the_next():
+    from nodehealth.checks import rdma_bw as check
+    from nodehealth.model import Observed
+
+    backend = fake_rdma({"b": ("peer", VM["errors"]["unreachable"])})
+    c = cfg(rails=["mlx5_0:1"])
+    r = runner(c, backend)
+    run_until(r, backend, 2)
+    assert [peer for peer, _, _ in backend.calls[:2]] == ["b", "c"]  # the same round, the same rail
+    facts = r.facts()
+    assert [(run.peer, run.stage) for run in facts.runs[:2]] == [("b", "peer"), ("c", "ok")]
+    assert check.judge(Observed({"rdma_bw": facts}), dict(check.DEFAULTS, expected_gbps={"mlx5_0": 0.1})) == []
+
+
 def test_series_stay_bounded():
     c = cfg(history=3)
     r = runner(c, fake_rdma())
