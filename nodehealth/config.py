@@ -220,6 +220,32 @@ PINGMESH_DEFAULTS: dict[str, Any] = {
 }
 
 
+# The daemon's periodic RDMA WRITE bandwidth tests (nodehealth/rdma_periodic.py); the `rdma_bw` check
+# judges them. Off unless enabled: a test fills the rail for its duration, and a fleet chooses when.
+RDMA_BW_DEFAULTS: dict[str, Any] = {
+    "enabled": False,
+    # Addresses or names of the peers whose daemons serve the test, taken in turn round after round so
+    # that a rail meets different peers. Empty: this node's leaf-mates in pingmesh.inventory_file when
+    # one is set, else no test is started and the daemon only serves its peers.
+    "peers": [],
+    "rails": [],  # "device:port" or "device" (port 1); empty: every ACTIVE port, sorted. Rail i serves on port + i
+    "serve": True,  # serve the test to peers, one client at a time per rail
+    "listen": "0.0.0.0",
+    "port": 18515,  # perftest's out-of-band port, for rail 0
+    "interval_seconds": 3600.0,  # between rounds; a round tests every rail once, one test at a time
+    "duration_seconds": 5.0,  # per test: perftest's -D default, long enough to leave its warm-up behind
+    "size": 65536,  # perftest's default message size, which the check's line-rate fractions are measured at
+    "gid_index": -1,  # RoCE; -1 picks a RoCE v2 GID with an IPv4 address per port; InfiniBand uses LIDs
+    "timeout_seconds": 10.0,  # a peer that does not answer the out-of-band exchange in this time is unavailable
+    # After start, before the first round: peers restarted in the same rollout need a moment to serve.
+    "start_delay_seconds": 60.0,
+    "history": 8,  # runs kept per rail (the check looks at the newest few in a row)
+}
+# The bounds a test may not exceed: a test holds its rail and a CPU core while it runs.
+RDMA_BW_MAX_DURATION_SECONDS = 60.0
+RDMA_BW_MAX_PEERS = 64  # per rail, the series of the newest run against each peer
+
+
 class ConfigError(Exception):
     pass
 
@@ -234,6 +260,7 @@ def defaults() -> dict[str, Any]:
         "hang": copy.deepcopy(HANG_DEFAULTS),
         "pingmesh": copy.deepcopy(PINGMESH_DEFAULTS),
         "slurm": copy.deepcopy(SLURM_DEFAULTS),
+        "rdma_bw": copy.deepcopy(RDMA_BW_DEFAULTS),
     }
 
 
@@ -312,6 +339,44 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     if pm["inventory_configmap"] == pm["configmap"]:
         raise ConfigError("pingmesh.inventory_configmap: must not be pingmesh.configmap (each write would drop "
                           "the other's data)")
+
+
+    _check_rdma_bw(cfg)
+
+
+def _check_rdma_bw(cfg: dict[str, Any]) -> None:
+    rb, judged = cfg["rdma_bw"], cfg["checks"]["rdma_bw"]
+    if not 0 < rb["duration_seconds"] <= RDMA_BW_MAX_DURATION_SECONDS:
+        raise ConfigError(f"rdma_bw.duration_seconds: must be in (0, {RDMA_BW_MAX_DURATION_SECONDS:g}], "
+                          f"not {rb['duration_seconds']!r}")
+    if not rb["interval_seconds"] > rb["duration_seconds"] * 2:
+        raise ConfigError(f"rdma_bw.interval_seconds ({rb['interval_seconds']:g}) must be more than twice "
+                          f"rdma_bw.duration_seconds ({rb['duration_seconds']:g}): the tests would never rest")
+    if not rb["timeout_seconds"] > 0:
+        raise ConfigError(f"rdma_bw.timeout_seconds: must be greater than 0, not {rb['timeout_seconds']!r}")
+    if not rb["start_delay_seconds"] >= 0:
+        raise ConfigError(f"rdma_bw.start_delay_seconds: must be at least 0, not {rb['start_delay_seconds']!r}")
+    if not 1 <= rb["size"] <= 1 << 30:
+        raise ConfigError(f"rdma_bw.size: must be 1 B to 1 GiB, not {rb['size']!r}")
+    if not 1 <= rb["port"] <= 65535 - max(len(rb["rails"]), 16):
+        raise ConfigError(f"rdma_bw.port: must leave room for one port per rail, not {rb['port']!r}")
+    if not rb["history"] >= max(judged["low_runs"], 1):
+        raise ConfigError(f"rdma_bw.history ({rb['history']!r}) must be at least checks.rdma_bw.low_runs "
+                          f"({judged['low_runs']!r})")
+    if len(rb["peers"]) > RDMA_BW_MAX_PEERS or not all(isinstance(p, str) and p for p in rb["peers"]):
+        raise ConfigError(f"rdma_bw.peers: at most {RDMA_BW_MAX_PEERS} non-empty names or addresses")
+    for rail in rb["rails"]:
+        device, _, port = rail.partition(":") if isinstance(rail, str) else ("", "", "")
+        if not device or (port and not port.isdigit()):
+            raise ConfigError(f"rdma_bw.rails: {rail!r} is not 'device' or 'device:port'")
+    if not 0 < judged["min_fraction"] <= 1:
+        raise ConfigError(f"checks.rdma_bw.min_fraction: must be a fraction in (0, 1], not {judged['min_fraction']!r}")
+    for key in ("low_runs", "fatal_after_peers"):
+        if not judged[key] >= 1:
+            raise ConfigError(f"checks.rdma_bw.{key}: must be at least 1, not {judged[key]!r}")
+    for name, rate in judged["expected_gbps"].items():
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or rate <= 0:
+            raise ConfigError(f"checks.rdma_bw.expected_gbps.{name}: must be a number of Gb/s, not {rate!r}")
 
 
 def _parse(path: str, text: str) -> Any:

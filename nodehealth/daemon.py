@@ -23,9 +23,10 @@ from typing import Any
 from nodehealth import exporter
 from nodehealth import report as render
 from nodehealth.collectors import kmsg, nvml
+from nodehealth.collectors import rdma_bw as rdma_facts
 from nodehealth.collectors.gpu_facts import NvmlError
 from nodehealth.collectors.kernel_events import XID, KernelEvent
-from nodehealth.config import ConfigError
+from nodehealth.config import RDMA_BW_MAX_PEERS, ConfigError
 from nodehealth.engine import Engine
 from nodehealth.host import boot_id, write_atomic
 from nodehealth.httpbound import BoundedHandler, BoundedHTTPServer
@@ -168,6 +169,7 @@ class Daemon:
         self.engine = Engine([m for m in engine.collectors if m is not self.kmsg_module], engine.checks,
                              engine.host, cfg, engine.timeout, engine.clock)
         self.kernel_checks = [c for c in engine.checks if kmsg.NAME in c.NEEDS]
+        self.rdma_checks = [c for c in engine.checks if rdma_facts.NAME in c.NEEDS]
         self.policy = Policy(cfg["policy"], [c.NAME for c in engine.checks if getattr(c, "DEBOUNCE", False)],
                              self.boot_id, event_reasons=[(c.NAME, r) for c in engine.checks
                                                           for r in getattr(c, "EVENT_REASONS", ())])
@@ -192,6 +194,8 @@ class Daemon:
         self.drainer: Any = None  # nodehealth.slurm.Drainer when slurm.enabled
         self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
         self.pingmesh: Any = None  # nodehealth.probe.mesh.Pingmesh when pingmesh.enabled
+        self.rdma: Any = None  # nodehealth.rdma_periodic.RdmaPeriodic when rdma_bw.enabled
+        self.pass_idle = threading.Event()  # set between passes: the RDMA tests start only then
 
     # -- state ---------------------------------------------------------------------------------
     def load_state(self) -> None:
@@ -234,6 +238,9 @@ class Daemon:
         kernel = self._kernel_result()
         if kernel is not None:
             results = dict(results, **{kmsg.NAME: kernel})
+        if self.rdma is not None:
+            results = dict(results, **{rdma_facts.NAME: CollectorResult(rdma_facts.NAME, True, True,
+                                                                       facts=self.rdma.facts())})
         findings = self.engine.judge(results, self.rates, now, checks)
         names = [c.NAME for c in checks]
         current = self.policy.apply(findings, now, judged_checks=names)
@@ -255,6 +262,8 @@ class Daemon:
         mods = list(self.engine.collectors)
         if self.kmsg_module is not None:
             mods.insert(0, self.kmsg_module)
+        if self.rdma is not None:
+            mods.append(rdma_facts)
         return mods
 
     def clear(self, reason: str) -> None:
@@ -284,6 +293,13 @@ class Daemon:
             self.clear(request)
 
     def run_pass(self) -> None:
+        self.pass_idle.clear()
+        try:
+            self._run_pass()
+        finally:
+            self.pass_idle.set()
+
+    def _run_pass(self) -> None:
         self._take_clear_request()
         start = time.monotonic()
         results = self.engine.collect()
@@ -308,6 +324,15 @@ class Daemon:
         self.save_state()
         if report is not None:
             self._send(report)
+
+    def on_rdma(self) -> None:
+        """A bandwidth test ended: judge it now rather than at the next pass."""
+        with self.lock:
+            if self.report is not None:
+                self._publish(self.results, self.rdma_checks, self.engine.clock())
+            report = self.report if self.passes else None
+        if self.publisher is not None and report is not None:
+            self.publisher.publish(report)
 
     # -- threads -------------------------------------------------------------------------------
     def _pass_loop(self) -> None:
@@ -434,6 +459,22 @@ class Daemon:
             server.server_close()
             raise ConfigError(str(e)) from None
 
+    def _start_rdma(self, server: Any) -> list[threading.Thread]:
+        from nodehealth.rdma_periodic import RdmaPeriodic, inventory_peers  # only a daemon that tests pays
+
+        cfg = self.cfg["rdma_bw"]
+        peers = cfg["peers"]
+        if not peers and self.cfg["pingmesh"]["inventory_file"]:
+            from nodehealth.probe.inventory import InventoryError
+
+            try:
+                peers = inventory_peers(self.cfg["pingmesh"]["inventory_file"], self.node)[:RDMA_BW_MAX_PEERS]
+            except InventoryError as e:
+                server.server_close()
+                raise ConfigError(f"rdma_bw: cannot take peers from the pingmesh inventory: {e}") from None
+        self.rdma = RdmaPeriodic(cfg, self.host, self.node, self.on_rdma, self.engine.clock, peers=peers)
+        return self.rdma.start(self.stop, self.pass_idle)
+
     def _inventory_loader(self) -> Any:
         """The static inventory file, else (in Kubernetes) the one the controller publishes."""
         from nodehealth.probe import inventory
@@ -503,6 +544,7 @@ class Daemon:
         except (OSError, ValueError, OverflowError) as e:  # port in use, no such address, not ADDR:PORT
             raise ConfigError(f"cannot listen on {listen}: {getattr(e, 'strerror', None) or e}") from None
         probe_threads = self._start_pingmesh(server) if self.cfg["pingmesh"]["enabled"] else []
+        rdma_threads = self._start_rdma(server) if self.cfg["rdma_bw"]["enabled"] else []
         self.load_state()
         if self.kmsg_module is not None:
             self.kernel_supported = self.kmsg_module.supported(self.host, self.cfg["collectors"].get(kmsg.NAME, {}))
@@ -539,6 +581,7 @@ class Daemon:
             self.drainer.start()
         if self.nvml_supported:
             threads.append(threading.Thread(target=self._nvml_events, name="nvml-events", daemon=True))
+        threads.extend(rdma_threads)
         for t in threads:
             t.start()
         host, port = server.server_address[:2]

@@ -193,7 +193,9 @@ def nothing_checked(checks: Sequence[Any], results: dict[str, CollectorResult]) 
     if any(all(results.get(n) is not None and results[n].supported for n in c.NEEDS) for c in checks):
         return None
     missing = sorted({n for c in checks for n in c.NEEDS if results.get(n) is not None})
-    why = "; ".join(f"{n}: {results[n].error}" for n in missing) or "no check was selected"
+    daemon_only = sorted({n for c in checks for n in c.NEEDS if results.get(n) is None})  # e.g. rdma_bw's tests
+    why = "; ".join([f"{n}: {results[n].error}" for n in missing]
+                    + [f"{n}: only the daemon runs it" for n in daemon_only]) or "no check was selected"
     return Finding("nodehealth", Severity.UNKNOWN, "NothingChecked",
                    f"Nothing was checked: no selected check has its source on this host ({why}).")
 

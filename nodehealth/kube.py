@@ -40,6 +40,7 @@ CHECK_SUBSYSTEMS = {
     "xid": "gpu", "gpu_driver": "gpu", "gpu_memory": "gpu", "nvlink": "gpu", "nvlink_errors": "gpu",
     "gpu_pcie": "gpu", "clocks": "gpu",
     "infiniband": "network", "link_events": "network", "pingmesh": "network", "nic_health": "network",
+    "rdma_bw": "network",
     "gpu_nic": "network",  # a GPU far from its RDMA NIC slows GPUDirect RDMA, i.e. the network
     "memory": "memory", "thp": "memory", "memlock": "memory", "memory_errors": "memory", "edac": "memory",
     "mounts": "storage", "storage_errors": "storage",

@@ -19,9 +19,11 @@ import random
 import resource
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from nodehealth.host import HostPaths, read_attr
 
@@ -34,16 +36,24 @@ DEFAULT_PORT = 18515
 DEFAULT_IB_PORT = 1
 QP_TIMEOUT, RETRY_CNT, RNR_RETRY, MIN_RNR_TIMER = 14, 7, 7, 12
 OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for the peer
-OOB_MAX = 512
+OOB_MAX = 512  # an out-of-band message is one line this long at most
 # An RC write to a vanished peer errors after timeout x retries (~0.5 s); a soft device may never
 # complete it: no completion for this long ends the test.
-STALL_SECONDS = 10.0  # an out-of-band message is one line this long at most
+STALL_SECONDS = 10.0
+ACCEPT_POLL_SECONDS = 0.5  # how soon the daemon's server sees that it must stop
 CAP_IPC_LOCK = 14
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 class RdmaError(Exception):
-    """A clear, one-line reason the test could not run or finish."""
+    """A clear, one-line reason the test could not run or finish, and the client's stage it failed in:
+    "preflight" (checked before any verbs call), "setup" (this host's verbs objects), "peer" (the
+    server or the out-of-band exchange), "transfer" (connecting the queue pairs, the writes and their
+    verification: the RDMA path itself) or "cancelled"."""
+
+    def __init__(self, message: str, stage: str | None = None):
+        super().__init__(message)
+        self.stage = stage
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,28 @@ def preflight(opts: Options, host: HostPaths, need: int) -> str:
     if problem:
         raise RdmaError(problem)
     return device
+
+
+def pick_gid(host: HostPaths, device: str, ib_port: int) -> int | None:
+    """The GID index a RoCE port should use, as an operator would pick it for `-x`: a RoCE v2 GID
+    with an IPv4-mapped address (routable, the one NCCL picks by default), else any RoCE v2 GID,
+    else any non-zero one. None on InfiniBand (LID routing) or when the port has no GID."""
+    port_dir = host.sys("class", "infiniband", device, "ports", str(ib_port))
+    if (read_attr(os.path.join(port_dir, "link_layer")) or "") != "Ethernet":
+        return None
+    try:
+        indexes = sorted(int(n) for n in os.listdir(os.path.join(port_dir, "gids")) if n.isdigit())
+    except OSError:
+        return None
+    ranked = []
+    for i in indexes:
+        gid = read_attr(os.path.join(port_dir, "gids", str(i))) or ""
+        if gid.replace(":", "").strip("0") == "":
+            continue
+        v2 = (read_attr(os.path.join(port_dir, "gid_attrs", "types", str(i))) or "") == "RoCE v2"
+        ipv4 = gid.startswith("0000:0000:0000:0000:0000:ffff:")
+        ranked.append((not v2, not ipv4, i))
+    return min(ranked)[2] if ranked else None
 
 
 def _uverbs(host: HostPaths) -> Iterator[str]:
@@ -344,7 +376,8 @@ class _Verbs:
         except self.Err as err:
             raise RdmaError(f"cannot connect the queue pair: {err}") from None
 
-    def write_all(self, remote: Endpoint, deadline: float) -> tuple[int, float, list[tuple[float, int]]]:
+    def write_all(self, remote: Endpoint, deadline: float, cancel: threading.Event | None = None
+                  ) -> tuple[int, float, list[tuple[float, int]]]:
         """Post the timed writes; returns (iterations, first post time, signalled completions)."""
         opts, e, wrm = self.opts, self.e, self.wr
         mod, depth = opts.moderation(), opts.depth()
@@ -357,12 +390,16 @@ class _Verbs:
             return w
 
         plain, signaled = make(False), make(True)
-        if opts.warmup:
-            self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline)
-        end = time.monotonic() + opts.duration if opts.duration else None
-        return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline)
+        try:
+            if opts.warmup:
+                self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline, cancel)
+            end = time.monotonic() + opts.duration if opts.duration else None
+            return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline, cancel)
+        except self.Err as err:  # a post or poll refused: the queue pair went to the error state
+            raise RdmaError(f"an RDMA WRITE failed: {err}") from None
 
-    def _run(self, iterations: int, plain, signaled, mod: int, depth: int, end: float | None, deadline: float):
+    def _run(self, iterations: int, plain, signaled, mod: int, depth: int, end: float | None, deadline: float,
+             cancel: threading.Event | None):
         posted = completed = 0
         completions: list[tuple[float, int]] = []
         pending: list[int] = []  # messages covered by each outstanding signalled WR
@@ -397,6 +434,8 @@ class _Verbs:
                                     f"({_wc_status(wc.status)}); the peer or the path is gone")
                 completed += pending.pop(0)
                 completions.append((now, completed))
+            if cancel is not None and cancel.is_set():
+                raise RdmaError("the test was cancelled (the daemon is stopping)")
             if n:
                 stalled_since = time.monotonic()
             elif time.monotonic() - stalled_since > STALL_SECONDS or time.monotonic() > deadline:
@@ -448,52 +487,103 @@ def server(opts: Options, listen: str = "0.0.0.0", host: HostPaths | None = None
             conn, _ = lsock.accept()
         except socket.timeout:
             raise RdmaError(f"no client connected to port {opts.port} within {timeout:g} s") from None
-        conn = stack.enter_context(conn)
-        conn.settimeout(timeout)
-        remote = Endpoint.decode(_recv_line(conn, "endpoint"))
-        if remote.size != opts.size:
-            raise RdmaError(f"the client writes {remote.size}-byte messages, this server expects {opts.size}")
-        conn.sendall(verbs.local.encode())
-        verbs.connect(remote)
-        conn.settimeout(timeout + (opts.duration or 0) + opts.iterations * 0.01)
-        report = _recv_line(conn, "report")
-        try:
-            doc = json.loads(report)
-            result = Result(**{k: doc[k] for k in Result.__dataclass_fields__ if k in doc})
-        except (ValueError, TypeError, KeyError):
-            raise RdmaError(f"the client's report is not a result: {report[:80]!r}") from None
-        result.verified = verbs.mr.read(opts.size, 0) == pattern(opts.size)
-        result.device = device
-        conn.sendall(b"OK\n" if result.verified else b"BAD\n")
-        if not result.verified:
-            raise RdmaError("the bytes written into this server's buffer are not the client's")
-        return result
+        return _session(stack.enter_context(conn), verbs, opts, device, timeout)
 
 
-def client(server_host: str, opts: Options, host: HostPaths | None = None, timeout: float = OOB_TIMEOUT) -> Result:
+def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | RdmaError], None],
+          listen: str = "0.0.0.0", host: HostPaths | None = None, timeout: float = OOB_TIMEOUT) -> None:
+    """The daemon's server: one client at a time until `stop`, each with fresh verbs objects, each
+    outcome handed to `on_result`. The preflight and the bind fail at once (RdmaError)."""
     _check_opts(opts)
     host = host or HostPaths("/")
     device = preflight(opts, host, max(opts.size, PAGE))
-    with contextlib.ExitStack() as stack:
-        verbs = _Verbs(stack, opts, device)
-        verbs.mr.write(pattern(opts.size), opts.size)
-        try:
-            conn = stack.enter_context(socket.create_connection((server_host, opts.port), timeout=timeout))
-        except OSError as err:
-            raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: {err.strerror or err}"
-                            ) from None
-        conn.sendall(verbs.local.encode())
-        remote = Endpoint.decode(_recv_line(conn, "endpoint"))
-        if remote.size < opts.size:
-            raise RdmaError(f"the server's buffer ({remote.size} B) is smaller than a message")
-        verbs.connect(remote)
-        limit = (opts.duration or 0) + timeout + opts.iterations * 0.01
-        n, first, completions = verbs.write_all(remote, time.monotonic() + limit)
-        avg, peak, rate = bandwidth(opts.size, n, first, completions, window=max(1, min(opts.depth(), n // 2)))
-        result = Result(opts.size, n, completions[-1][0] - first, avg, peak, rate, device)
-        conn.sendall(json.dumps(asdict(result)).encode() + b"\n")
-        answer = _recv_line(conn, "verification")
-        result.verified = answer.strip() == b"OK"
-        if not result.verified:
-            raise RdmaError("the server found other bytes in its buffer than this client wrote")
-        return result
+    try:
+        lsock = socket.create_server((listen, opts.port), reuse_port=False)
+    except OSError as err:
+        raise RdmaError(f"cannot listen on {listen}:{opts.port}: {err.strerror or err}") from None
+    with lsock:
+        lsock.settimeout(ACCEPT_POLL_SECONDS)  # so that `stop` is seen
+        while not stop.is_set():
+            try:
+                conn, _ = lsock.accept()
+            except socket.timeout:
+                continue
+            try:
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(conn)
+                    outcome: Result | RdmaError = _session(conn, _Verbs(stack, opts, device), opts, device, timeout)
+            except RdmaError as err:
+                outcome = err
+            except OSError as err:  # the client reset the connection
+                outcome = RdmaError(f"the client's connection failed: {err.strerror or err}")
+            except Exception as err:  # one client's session, whatever went wrong, must not stop the server
+                outcome = RdmaError(f"the test failed: {type(err).__name__}: {err}")
+            on_result(outcome)
+
+
+def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, timeout: float) -> Result:
+    """One client on an accepted connection: exchange endpoints, take its report, verify the bytes."""
+    conn.settimeout(timeout)
+    remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+    if remote.size != opts.size:
+        raise RdmaError(f"the client writes {remote.size}-byte messages, this server expects {opts.size}")
+    conn.sendall(verbs.local.encode())
+    verbs.connect(remote)
+    conn.settimeout(timeout + (opts.duration or 0) + opts.iterations * 0.01)
+    report = _recv_line(conn, "report")
+    try:
+        doc = json.loads(report)
+        result = Result(**{k: doc[k] for k in Result.__dataclass_fields__ if k in doc})
+    except (ValueError, TypeError, KeyError):
+        raise RdmaError(f"the client's report is not a result: {report[:80]!r}") from None
+    result.verified = verbs.mr.read(opts.size, 0) == pattern(opts.size)
+    result.device = device
+    conn.sendall(b"OK\n" if result.verified else b"BAD\n")
+    if not result.verified:
+        raise RdmaError("the bytes written into this server's buffer are not the client's")
+    return result
+
+
+def client(server_host: str, opts: Options, host: HostPaths | None = None, timeout: float = OOB_TIMEOUT,
+           cancel: threading.Event | None = None) -> Result:
+    """Write to the server at `server_host` and return the result it verified; `cancel` ends the test
+    early (the daemon's shutdown). An RdmaError carries the stage it failed in."""
+    stage = "preflight"
+    try:
+        _check_opts(opts)
+        host = host or HostPaths("/")
+        device = preflight(opts, host, max(opts.size, PAGE))
+        with contextlib.ExitStack() as stack:
+            stage = "setup"
+            verbs = _Verbs(stack, opts, device)
+            verbs.mr.write(pattern(opts.size), opts.size)
+            stage = "peer"
+            try:
+                conn = stack.enter_context(socket.create_connection((server_host, opts.port), timeout=timeout))
+            except OSError as err:
+                raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: "
+                                f"{err.strerror or err}") from None
+            conn.sendall(verbs.local.encode())
+            remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+            if remote.size < opts.size:
+                raise RdmaError(f"the server's buffer ({remote.size} B) is smaller than a message")
+            stage = "transfer"
+            verbs.connect(remote)
+            limit = (opts.duration or 0) + timeout + opts.iterations * 0.01
+            n, first, completions = verbs.write_all(remote, time.monotonic() + limit, cancel)
+            avg, peak, rate = bandwidth(opts.size, n, first, completions, window=max(1, min(opts.depth(), n // 2)))
+            result = Result(opts.size, n, completions[-1][0] - first, avg, peak, rate, device)
+            conn.sendall(json.dumps(asdict(result)).encode() + b"\n")
+            answer = _recv_line(conn, "verification")
+            result.verified = answer.strip() == b"OK"
+            if not result.verified:
+                raise RdmaError("the server found other bytes in its buffer than this client wrote")
+            return result
+    except RdmaError as err:
+        if cancel is not None and cancel.is_set():
+            stage = "cancelled"
+        err.stage = err.stage or stage
+        raise
+    except OSError as err:  # the peer reset the out-of-band connection
+        raise RdmaError(f"the connection to the rdma-bw server at {server_host}:{opts.port} failed: "
+                        f"{err.strerror or err}", stage) from None

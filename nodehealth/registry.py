@@ -16,6 +16,7 @@ from nodehealth.checks import (
     nic_health,
     nvlink,
     nvlink_errors,
+    rdma_bw,
     storage_errors,
     thp,
     xid,
@@ -64,4 +65,5 @@ CHECKS = (
     gpu_pcie,
     clocks,
     gpu_nic,
+    rdma_bw,
 )

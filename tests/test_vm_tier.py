@@ -84,6 +84,7 @@ def test_memlock_limit_fails_both_tools_with_the_reason(guest):
 
 @pytest.mark.parametrize("name, message", [
     ("wronggid.txt", "rxe0 port 1 has no GID at index 99"),
+    ("unreachable.txt", "cannot reach the rdma-bw server at 127.0.0.1:18799: Connection refused"),
     ("portdown.txt", "rxe1 port 1 is not ACTIVE (1: DOWN)"),
     ("bogus.txt", "the peer's out-of-band message is not an rdma-bw endpoint: b'GET / HTTP/1.0"),
     ("killed.txt", "no RDMA WRITE completed for"),
@@ -117,3 +118,22 @@ def test_the_daemon_sees_kernel_records_and_not_a_userspace_forgery(guest):
     assert any(r == "Xid79FallenOffBus" for r, _ in reasons), after["findings"]
     assert any(r == "HungTask" for r, _ in reasons), after["findings"]
     assert not any("5e:00" in str(d) for _, d in reasons)
+
+
+def test_the_daemon_measures_a_rail_periodically_and_judges_it(guest):
+    metrics = read(guest, "rdma_metrics.txt")
+    bw = [line for line in metrics.splitlines()
+          if line.startswith('nodehealth_rdma_write_bw_gbps{device="rxe0",port="1",peer="127.0.0.1",stat="avg"}')]
+    assert bw and float(bw[0].rsplit(" ", 1)[1]) > 0, metrics
+    assert 'nodehealth_rdma_bw_last_run_success{device="rxe0",port="1",peer="127.0.0.1"} 1' in metrics
+    ok = [line for line in metrics.splitlines()
+          if line.startswith('nodehealth_rdma_bw_runs_total{device="rxe0",port="1",result="ok"}')]
+    assert ok and float(ok[0].rsplit(" ", 1)[1]) >= 2, metrics
+    served = [line for line in metrics.splitlines() if line.startswith('nodehealth_rdma_bw_served_total{result="ok"}')]
+    assert served and float(served[0].rsplit(" ", 1)[1]) >= 2  # the same daemon served its own tests
+    report = json.loads(read(guest, "rdma_report.json"))
+    found = [f for f in report["findings"] if f["check"] == "rdma_bw"]
+    # rxe0 is held to a configured 1000 Gb/s, which Soft-RoCE under TCG never reaches
+    assert [(f["reason"], f["severity"], f["device"]) for f in found] == [("RdmaBandwidthLow", "degraded", "rxe0:1")]
+    assert "configured for rxe0" in found[0]["message"]
+    assert "daemon rc 0" in read(guest, "rdma_daemon.log")  # SIGTERM stopped it cleanly

@@ -71,6 +71,7 @@ cat $OUT/memlock_perftest.txt $OUT/memlock_nh.txt
 
 # 3. failures: wrong GID index, a port set down, a bogus out-of-band message, a peer killed mid-test
 $NH rdma-bw -d rxe0 -x 99 -p 18700 127.0.0.1 > $OUT/wronggid.txt 2>&1; echo "rc $?" >> $OUT/wronggid.txt
+$NH rdma-bw -d rxe0 -x $GID -p 18799 127.0.0.1 > $OUT/unreachable.txt 2>&1; echo "rc $?" >> $OUT/unreachable.txt
 ip link add nhdown type dummy && rdma link add rxe1 type rxe netdev nhdown && ip link set nhdown down
 sleep 0.5
 $NH rdma-bw -d rxe1 -x 0 -p 18701 127.0.0.1 > $OUT/portdown.txt 2>&1; echo "rc $?" >> $OUT/portdown.txt
@@ -97,7 +98,7 @@ echo "settled after $i tenths of a second" > $OUT/res_settle.txt
 counts > $OUT/res_after.txt
 rdma resource show qp >> $OUT/res_after.txt
 rdma resource show > $OUT/rdma_resource.txt
-cat $OUT/wronggid.txt $OUT/portdown.txt $OUT/bogus.txt $OUT/killed.txt $OUT/res_*.txt
+cat $OUT/wronggid.txt $OUT/unreachable.txt $OUT/portdown.txt $OUT/bogus.txt $OUT/killed.txt $OUT/res_*.txt
 
 # 4. kernel log: the daemon's stream takes the printk module's records (facility 0), not a
 # userspace write of the same text (facility 1)
@@ -116,4 +117,37 @@ report > $OUT/report_kernel.json
 dmesg -x | grep -E "Xid|blocked for more" > $OUT/kmsg_raw.txt
 kill $dpid; wait $dpid
 cat $OUT/kmsg_raw.txt
+
+# 5. the daemon's periodic RDMA test: rail rxe0:1 against a peer at 127.0.0.1, which is this same
+# daemon serving rxe0 (one node plays both ends); rxe0 is held to 1000 Gb/s so the check has a
+# rate to judge (Soft-RoCE has no line rate of its own); /metrics and the report are kept
+cat > /tmp/nhrdma.json <<EOF
+{"rdma_bw": {"enabled": true, "peers": ["127.0.0.1"], "rails": ["rxe0:1"], "port": 18800, "interval_seconds": 5,
+             "duration_seconds": 2, "start_delay_seconds": 0, "timeout_seconds": 30},
+ "checks": {"rdma_bw": {"expected_gbps": {"rxe0": 1000}}}}
+EOF
+$NH daemon --listen 127.0.0.1:9458 --interval 2 --config /tmp/nhrdma.json --state-dir /tmp/nhrdma > $OUT/rdma_daemon.log 2>&1 &
+dpid=$!
+wait_port 9458
+$PY - <<'EOF'
+import os, re, time, urllib.request as u
+out = os.environ["OUT"]
+get = lambda path: u.urlopen("http://127.0.0.1:9458" + path, timeout=10).read().decode()
+end = time.time() + 240
+while time.time() < end:
+    try:
+        metrics, report = get("/metrics"), get("/v1/report")
+    except OSError:
+        metrics = report = ""
+    ok = re.search(r'nodehealth_rdma_bw_runs_total\{device="rxe0",port="1",result="ok"\} (\d+)', metrics)
+    if ok and int(ok.group(1)) >= 2 and "RdmaBandwidthLow" in report:
+        break
+    time.sleep(1)
+open(f"{out}/rdma_metrics.txt", "w").write(get("/metrics"))
+open(f"{out}/rdma_report.json", "w").write(get("/v1/report"))
+EOF
+kill $dpid; wait $dpid; echo "daemon rc $?" >> $OUT/rdma_daemon.log
+(cd /sys/class/infiniband/rxe0 && for f in hca_type board_id fw_ver node_type ports/1/rate ports/1/state \
+  ports/1/phys_state ports/1/link_layer; do [ -e $f ] && echo "$f: $(cat $f)"; done) > $OUT/rxe0_sysfs.txt
+grep rdma_ $OUT/rdma_metrics.txt; cat $OUT/rxe0_sysfs.txt; tail -20 $OUT/rdma_daemon.log
 exit 0
