@@ -168,6 +168,12 @@ def node_rows() -> list[tuple[str, list[Panel]]]:
                   (q(f"nodehealth_gpu_nic_relation{{{SEL}}}"),), width=24),
             Panel("RDMA memlock (smallest limit among RDMA processes)", "stat",
                   (q(f"nodehealth_rdma_process_memlock_min_bytes{{{SEL}}}", "{{instance}}"),), unit="bytes", height=5),
+            Panel("RDMA WRITE bandwidth per rail and peer (the daemon's periodic tests)", "timeseries",
+                  (q(f'nodehealth_rdma_write_bw_gbps{{stat="avg",{SEL}}}',
+                     "{{instance}} {{device}}:{{port}} to {{peer}}"),),
+                  unit="Gbits", description="Absent while a rail's last test failed: see the next panel."),
+            Panel("RDMA tests whose last run failed", "table",
+                  (q(f"nodehealth_rdma_bw_last_run_success{{{SEL}}} == 0"),)),
         ]),
         ("PCIe and memory", [
             Panel("PCIe links below their width", "table",
@@ -267,6 +273,9 @@ def fleet_rows() -> list[tuple[str, list[Panel]]]:
                   (q('nodehealth_pcie_link_width_lanes{bound="current"} < on (instance, pci_bus_id, kind) '
                      'nodehealth_pcie_link_width_lanes{bound="max"}', "sysfs"),
                    q(bad_width, "GPU (NVML)"))),
+            Panel("Slowest RDMA rails (average WRITE bandwidth of the last test, Gb/s)", "table",
+                  (q('bottomk(10, nodehealth_rdma_write_bw_gbps{stat="avg"})'),
+                   q("nodehealth_rdma_bw_last_run_success == 0", "last test failed"))),
             Panel("Pingmesh verdicts (controller)", "table",
                   (q("max by (kind, element) (nodehealth_pingmesh_verdict) == 1"),), per_node=False),
             Panel("Pingmesh: lost fraction per node (5m)", "table",

@@ -67,6 +67,8 @@ EVERY = GPU_NODES | KMSG | BUDDY
 UNHEALTHY = EVERY - {"nvml-h100-healthy"}
 SLURM = Empty("no daemon here runs --slurm; tests/test_slurm.py reads these families from one against a real "
               "slurmctld")
+RDMA = Empty("no verbs device here; the VM tier (tests/test_vm_tier.py) reads these families from a daemon testing "
+             "rxe0")
 THROUGHPUT = Empty("a rate between two passes; a replayed machine's clock (its proc/uptime) never moves")
 
 # (file, panel title, refId) -> the fixture machines whose instance the query returns.
@@ -114,6 +116,8 @@ EXPECTED = {
     (N, "GPU to nearest RDMA NIC (0 same switch, 1 root complex, 2 NUMA node, 3 across sockets)", "A"):
         Empty("the PCIe trees with GPUs and NICs are in tests/fixtures/topology, not in a whole fixture machine"),
     (N, "RDMA memlock (smallest limit among RDMA processes)", "A"): {"h100-8x-cx7"},
+    (N, "RDMA WRITE bandwidth per rail and peer (the daemon's periodic tests)", "A"): RDMA,
+    (N, "RDMA tests whose last run failed", "A"): RDMA,
     (N, "PCIe links below their width", "A"): Empty("no fixture machine has a sysfs link narrower than its max"),
     (N, "Memory: unusable free space at 2 MiB (Normal zones)", "A"): BUDDY,
     (N, "Memory errors by DIMM (EDAC, since boot)", "A"): {"host-faults"},
@@ -151,6 +155,8 @@ EXPECTED = {
         Empty("every InfiniBand port of h100-8x-cx7 is ACTIVE"),
     (F, "PCIe downtrained links", "A"): Empty("no fixture machine has a sysfs link narrower than its max"),
     (F, "PCIe downtrained links", "B"): {"nvml-h100-pcie-downtrained"},
+    (F, "Slowest RDMA rails (average WRITE bandwidth of the last test, Gb/s)", "A"): RDMA,
+    (F, "Slowest RDMA rails (average WRITE bandwidth of the last test, Gb/s)", "B"): RDMA,
     (F, "Pingmesh verdicts (controller)", "A"): Empty("the controller (tests/test_controller.py) is not scraped here"),
     (F, "Pingmesh: lost fraction per node (5m)", "A"): PINGMESH,
     (F, "Memory fragmentation outliers (unusable free space at 2 MiB, Normal zones)", "A"): BUDDY,
