@@ -117,3 +117,29 @@ def test_the_daemon_sees_kernel_records_and_not_a_userspace_forgery(guest):
     assert any(r == "Xid79FallenOffBus" for r, _ in reasons), after["findings"]
     assert any(r == "HungTask" for r, _ in reasons), after["findings"]
     assert not any("5e:00" in str(d) for _, d in reasons)
+
+
+def test_netcheck_over_rdma_bw_names_the_broken_and_the_slow_node(guest):
+    clean = json.loads(read(guest, "netcheck_clean.json"))
+    assert read(guest, "netcheck_clean.err").strip().endswith("rc 0")
+    assert clean["method"] == "rdma" and "rdma-bw" in clean["test"] and clean["rounds"] == 1
+    assert {n["status"] for n in clean["nodes"].values()} == {"sound"} and len(clean["nodes"]) == 5
+    assert clean["nodes"]["node3"]["device"] == "rxe_nc3 port 1 GID 1"  # found from its data address
+    # every cable carried the writes (at least a megabyte each), so nothing short-circuited through lo
+    before, after = (list(map(int, read(guest, f"netcheck_tx_{w}.txt").split())) for w in ("before", "after"))
+    assert len(after) == 5 and all(b - a > 1 << 20 for a, b in zip(before, after)), (before, after)
+
+    faults = json.loads(read(guest, "netcheck_faults.json"))
+    assert read(guest, "netcheck_faults.err").strip().endswith("rc 1")
+    assert faults["faulty"] == ["node2"] and faults["slow"] == ["node4"] and faults["method"] == "rdma"
+    assert any("rxe_nc2 port 1 is not ACTIVE" in t.get("error", "") for t in faults["nodes"]["node2"]["tests"])
+    proof = [t for t in faults["nodes"]["node4"]["tests"] if t["outcome"] == "slow"]
+    assert proof and faults["nodes"][proof[0]["partner"]]["status"] == "sound"
+    table = read(guest, "netcheck_faults.txt")
+    assert "method: RDMA: RDMA WRITE with rdma-bw" in table and "faulty: node2; slow: node4" in table
+
+    dropped = json.loads(read(guest, "netcheck_nft.json"))
+    assert dropped["faulty"] == ["node5"] and dropped["slow"] == [] and dropped["method"] == "rdma"
+    tcp = json.loads(read(guest, "netcheck_tcp.json"))
+    assert tcp["method"] == "tcp" and "not RDMA" in tcp["test"] and tcp["faulty"] == []
+    assert read(guest, "netcheck_nft.err").split() == ["rc", "1", "rc", "0"]

@@ -116,4 +116,7 @@ report > $OUT/report_kernel.json
 dmesg -x | grep -E "Xid|blocked for more" > $OUT/kmsg_raw.txt
 kill $dpid; wait $dpid
 cat $OUT/kmsg_raw.txt
+
+# 5. netcheck over rdma-bw between five rxe devices, each on its own cable to a switch namespace
+. tests/vm/netcheck.sh
 exit 0
