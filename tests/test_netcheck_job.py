@@ -111,3 +111,83 @@ def test_no_way_to_find_the_job_is_usage():
     assert rc == 2 and "--kube-selector" in err and "Slurm" in err
     rc, doc, err = finish([job("n1", "127.0.0.41", free_port(), "--hosts", "a,b", "--slow-fraction", "2")])[0]
     assert rc == 2 and "slow-fraction" in err
+
+
+def test_method_is_rdma_only_where_every_node_has_a_device():
+    from nodehealth.probe.stream import RDMA, TCP, Host, choose_method
+
+    both = [Host(f"10.0.0.{i}:1", f"n{i}", f"10.0.0.{i}:1", (TCP, RDMA), "mlx5_0 port 1") for i in range(3)]
+    assert choose_method(both, "auto") == RDMA and choose_method(both, "tcp") == TCP
+    mixed = both + [Host("10.0.0.9:1", "n9", "10.0.0.9:1")]
+    assert choose_method(mixed, "auto") == TCP  # bandwidths of two methods do not compare
+    with pytest.raises(ValueError, match="no rdma test on n9"):
+        choose_method(mixed, "rdma")
+
+
+def test_rendezvous_takes_the_job_and_no_more():
+    import threading
+
+    from nodehealth.probe.stream import Member, Rendezvous
+
+    rv = Rendezvous(2, answer_timeout=5, accept=lambda m: None if m.name != "evil" else "not one of the job's nodes")
+    assert rv.add(Member("a", "10.0.0.1:9460")) is None
+    assert rv.join({"name": "evil", "agent": "10.0.0.6:9460"}) == {"error": "not one of the job's nodes"}
+    assert "not HOST:PORT" in rv.join({"name": "b", "agent": "nocolon"})["error"]
+    assert "a name" in rv.join({"name": "x" * 300, "agent": "10.0.0.2:9460"})["error"]
+    answers = []
+    t = threading.Thread(target=lambda: answers.append(rv.join({"name": "b", "agent": "10.0.0.2:9460"})))
+    t.start()
+    members = rv.wait(2, deadline=__import__("time").monotonic() + 5)
+    assert [m.name for m in members] == ["a", "b"]
+    assert "have joined already" in rv.join({"name": "c", "agent": "10.0.0.3:9460"})["error"]
+    rv.finish({"verdict": {"faulty": []}, "code": 0}, linger=5)
+    t.join(5)
+    assert answers == [{"verdict": {"faulty": []}, "code": 0}]
+    assert "too late" in rv.join({"name": "b", "agent": "10.0.0.2:9460"})["error"]
+
+
+def test_an_agent_without_a_device_refuses_rdma_in_one_line():
+    from nodehealth.probe import stream
+
+    agent = stream.Agent(("127.0.0.1", 0), stream.AgentConfig("n1", "127.0.0.1:1"))
+    ep = f"127.0.0.1:{agent.server_address[1]}"
+    import threading
+
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    try:
+        hello = stream.request(ep, {"op": "hello"}, 5)
+        assert hello["methods"] == ["tcp"] and hello["rdma"] is None
+        answer = stream.request(ep, {"op": "send", "to": "127.0.0.1:9", "seconds": 1, "method": "rdma"}, 5)
+        assert answer == {"error": "this agent has no 'rdma' test (it offers tcp)"}
+        assert stream.request(ep, {"op": "rdma-serve", "seconds": 1}, 5) == {"error": "this agent has no RDMA device"}
+        assert "unknown op 'join'" in stream.request(ep, {"op": "join", "name": "a", "agent": "1.2.3.4:5"}, 5)["error"]
+    finally:
+        agent.shutdown()
+        agent.server_close()
+
+
+@pytest.mark.parametrize("setting, fragment", [
+    ({"slow_fraction": 1.5}, "netcheck.slow_fraction"), ({"method": "udp"}, "auto, tcp or rdma"),
+    ({"port": 0}, "netcheck.port"), ({"seconds": 0}, "netcheck.seconds"), ({"max_rounds": 0}, "netcheck.max_rounds"),
+])
+def test_netcheck_config_is_checked(tmp_path, setting, fragment):
+    from nodehealth import config
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"netcheck": setting}))
+    with pytest.raises(config.ConfigError, match=fragment):
+        config.load(str(path))
+    assert config.load(None)["netcheck"]["slow_fraction"] == 0.5
+
+
+def test_flags_override_the_config(tmp_path):
+    import argparse
+
+    from nodehealth.net import preflight
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"netcheck": {"seconds": 5.0, "slow_fraction": 0.7}}))
+    cfg = preflight.settings(argparse.Namespace(config=str(path), seconds=1.0, slow_fraction=None))
+    assert cfg["seconds"] == 1.0 and cfg["slow_fraction"] == 0.7
+    with pytest.raises(preflight.Usage, match="--seconds must be at most 60"):
+        preflight.settings(argparse.Namespace(config=None, seconds=61.0))
