@@ -144,9 +144,11 @@ def test_hostfile_and_host_list(tmp_path):
 
 
 def test_this_machine_is_recognised():
-    assert discover.is_local_address("127.0.0.1") and not discover.is_local_address("192.0.2.77")
-    assert not discover.is_local_address("0.0.0.0")  # every address, so nobody's in particular
-    assert discover.source_address("127.0.0.1", 9) == "127.0.0.1"
+    from nodehealth.net import preflight
+
+    assert preflight.is_local_address("127.0.0.1") and not preflight.is_local_address("192.0.2.77")
+    assert not preflight.is_local_address("0.0.0.0")  # every address, so nobody's in particular
+    assert preflight.source_address("127.0.0.1", 9) == "127.0.0.1"
 
 
 def _device(root, name, link_layer, gids, state="4: ACTIVE"):

@@ -15,13 +15,11 @@ tests the nodes that joined and names the ones that did not.
 - Kubernetes: the job's pods by label selector, through the API (nodehealth/kube.py); pod index 0
   coordinates. Pods have their IP during init containers, so this works as an init container.
 
-Pure parsing here; the API is read by the caller.
+Pure parsing here: the API, the names and the routes are read by the caller (nodehealth/net/preflight.py).
 """
 from __future__ import annotations
 
-import ipaddress
 import re
-import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -209,46 +207,3 @@ def from_pods(pods: Sequence[dict], me: str, count: int, index_label: str) -> Pl
     if me not in names:
         raise DiscoveryError(f"this pod ({me}) is not among the pods the selector matches")
     return Plan("kubernetes", names[0], me == names[0], count, hosts=names, addresses={p[1]: p[2] for p in live})
-
-
-# -- this node ---------------------------------------------------------------------------------
-
-def is_local_address(host: str) -> bool:
-    """Whether `host` is this machine: its hostname, or a name whose address it can bind to."""
-    if host in (socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return False
-    for family, _, _, _, addr in infos:
-        with socket.socket(family, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((addr[0], 0))
-            except OSError:
-                continue
-            return not ipaddress.ip_address(addr[0]).is_unspecified
-    return False
-
-
-def addresses(host: str) -> set[str]:
-    """The addresses a name resolves to (none when it does not)."""
-    try:
-        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
-    except OSError:
-        return set()
-
-
-def source_address(host: str, port: int) -> str:
-    """This node's address on the route to `host` (a UDP connect sends nothing)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
-    except OSError as e:
-        raise DiscoveryError(f"cannot resolve the coordinator {host}: {e.strerror or e}") from None
-    family, _, _, _, addr = infos[0]
-    with socket.socket(family, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(addr)
-        except OSError as e:
-            raise DiscoveryError(f"no route to the coordinator {host}: {e.strerror or e}") from None
-        return s.getsockname()[0]

@@ -8,6 +8,7 @@ every node prints the verdict and exits with it. Imported only when a netcheck c
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import socket
@@ -150,12 +151,12 @@ def read_leaves(path: str | None) -> dict[str, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from nodehealth.net import discover
+
     try:
         cfg = settings(args)
         endpoints = [e.strip() for e in (args.hosts or os.environ.get("NODEHEALTH_NETCHECK_HOSTS", "")).split(",")]
         if args.hosts_file:
-            from nodehealth.net import discover
-
             endpoints += discover.read_hostfile(args.hosts_file)
         endpoints = [e for e in endpoints if e and not e.startswith("#")]
         for e in endpoints:
@@ -163,7 +164,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if len(set(endpoints)) < 2:
             raise Usage("give at least two agents (--hosts A:P,B:P, --hosts-file or $NODEHEALTH_NETCHECK_HOSTS)")
         doc, code = coordinate(endpoints, cfg, read_leaves(args.inventory))
-    except (Usage, ValueError) as e:
+    except (Usage, ValueError, discover.DiscoveryError) as e:
         print(f"nodehealth netcheck: {e}", file=sys.stderr)
         return EXIT_ERROR
     write(doc, args.json)
@@ -200,6 +201,49 @@ def table(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- this node ----------------------------------------------------------------------------------
+
+def is_local_address(host: str) -> bool:
+    """Whether `host` is this machine: its hostname, or a name whose address it can bind to."""
+    if host in (socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    for family, _, _, _, addr in infos:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((addr[0], 0))
+            except OSError:
+                continue
+            return not ipaddress.ip_address(addr[0]).is_unspecified
+    return False
+
+
+def addresses(host: str) -> set[str]:
+    """The addresses a name resolves to (none when it does not)."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return set()
+
+
+def source_address(host: str, port: int) -> str:
+    """This node's address on the route to `host` (a UDP connect sends nothing)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+    except OSError as e:
+        raise Usage(f"cannot resolve the coordinator {host}: {e.strerror or e}") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(addr)
+        except OSError as e:
+            raise Usage(f"no route to the coordinator {host}: {e.strerror or e}") from None
+        return s.getsockname()[0]
+
+
 # -- every node of a job -----------------------------------------------------------------------
 
 def cmd_job(args: argparse.Namespace) -> int:
@@ -213,7 +257,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         port = cfg["port"]
         coordinator = plan.addresses.get(plan.coordinator, discover.host_of(plan.coordinator))
         # the coordinator reaches this node where it reaches the coordinator; peers test it on --data
-        control = args.listen if args.listen not in (None, "0.0.0.0", "::") else discover.source_address(coordinator,
+        control = args.listen if args.listen not in (None, "0.0.0.0", "::") else source_address(coordinator,
                                                                                                          port)
         me = stream.Member(name, _endpoint(control, port))
         acfg = agent_config(name, _endpoint(args.data or control, port), cfg, args.rdma_device, args.gid_index)
@@ -273,7 +317,7 @@ class JobNodes:
         self.known: dict[str, str] = {}  # a name or address -> the host it stands for
         for h in plan.hosts:
             host = discover.host_of(h)
-            for key in (host, host.split(".")[0], plan.addresses.get(h, ""), *discover.addresses(host)):
+            for key in (host, host.split(".")[0], plan.addresses.get(h, ""), *addresses(host)):
                 if key:
                     self.known.setdefault(key, h)
         self.taken: dict[str, str] = {}  # host -> the name it joined as
@@ -311,12 +355,12 @@ def find_plan(args: argparse.Namespace, cfg: dict[str, Any], name: str):
     from nodehealth.net import discover
 
     env = os.environ
-    is_local = discover.is_local_address
+    is_local = is_local_address
     if args.listen not in (None, "0.0.0.0", "::"):  # bound to one address: this node is that address
         listen = args.listen
 
         def is_local(host: str) -> bool:
-            return host == listen or listen in discover.addresses(host)
+            return host == listen or listen in addresses(host)
     hosts = [h for h in (args.hosts or "").split(",") if h.strip()]
     if args.hosts_file:
         hosts += discover.read_hostfile(args.hosts_file)
