@@ -1,16 +1,19 @@
-"""netcheck's TCP stream test: an agent on every node, and the coordinator that runs the rounds.
+"""netcheck's agent on every node, its pair tests, and the coordinator that runs the rounds.
 
-The agent (`nodehealth netcheck serve`) answers one JSON line per connection on its port:
+The agent (`nodehealth netcheck serve`, or inside `netcheck job`) answers one JSON line per connection on its port:
 - `{"op": "hello"}`: its name and the data address its peers stream to;
 - `{"op": "send", "to": "ADDR:PORT", "seconds": S}`: stream to that peer's agent for S seconds and
   answer the Gb/s the peer acknowledged (or the error);
 - `{"op": "sink"}`: count what arrives until the sender closes, then answer the byte count;
 - `{"op": "send", ..., "method": "rdma"}` and `{"op": "rdma-serve", "seconds": S}`: the same test
   with rdma-bw (RDMA WRITE between the agents' verbs devices, nodehealth/probe/rdmapair.py) when the
-  agent has a device (its hello lists the methods it offers).
-Requests come from the network, so a line is bounded (MAX_LINE), the duration is capped, and at
-most MAX_STREAMS tests run at once. The coordinator (`nodehealth netcheck --hosts ...`) plans the
-rounds with nodehealth.net.netcheck and runs each round's pairs concurrently.
+  agent has a device (its hello lists the methods it offers);
+- `{"op": "join", "name": N, "agent": "ADDR:PORT"}`, on the node that coordinates a `netcheck job`
+  only: the node is taken into the job (Rendezvous) and answered with the verdict at the end.
+Requests come from the network, so a line is bounded (MAX_LINE), the duration is capped, at most
+MAX_STREAMS tests run at once and a rendezvous takes no more nodes than the job has. The
+coordinator (`netcheck run`, or the first node of a `netcheck job`) plans the rounds with
+nodehealth.net.netcheck and runs each round's pairs concurrently.
 
 Every result says which test made it: TCP measures the hosts' TCP path, not RDMA.
 """
