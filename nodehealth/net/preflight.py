@@ -194,7 +194,9 @@ def table(doc: dict) -> str:
     widths = [max(len(r[k]) for r in rows) for k in range(3)]
     lines = ["  ".join(r[k].ljust(widths[k]) for k in range(3)) + "  " + r[3] for r in rows]
     median = doc.get("median_gbps")
-    lines.append(f"method: {doc['method'].upper()}: {doc['test']}; rounds: {doc['rounds']}; median "
+    if doc.get("error"):
+        lines.append(f"no test ran: {doc['error']}")
+    lines.append(f"method: {doc['method'].upper() or '-'}: {doc['test'] or '-'}; rounds: {doc['rounds']}; median "
                  f"{'-' if median is None else f'{median:.3g}'} Gb/s; faulty: {', '.join(doc['faulty']) or 'none'}; "
                  f"slow: {', '.join(doc['slow']) or 'none'}"
                  + (f"; unresolved: {', '.join(doc['unresolved'])}" if doc["unresolved"] else ""))
