@@ -125,8 +125,10 @@ def test_netcheck_over_rdma_bw_names_the_broken_and_the_slow_node(guest):
     assert clean["method"] == "rdma" and "rdma-bw" in clean["test"] and clean["rounds"] == 1
     assert {n["status"] for n in clean["nodes"].values()} == {"sound"} and len(clean["nodes"]) == 5
     assert clean["nodes"]["node3"]["device"] == "rxe_nc3 port 1 GID 1"  # found from its data address
-    # every cable carried the writes (at least a megabyte each), so nothing short-circuited through lo
-    before, after = (list(map(int, read(guest, f"netcheck_tx_{w}.txt").split())) for w in ("before", "after"))
+    # every cable carried its node's writes, sent or received (a megabyte at least), so nothing
+    # short-circuited through lo
+    before, after = ([sum(map(int, line.split())) for line in read(guest, f"netcheck_bytes_{w}.txt").splitlines()]
+                     for w in ("before", "after"))
     assert len(after) == 5 and all(b - a > 1 << 20 for a, b in zip(before, after)), (before, after)
 
     faults = json.loads(read(guest, "netcheck_faults.json"))

@@ -39,10 +39,11 @@ HOSTS=$(for i in $NODES; do printf '10.9.0.%s:9460,' $i; done)
 ncheck() { $NH netcheck run --hosts "$HOSTS" --seconds ${NC_SECONDS:-1} "$@"; }
 
 log "netcheck over rdma-bw: a clean fabric"
-cat /sys/class/net/nc*/statistics/tx_bytes > $OUT/netcheck_tx_before.txt
+bytes() { for i in $NODES; do echo $(cat /sys/class/net/nc$i/statistics/tx_bytes /sys/class/net/nc$i/statistics/rx_bytes); done; }
+bytes > $OUT/netcheck_bytes_before.txt
 ncheck --json > $OUT/netcheck_clean.json 2> $OUT/netcheck_clean.err; echo "rc $?" >> $OUT/netcheck_clean.err
-cat /sys/class/net/nc*/statistics/tx_bytes > $OUT/netcheck_tx_after.txt  # the writes took the cables, not lo
-cat $OUT/netcheck_clean.json $OUT/netcheck_clean.err $OUT/netcheck_tx_*.txt
+bytes > $OUT/netcheck_bytes_after.txt  # the writes took the cables, not lo
+cat $OUT/netcheck_clean.json $OUT/netcheck_clean.err $OUT/netcheck_bytes_*.txt
 
 log "netcheck over rdma-bw: node2's switch port down, node4's cable limited by tbf"
 ip -n nhfabric link set sw2 down
