@@ -190,3 +190,20 @@ def test_flags_override_the_config(tmp_path):
     assert cfg["seconds"] == 1.0 and cfg["slow_fraction"] == 0.7
     with pytest.raises(preflight.Usage, match="--seconds must be at most 60"):
         preflight.settings(argparse.Namespace(config=None, seconds=61.0))
+
+
+def test_torchrun_environment_job_counts_who_joined():
+    """Before torchrun: $PET_NNODES and $PET_MASTER_ADDR give a count and the coordinator, not the
+    hosts; an elastic MIN:MAX job goes ahead with MIN, a fixed one names how many never came."""
+    port = free_port()
+    env = {"PET_NNODES": "3", "PET_MASTER_ADDR": "127.0.0.51"}
+    procs = [job(f"n{i}", f"127.0.0.5{i}", port, "--wait", "3", env=dict(env, PET_NODE_RANK=str(i - 1)))
+             for i in (1, 2)]
+    results = finish(procs)
+    assert [r[0] for r in results] == [1, 1], results
+    assert results[1][1]["missing"] == [{"node": "1 of 3 nodes", "error": "never joined within 3 s"}]
+    assert results[0][1]["source"] == "torchrun" and sorted(results[1][1]["nodes"]) == ["n1", "n2"]
+    env = {"PET_NNODES": "2:3", "PET_MASTER_ADDR": "127.0.0.51"}
+    procs = [job(f"n{i}", f"127.0.0.5{i}", port, "--wait", "3", env=dict(env, PET_NODE_RANK=str(i - 1)))
+             for i in (1, 2)]
+    assert [(rc, doc["missing"]) for rc, doc, _ in finish(procs)] == [(0, []), (0, [])]

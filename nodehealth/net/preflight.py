@@ -343,7 +343,7 @@ class JobNodes:
         why = f"never joined within {waited:g} s"
         if self.plan.hosts:
             return [{"node": h, "error": why} for h in self.plan.hosts if h not in self.taken]
-        if len(members) < self.plan.count:
+        if len(members) < self.plan.min_count:  # an elastic job (torchrun MIN:MAX) may start with MIN
             return [{"node": f"{self.plan.count - len(members)} of {self.plan.count} nodes", "error": why}]
         return []
 
