@@ -184,3 +184,17 @@ def test_verbs_device_and_gid_found_from_the_data_address(tmp_path):
         rdmapair.find_setup(host, "10.9.0.2", device="mlx5_0")
     _device(tmp_path, "mlx5_0", "InfiniBand", [("fe80:0000:0000:0000:0002:c903:0001:0001", "IB/RoCE v1")])
     assert rdmapair.find_setup(host, "ib-host-7", device="mlx5_0").gid_index is None  # InfiniBand: LID
+
+
+def test_indexed_job_names_its_pods_from_the_headless_service():
+    fqdn = "train-2.train-svc.ml.svc.cluster.local"
+    plan = discover.from_indexed_job("2", "train-2", fqdn, 4)
+    assert plan.hosts[0] == "train-0.train-svc.ml.svc.cluster.local" and len(plan.hosts) == 4
+    assert plan.hosts[3] == "train-3.train-svc.ml.svc.cluster.local" and not plan.is_coordinator
+    assert discover.from_indexed_job("0", "my-job-0", "my-job-0.s.ns.svc", 2).is_coordinator
+    with pytest.raises(DiscoveryError, match="headless service"):
+        discover.from_indexed_job("1", "train-1", "train-1", 4)  # no subdomain: the names do not resolve
+    with pytest.raises(DiscoveryError, match="not an Indexed Job pod"):
+        discover.from_indexed_job("1", "worker-abc12", fqdn, 4)
+    with pytest.raises(DiscoveryError, match="below the job's 4 pods"):
+        discover.from_indexed_job("4", "train-4", "train-4.s", 4)

@@ -406,12 +406,15 @@ def _add_netcheck(subparsers: Any) -> None:
                                    "environment: $NODEHEALTH_NETCHECK_HOSTS, Slurm ($SLURM_JOB_NODELIST, "
                                    "$SLURM_NODEID) or torchrun ($PET_NNODES, $PET_NODE_RANK, $PET_MASTER_ADDR or "
                                    "$PET_RDZV_ENDPOINT; or $WORLD_SIZE, $LOCAL_WORLD_SIZE, $GROUP_RANK and "
-                                   "$MASTER_ADDR under torchrun itself). Every node exits with the job's verdict.")
+                                   "$MASTER_ADDR under torchrun itself) or an Indexed Job ($JOB_COMPLETION_INDEX "
+                                   "and --nodes: its headless service's names). Every node exits with the job's "
+                                   "verdict.")
     j.add_argument("--hosts", metavar="H1,H2", help="the job's nodes, the coordinator first")
     j.add_argument("--hosts-file", metavar="FILE", help="the job's nodes, one a line (an MPI hostfile works)")
     j.add_argument("--kube-selector", metavar="SELECTOR", help="the job's pods by label (e.g. job-name=train)")
     j.add_argument("--namespace", help="the pods' namespace (default: $POD_NAMESPACE, else the service account's)")
-    j.add_argument("--nodes", type=int, metavar="N", help="how many pods the job has (default: $WORLD_SIZE "
+    j.add_argument("--nodes", type=int, metavar="N", help="how many pods the job has (--kube-selector, an Indexed "
+                                                          "Job; default for the former: $WORLD_SIZE "
                                                           "/ $PET_NNODES)")
     j.add_argument("--kubeconfig", metavar="FILE", help="default: in-cluster, else ~/.kube/config")
     j.add_argument("--listen", metavar="ADDR", help="the agent's address, where the coordinator reaches it "

@@ -14,6 +14,8 @@ tests the nodes that joined and names the ones that did not.
   address, not a host list, so the other nodes announce themselves when they join;
 - Kubernetes: the job's pods by label selector, through the API (nodehealth/kube.py); pod index 0
   coordinates. Pods have their IP during init containers, so this works as an init container.
+  Without API access, an Indexed Job with a headless service (`subdomain`) names its pods
+  `JOB-INDEX.SUBDOMAIN...`: $JOB_COMPLETION_INDEX, the hostname and the job's size give them all.
 
 Pure parsing here: the API, the names and the routes are read by the caller (nodehealth/net/preflight.py).
 """
@@ -184,6 +186,26 @@ def _first(env: Mapping[str, str], *names: str) -> str | None:
 
 
 # -- Kubernetes --------------------------------------------------------------------------------
+
+def from_indexed_job(index: str, hostname: str, fqdn: str, count: int) -> Plan:
+    """An Indexed Job's pods as its headless service names them: pod `JOB-I` is `JOB-I.SUBDOMAIN...`
+    (its FQDN's tail); the service must publish not-ready addresses, since init containers run
+    before a pod is ready."""
+    if not index.isdigit() or int(index) >= count:
+        raise DiscoveryError(f"$JOB_COMPLETION_INDEX {index!r} is not an index below the job's {count} pods")
+    short = hostname.split(".")[0]
+    if not short.endswith(f"-{index}"):
+        raise DiscoveryError(f"the hostname {short!r} is not an Indexed Job pod's (JOB-{index})")
+    job = short[: -len(f"-{index}")]
+    domain = fqdn[len(short):] if fqdn.startswith(short + ".") else ""
+    if not domain:
+        raise DiscoveryError(f"no subdomain in the FQDN {fqdn!r}: give the Job a headless service and set its "
+                             "pods' subdomain, or use --kube-selector")
+    hosts = [f"{job}-{i}{domain}" for i in range(count)]
+    return Plan("indexed-job", hosts[0], index == "0", count, hosts=hosts)
+
+
+# -- Kubernetes (the API) --------------------------------------------------------------------------------
 
 def from_pods(pods: Sequence[dict], me: str, count: int, index_label: str) -> Plan | None:
     """The plan once the job's pods are there: None while fewer than `count` live pods have an IP

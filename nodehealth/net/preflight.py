@@ -376,8 +376,12 @@ def find_plan(args: argparse.Namespace, cfg: dict[str, Any], name: str):
         return discover.from_slurm(env)
     if any(env.get(k) for k in ("MASTER_ADDR", "PET_MASTER_ADDR", "PET_RDZV_ENDPOINT")):
         return discover.from_torchrun(env, is_local)
+    if env.get("JOB_COMPLETION_INDEX") and args.nodes:
+        return discover.from_indexed_job(env["JOB_COMPLETION_INDEX"], socket.gethostname(), socket.getfqdn(),
+                                         args.nodes)
     raise Usage("no way to find the job's nodes: give --hosts, --hosts-file or --kube-selector, or run it under "
-                "Slurm (srun) or with torchrun's environment ($PET_NNODES and $PET_MASTER_ADDR)")
+                "Slurm (srun), with torchrun's environment ($PET_NNODES and $PET_MASTER_ADDR), or in an Indexed "
+                "Job with a headless service and --nodes")
 
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
