@@ -145,3 +145,13 @@ def test_netcheck_over_rdma_bw_names_the_broken_and_the_slow_node(guest):
     tcp = json.loads(read(guest, "netcheck_tcp.json"))
     assert tcp["method"] == "tcp" and "not RDMA" in tcp["test"] and tcp["faulty"] == []
     assert read(guest, "netcheck_nft.err").split() == ["rc", "1", "rc", "0"]
+
+
+def test_netcheck_job_on_every_node_over_rdma_bw(guest):
+    """Each of the five nodes ran `netcheck job` with the same host list: each prints the verdict
+    naming the node whose cable tbf limits, and exits 1."""
+    docs = [json.loads(read(guest, f"netcheck_job{i}.json")) for i in range(1, 6)]
+    assert [read(guest, f"netcheck_job{i}.err").split()[-2:] for i in range(1, 6)] == [["rc", "1"]] * 5
+    for doc in docs:
+        assert doc["slow"] == ["node3"] and doc["faulty"] == [] and doc["missing"] == []
+        assert doc["method"] == "rdma" and doc["source"] == "hosts" and doc["coordinator"] == "10.9.0.1:9460"

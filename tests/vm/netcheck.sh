@@ -5,7 +5,8 @@
 # `oif` rule per veth, the local table moved after them) sends each device's packets out of its own
 # cable instead of short-circuiting through lo, and accept_local/arp_ignore let a host that owns every
 # address take them in on the right port. Faults: a switch port down (broken), tbf on a cable (slow),
-# nftables dropping RoCE at a node (broken). Sourced by batch.sh; writes $OUT/netcheck_*.
+# nftables dropping RoCE at a node (broken); then `netcheck job` on every node. Sourced by batch.sh;
+# writes $OUT/netcheck_*.
 NODES="1 2 3 4 5"
 ip netns add nhfabric
 ip -n nhfabric link add br0 type bridge
@@ -69,4 +70,17 @@ cat $OUT/netcheck_nft.json $OUT/netcheck_nft.err
 nft delete table inet nhfault
 kill $agents
 for p in $agents; do wait $p; done
+
+log "netcheck job on every node over rdma-bw, node3's cable limited by tbf"
+tc qdisc add dev nc3 root tbf rate 15mbit burst 64kb latency 3s
+ip netns exec nhfabric tc qdisc add dev sw3 root tbf rate 15mbit burst 64kb latency 3s
+agents=""
+for i in $NODES; do
+  ( $NH netcheck job --hosts "$HOSTS" --listen 10.9.0.$i --name node$i --seconds ${NC_SECONDS:-1} --wait 60 \
+      --json > $OUT/netcheck_job$i.json 2> $OUT/netcheck_job$i.err; echo "rc $?" >> $OUT/netcheck_job$i.err ) &
+  agents="$agents $!"
+done
+for p in $agents; do wait $p; done
+tc qdisc del dev nc3 root; ip netns exec nhfabric tc qdisc del dev sw3 root
+cat $OUT/netcheck_job1.json $OUT/netcheck_job*.err
 cat $OUT/netcheck_agent*.log
