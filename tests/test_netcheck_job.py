@@ -207,3 +207,13 @@ def test_torchrun_environment_job_counts_who_joined():
     procs = [job(f"n{i}", f"127.0.0.5{i}", port, "--wait", "3", env=dict(env, PET_NODE_RANK=str(i - 1)))
              for i in (1, 2)]
     assert [(rc, doc["missing"]) for rc, doc, _ in finish(procs)] == [(0, []), (0, [])]
+
+
+def test_a_bad_config_file_is_one_line(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"netcheck": {"slow_fraction": 3.0}}))
+    for cmd in (["run", "--hosts", "a:1,b:2"], ["serve", "--listen", "127.0.0.1:1"], ["job", "--hosts", "a,b"]):
+        p = subprocess.run([sys.executable, "-m", "nodehealth.cli", "netcheck", *cmd, "--config", str(path)],
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and "netcheck.slow_fraction: must be a fraction" in p.stderr, (cmd, p.stderr)
+        assert "Traceback" not in p.stderr

@@ -33,15 +33,21 @@ class Usage(Exception):
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """The netcheck section of the configuration with the flags given on top."""
-    cfg = config.load(getattr(args, "config", None))["netcheck"]
+    try:
+        cfg = config.load(getattr(args, "config", None))["netcheck"]
+    except config.ConfigError as e:
+        raise Usage(str(e)) from None
+    given = set()
     for key in ("port", "method", "seconds", "slow_fraction", "max_rounds", "rdma_port", "wait_seconds"):
         value = getattr(args, key, None)
         if value is not None:
             cfg[key] = value
+            given.add(key)
     try:
         config.check_ranges(dict(config.defaults(), netcheck=cfg))
     except config.ConfigError as e:
-        raise Usage(str(e).replace("netcheck.", "--").replace("_", "-")) from None
+        key, _, why = str(e).removeprefix("netcheck.").partition(":")
+        raise Usage(f"--{key.replace('_', '-')}:{why}" if key in given else str(e)) from None
     if cfg["seconds"] > stream.MAX_SECONDS:
         raise Usage(f"--seconds must be at most {stream.MAX_SECONDS:g}")
     return cfg
