@@ -217,3 +217,29 @@ def test_a_bad_config_file_is_one_line(tmp_path):
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 2 and "netcheck.slow_fraction: must be a fraction" in p.stderr, (cmd, p.stderr)
         assert "Traceback" not in p.stderr
+
+
+def test_the_init_container_example_is_valid_and_finds_its_pods():
+    """deploy/examples/netcheck-job.yaml: valid objects; the init container's command parses; the
+    Role allows only listing pods; the selector it lists by is the Job's pod label."""
+    import kubernetes_validate
+    import yaml
+
+    from nodehealth import cli
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy", "examples",
+                        "netcheck-job.yaml")
+    with open(path) as f:
+        docs = {d["kind"]: d for d in yaml.safe_load_all(f)}
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+    assert docs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+    pod = docs["Job"]["spec"]["template"]
+    init = pod["spec"]["initContainers"][0]
+    args = cli.parser().parse_args(init["command"][1:])
+    assert args.netcheck_command == "job" and args.nodes == docs["Job"]["spec"]["completions"]
+    # the Job controller labels its pods job-name=<the Job's name>
+    assert args.kube_selector == f"job-name={docs['Job']['metadata']['name']}"
+    assert docs["Service"]["spec"]["selector"] == {"job-name": docs["Job"]["metadata"]["name"]}
+    assert {e["name"] for e in init["env"]} == {"POD_NAME", "POD_NAMESPACE"}
+    assert pod["spec"]["serviceAccountName"] == docs["RoleBinding"]["subjects"][0]["name"]
