@@ -121,6 +121,8 @@ def test_broken_and_slow_node_together_cable_down(fault):
     assert rc == 1, (out, err)
     assert doc["faulty"] == ["n000"] and doc["slow"] == ["n102"]
     assert doc["nodes"]["n001"]["status"] == "sound"
+    errors = [t["error"] for t in doc["nodes"]["n000"]["tests"]]
+    assert errors and all(e.split(" -> ")[0] in doc["nodes"] for e in errors), errors  # who sent, to whom
 
 
 def test_unreachable_agent_and_bad_usage(topo):

@@ -195,9 +195,9 @@ class Agent(socketserver.ThreadingTCPServer):
         except _Own as e:
             return {"error": str(e)}
         except (StreamError, OSError, ValueError) as e:
-            return {"error": f"{to}: {getattr(e, 'strerror', None) or e}"}
+            return {"error": f"{self.cfg.name} -> {to}: {getattr(e, 'strerror', None) or e}"}
         except Exception as e:  # noqa: BLE001 - rdma.RdmaError, imported lazily: one line back to the coordinator
-            return {"error": f"{to}: {e}"[:300]}
+            return {"error": f"{self.cfg.name} -> {to}: {e}"[:300]}
         finally:
             self._slots.release()
 
