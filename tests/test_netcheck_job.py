@@ -243,3 +243,24 @@ def test_the_init_container_example_is_valid_and_finds_its_pods():
     assert docs["Service"]["spec"]["selector"] == {"job-name": docs["Job"]["metadata"]["name"]}
     assert {e["name"] for e in init["env"]} == {"POD_NAME", "POD_NAMESPACE"}
     assert pod["spec"]["serviceAccountName"] == docs["RoleBinding"]["subjects"][0]["name"]
+
+
+def test_as_a_torchrun_pre_step_with_torchruns_own_rendezvous(tmp_path):
+    """Two real torchrun launchers (nodes 0 and 1, one process each) run `netcheck job`: torchrun's
+    worker environment alone tells each copy the node count, its rank and the coordinator."""
+    port, master_port = free_port(), free_port()
+    procs = []
+    for rank in (0, 1):
+        script = (f"exec {sys.executable} -m nodehealth.cli netcheck job --listen 127.0.0.6$((GROUP_RANK + 1)) "
+                  f"--name node$GROUP_RANK --port {port} --seconds 0.3 --wait 30 --json > {tmp_path}/out{rank}.json")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
+             "--nproc-per-node", "1", "--master-addr", "127.0.0.61", "--master-port", str(master_port), "--no-python",
+             "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PET_", "NODEHEALTH_"))}))
+    for p in procs:
+        out, _ = p.communicate(timeout=120)
+        assert p.returncode == 0, out
+    docs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in (0, 1)]
+    assert docs[0] == docs[1] and docs[0]["source"] == "torchrun" and docs[0]["coordinator"] == "127.0.0.61"
+    assert sorted(docs[0]["nodes"]) == ["node0", "node1"] and docs[0]["faulty"] == [] and docs[0]["missing"] == []
