@@ -19,7 +19,7 @@ from typing import Any
 
 from nodehealth import config
 from nodehealth.host import HostPaths
-from nodehealth.net import netcheck
+from nodehealth.net import discover, netcheck
 from nodehealth.probe import stream
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
@@ -157,8 +157,6 @@ def read_leaves(path: str | None) -> dict[str, str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from nodehealth.net import discover
-
     try:
         cfg = settings(args)
         endpoints = [e.strip() for e in (args.hosts or os.environ.get("NODEHEALTH_NETCHECK_HOSTS", "")).split(",")]
@@ -256,8 +254,6 @@ def source_address(host: str, port: int) -> str:
 
 def cmd_job(args: argparse.Namespace) -> int:
     """Serve, find the job, join the coordinator (or be it), print the verdict, exit with it."""
-    from nodehealth.net import discover
-
     try:
         cfg = settings(args)
         name = args.name or os.environ.get("POD_NAME") or socket.gethostname()
@@ -319,8 +315,6 @@ class JobNodes:
     the ones that never joined are named."""
 
     def __init__(self, plan):
-        from nodehealth.net import discover
-
         self.plan = plan
         self.known: dict[str, str] = {}  # a name or address -> the host it stands for
         for h in plan.hosts:
@@ -332,8 +326,6 @@ class JobNodes:
         self._lock = threading.Lock()
 
     def accept(self, m: stream.Member) -> str | None:
-        from nodehealth.net import discover
-
         if not self.plan.hosts:
             return None
         address = discover.host_of(m.agent)
@@ -360,8 +352,6 @@ def _endpoint(host: str, port: int) -> str:
 
 def find_plan(args: argparse.Namespace, cfg: dict[str, Any], name: str):
     """The job's plan from the flags, else the environment: a host list, Slurm, then torchrun."""
-    from nodehealth.net import discover
-
     env = os.environ
     is_local = is_local_address
     if args.listen not in (None, "0.0.0.0", "::"):  # bound to one address: this node is that address
@@ -395,8 +385,7 @@ SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/names
 
 def kube_plan(args: argparse.Namespace, cfg: dict[str, Any], name: str):
     """List the job's pods until all of them have an IP (or the wait is over)."""
-    from nodehealth import kube
-    from nodehealth.net import discover
+    from nodehealth import kube  # the kubernetes client, only here
 
     env = os.environ
     count = args.nodes
