@@ -282,6 +282,24 @@ class ClientApi:
             if not token:
                 return
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """The matching pods cut down to what `netcheck job` needs: name, labels, annotations,
+        deletion, phase and IP; read page by page."""
+        pods, token = [], None
+        while True:
+            kwargs: dict[str, Any] = {"label_selector": label_selector, "limit": LIST_PAGE_SIZE}
+            if token:
+                kwargs["_continue"] = token
+            page = self._call(self.core.list_namespaced_pod, namespace, **kwargs)
+            for pod in page.get("items") or []:
+                meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+                pods.append({"metadata": {k: meta.get(k) for k in ("name", "labels", "annotations",
+                                                                   "deletionTimestamp")},
+                             "status": {"phase": status.get("phase"), "podIP": status.get("podIP")}})
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return pods
+
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return self._call(self.core.read_namespaced_config_map, name, namespace,

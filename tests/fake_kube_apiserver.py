@@ -13,6 +13,8 @@ It behaves like kube-apiserver on the points the publisher and the controller de
 - configmaps: GET, POST (409 AlreadyExists), PUT (conditional when it carries a resourceVersion,
   as the real one allows an unconditional update); more than 1 MiB of data and binaryData together,
   a bad key, a key in both or binaryData that is not base64 is 422 Invalid;
+- pods: list in a namespace with a label selector (one page: the jobs tested are small), for
+  `netcheck job`; pods are added and changed by the test (the kubelet's part);
 - trouble on demand: forced answers (403, 429, 5xx), an outage (connections dropped), slow
   answers, and a hook that runs as another writer between our read and our write.
 """
@@ -136,6 +138,7 @@ class FakeApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.leases: dict[tuple[str, str], dict[str, Any]] = {}
         self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
         self.snapshots: dict[str, tuple[str, list[dict[str, Any]]]] = {}  # continue token -> the rest of a list
         self.events: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request answered
@@ -217,6 +220,21 @@ class FakeApiServer:
             change(lease)
             self.leases[(namespace, name)] = self._bump(lease)
 
+    def add_pod(self, namespace: str, name: str, labels: dict[str, str], ip: str | None = None,
+                phase: str = "Pending", annotations: dict[str, str] | None = None) -> None:
+        """A pod as the kubelet shows it: Pending while its init containers run, with an IP once
+        its sandbox is up (`ip` None: not yet)."""
+        with self.lock:
+            status: dict[str, Any] = {"phase": phase}
+            if ip:
+                status["podIP"] = ip
+                status["podIPs"] = [{"ip": ip}]
+            self.pods[(namespace, name)] = self._bump({
+                "kind": "Pod", "apiVersion": "v1", "status": status,
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels),
+                             "annotations": dict(annotations or {}), "uid": f"uid-{name}"},
+                "spec": {"containers": [{"name": "main", "image": "train:latest"}]}})
+
     def configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self.lock:
             cm = self.configmaps.get((namespace, name))
@@ -289,6 +307,14 @@ class FakeApiServer:
             if parts[:4] == ["apis", "coordination.k8s.io", "v1", "namespaces"] and len(parts) >= 6 \
                     and parts[5] == "leases":
                 return self._leases(method, parts[4], parts[6] if len(parts) > 6 else None, body)
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 5 and parts[4] == "pods":
+                if method != "GET":
+                    raise ApiError(405, "method not allowed")
+                selector = (query.get("labelSelector") or [""])[0]
+                items = [copy.deepcopy(p) for (ns, _), p in sorted(self.pods.items())
+                         if ns == parts[3] and matches(p["metadata"].get("labels") or {}, selector)]
+                return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)},
+                             "items": items}
             if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (5, 6) and parts[4] == "configmaps":
                 return self._configmaps(method, parts[3], parts[5] if len(parts) > 5 else None, body)
         raise ApiError(404, f"the server could not find the requested resource ({method} {path})")

@@ -161,3 +161,19 @@ def test_json_report_names_faulty_with_evidence():
     assert doc["faulty"] == [names[2]] and doc["slow"] == [] and doc["method"] == "tcp"
     proof = doc["nodes"][names[2]]["tests"]
     assert any(t["outcome"] == "fail" and doc["nodes"][t["partner"]]["status"] == SOUND for t in proof)
+
+
+def test_the_odd_nodes_second_test_does_not_drag_the_median():
+    """Five nodes, the slow one paired twice in round 0 (its pair and the odd node's test): counted
+    once, it is still named (the VM tier saw all five judged sound when it was counted twice)."""
+    result, rounds, names = simulate(5, set(), {2})
+    assert rounds[0] == [(names[0], names[1]), (names[2], names[3]), (names[4], names[2])]
+    assert result.status == expected(names, set(), {2})
+
+
+def test_a_failed_pair_does_not_hide_the_odd_nodes_test():
+    """Round 0 of five with node 3 broken and node 1 slow: the odd node's test with node 2 counts
+    (node 2's first test, with node 3, failed and gave no bandwidth), so node 1 is still slow."""
+    result, rounds, names = simulate(5, {3}, {1})
+    assert rounds[0][2] == (names[4], names[2])
+    assert result.status == expected(names, {3}, {1})

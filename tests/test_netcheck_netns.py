@@ -121,6 +121,8 @@ def test_broken_and_slow_node_together_cable_down(fault):
     assert rc == 1, (out, err)
     assert doc["faulty"] == ["n000"] and doc["slow"] == ["n102"]
     assert doc["nodes"]["n001"]["status"] == "sound"
+    errors = [t["error"] for t in doc["nodes"]["n000"]["tests"]]
+    assert errors and all(e.split(" -> ")[0] in doc["nodes"] for e in errors), errors  # who sent, to whom
 
 
 def test_unreachable_agent_and_bad_usage(topo):
@@ -131,3 +133,27 @@ def test_unreachable_agent_and_bad_usage(topo):
     p = subprocess.run([sys.executable, "-m", "nodehealth.cli", "netcheck", "run", "--hosts", "nocolon"],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "not HOST:PORT" in p.stderr
+
+
+def test_job_on_every_node_names_the_broken_and_the_missing_node(fault):
+    """`netcheck job` in five of the six namespaces (the sixth never starts), given the management
+    addresses as the host list and tested over the data network, where n002 drops everything: every
+    node prints the same verdict and exits 1."""
+    n = fault.node("n002")
+    sh("nft", "-f", "-", ns=n.ns, stdin='table inet nhfault {\n chain input {\n  type filter hook input priority -10\n'
+                                        '  iifname "eth0" drop\n }\n}\n')
+    hosts = ",".join(node.mgmt for node in fault.nodes)
+    absent = fault.node("n102")
+    procs = {node.name: subprocess.Popen(
+        ["ip", "netns", "exec", node.ns, sys.executable, "-m", "nodehealth.cli", "netcheck", "job", "--hosts", hosts,
+         "--port", str(PORT + 20), "--data", node.address, "--name", node.name, "--seconds", SECONDS, "--wait", "8",
+         "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in fault.nodes if node is not absent}
+    results = {name: (*p.communicate(timeout=90), p.returncode) for name, p in procs.items()}
+    for name, (out, err, rc) in results.items():
+        assert rc == 1, (name, out, err)
+        doc = json.loads(out)
+        assert doc["faulty"] == ["n002"] and doc["slow"] == [], (name, doc)
+        assert doc["missing"] == [{"node": absent.mgmt, "error": "never joined within 8 s"}]
+        assert doc["coordinator"] == fault.nodes[0].mgmt and doc["method"] == "tcp"
+        assert doc["nodes"]["n001"]["status"] == "sound"

@@ -46,6 +46,16 @@ def test_each_synopsis_lists_every_flag(command):
     assert [o for o in options(cli.parser(), command) if not listed & set(o)] == []
 
 
+@pytest.mark.parametrize("command", ["serve", "run", "job"])
+def test_each_netcheck_synopsis_lists_every_flag(command):
+    synopsis = re.search(rf"\n(nodehealth netcheck {command} .*?)\nnodehealth ", read("README.md"), re.S).group(1)
+    listed = set(re.findall(r"--?[a-z][a-z-]*", synopsis))
+    netcheck = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["netcheck"]
+    sub = next(a for a in netcheck._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    spellings = [a.option_strings for a in sub._actions if a.option_strings and "--help" not in a.option_strings]
+    assert [o for o in spellings if not listed & set(o)] == []
+
+
 def test_every_extra_is_documented():
     extras = re.search(r"\[project.optional-dependencies\]\n(.*?)\n\n", read("pyproject.toml"), re.S).group(1)
     names = re.findall(r"^([a-z0-9]+) = ", extras, re.M)

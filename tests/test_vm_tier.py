@@ -137,3 +137,41 @@ def test_the_daemon_measures_a_rail_periodically_and_judges_it(guest):
     assert [(f["reason"], f["severity"], f["device"]) for f in found] == [("RdmaBandwidthLow", "degraded", "rxe0:1")]
     assert "configured for rxe0" in found[0]["message"]
     assert "daemon rc 0" in read(guest, "rdma_daemon.log")  # SIGTERM stopped it cleanly
+
+
+def test_netcheck_over_rdma_bw_names_the_broken_and_the_slow_node(guest):
+    clean = json.loads(read(guest, "netcheck_clean.json"))
+    assert read(guest, "netcheck_clean.err").strip().endswith("rc 0")
+    assert clean["method"] == "rdma" and "rdma-bw" in clean["test"] and clean["rounds"] == 1
+    assert {n["status"] for n in clean["nodes"].values()} == {"sound"} and len(clean["nodes"]) == 5
+    assert clean["nodes"]["node3"]["device"] == "rxe_nc3 port 1 GID 1"  # found from its data address
+    # every cable carried its node's writes, sent or received (a megabyte at least), so nothing
+    # short-circuited through lo
+    before, after = ([sum(map(int, line.split())) for line in read(guest, f"netcheck_bytes_{w}.txt").splitlines()]
+                     for w in ("before", "after"))
+    assert len(after) == 5 and all(b - a > 1 << 20 for a, b in zip(before, after)), (before, after)
+
+    faults = json.loads(read(guest, "netcheck_faults.json"))
+    assert read(guest, "netcheck_faults.err").strip().endswith("rc 1")
+    assert faults["faulty"] == ["node2"] and faults["slow"] == ["node4"] and faults["method"] == "rdma"
+    assert any("rxe_nc2 port 1 is not ACTIVE" in t.get("error", "") for t in faults["nodes"]["node2"]["tests"])
+    proof = [t for t in faults["nodes"]["node4"]["tests"] if t["outcome"] == "slow"]
+    assert proof and faults["nodes"][proof[0]["partner"]]["status"] == "sound"
+    table = read(guest, "netcheck_faults.txt")
+    assert "method: RDMA: RDMA WRITE with rdma-bw" in table and "faulty: node2; slow: node4" in table
+
+    dropped = json.loads(read(guest, "netcheck_nft.json"))
+    assert dropped["faulty"] == ["node5"] and dropped["slow"] == [] and dropped["method"] == "rdma"
+    tcp = json.loads(read(guest, "netcheck_tcp.json"))
+    assert tcp["method"] == "tcp" and "not RDMA" in tcp["test"] and tcp["faulty"] == []
+    assert read(guest, "netcheck_nft.err").split() == ["rc", "1", "rc", "0"]
+
+
+def test_netcheck_job_on_every_node_over_rdma_bw(guest):
+    """Each of the five nodes ran `netcheck job` with the same host list: each prints the verdict
+    naming the node whose cable tbf limits, and exits 1."""
+    docs = [json.loads(read(guest, f"netcheck_job{i}.json")) for i in range(1, 6)]
+    assert [read(guest, f"netcheck_job{i}.err").split()[-2:] for i in range(1, 6)] == [["rc", "1"]] * 5
+    for doc in docs:
+        assert doc["slow"] == ["node3"] and doc["faulty"] == [] and doc["missing"] == []
+        assert doc["method"] == "rdma" and doc["source"] == "hosts" and doc["coordinator"] == "10.9.0.1:9460"

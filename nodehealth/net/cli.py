@@ -387,134 +387,75 @@ def _add_netcheck(subparsers: Any) -> None:
     nc = subparsers.add_parser("netcheck", help="a job's network preflight: pair its nodes, name the faulty and "
                                                 "slow ones (exit 0 all sound, 1 faulty or slow, 2 undecided)")
     sub = nc.add_subparsers(dest="netcheck_command", required=True)
-    s = sub.add_parser("serve", help="the agent on every node: answers the coordinator and its peers (TCP)")
+    s = sub.add_parser("serve", help="the agent on every node: answers the coordinator and its peers")
     s.add_argument("--listen", required=True, metavar="ADDR:PORT", help="where the coordinator reaches it")
-    s.add_argument("--data", metavar="ADDR:PORT", help="where peers stream to (default: --listen); another "
+    s.add_argument("--data", metavar="ADDR:PORT", help="where peers test it (default: --listen); another "
                                                       "address here tests the data network, not the control one")
     s.add_argument("--name", help="its name in the report (default: the hostname)")
     s.add_argument("--for", dest="lifetime", type=float, metavar="S", help="exit after S seconds (default: never)")
-    s.set_defaults(func=cmd_netcheck_serve)
+    _test_options(s)
+    s.set_defaults(func=_preflight("cmd_serve"))
     r = sub.add_parser("run", help="the coordinator: runs the rounds of pair tests over the nodes' agents")
     r.add_argument("--hosts", metavar="A:P,B:P", help="the agents' ADDR:PORT ($NODEHEALTH_NETCHECK_HOSTS)")
     r.add_argument("--hosts-file", metavar="FILE", help="the agents' ADDR:PORT, one a line")
-    r.add_argument("--inventory", metavar="FILE", help="pingmesh inventory: pairs under the same leaf first")
-    r.add_argument("--seconds", type=float, default=2.0, metavar="S", help="per test (default 2)")
-    r.add_argument("--slow-fraction", type=float, default=0.5, metavar="F",
+    _round_options(r)
+    r.set_defaults(func=_preflight("cmd_run"))
+    j = sub.add_parser("job", help="every node of a job runs this before it starts (init container, a step before "
+                                   "torchrun): finds the job's nodes, the first coordinates, all exit with the verdict",
+                       description="The job's nodes come from --hosts/--hosts-file, --kube-selector, or else the "
+                                   "environment: $NODEHEALTH_NETCHECK_HOSTS, Slurm ($SLURM_JOB_NODELIST, "
+                                   "$SLURM_NODEID) or torchrun ($PET_NNODES, $PET_NODE_RANK, $PET_MASTER_ADDR or "
+                                   "$PET_RDZV_ENDPOINT; or $WORLD_SIZE, $LOCAL_WORLD_SIZE, $GROUP_RANK and "
+                                   "$MASTER_ADDR under torchrun itself) or an Indexed Job ($JOB_COMPLETION_INDEX "
+                                   "and --nodes: its headless service's names). Every node exits with the job's "
+                                   "verdict.")
+    j.add_argument("--hosts", metavar="H1,H2", help="the job's nodes, the coordinator first")
+    j.add_argument("--hosts-file", metavar="FILE", help="the job's nodes, one a line (an MPI hostfile works)")
+    j.add_argument("--kube-selector", metavar="SELECTOR", help="the job's pods by label (e.g. job-name=train)")
+    j.add_argument("--namespace", help="the pods' namespace (default: $POD_NAMESPACE, else the service account's)")
+    j.add_argument("--nodes", type=int, metavar="N", help="how many pods the job has (--kube-selector, an Indexed "
+                                                          "Job; default for the former: $WORLD_SIZE "
+                                                          "/ $PET_NNODES)")
+    j.add_argument("--kubeconfig", metavar="FILE", help="default: in-cluster, else ~/.kube/config")
+    j.add_argument("--listen", metavar="ADDR", help="the agent's address, where the coordinator reaches it "
+                                                   "(default: all; reached where this node reaches the coordinator)")
+    j.add_argument("--data", metavar="ADDR", help="this node's address on the data network (default: its address "
+                                                 "on the route to the coordinator)")
+    j.add_argument("--name", help="this node's name in the report (default: the hostname, the pod's name)")
+    j.add_argument("--port", type=int, metavar="P", help="every node's agent port (default: netcheck.port, 9460)")
+    j.add_argument("--wait", dest="wait_seconds", type=float, metavar="S",
+                   help="how long the coordinator waits for every node to join (default 300)")
+    _round_options(j)
+    j.set_defaults(func=_preflight("cmd_job"))
+
+
+def _test_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json): the netcheck section")
+    p.add_argument("--method", choices=("auto", "tcp", "rdma"), help="auto (default): rdma-bw where every node has "
+                                                                     "a verbs device, else TCP for all")
+    p.add_argument("--rdma-device", metavar="DEV", help="verbs device (default: the one holding the data address)")
+    p.add_argument("--gid-index", type=int, metavar="N", help="RoCE GID index (default: the data address's RoCE v2 "
+                                                             "GID)")
+    p.add_argument("--rdma-port", type=int, metavar="P", help="rdma-bw's out-of-band port (default 18515)")
+
+
+def _round_options(p: argparse.ArgumentParser) -> None:
+    _test_options(p)
+    p.add_argument("--inventory", metavar="FILE", help="pingmesh inventory: pairs under the same leaf first")
+    p.add_argument("--seconds", type=float, metavar="S", help="per test (default 2)")
+    p.add_argument("--slow-fraction", type=float, metavar="F",
                    help="a test below F x the median of the passed tests is slow (default 0.5)")
-    r.add_argument("--max-rounds", type=int, default=10, metavar="N", help="at most N rounds (default 10)")
-    r.add_argument("--json", action="store_true", help="print the result as JSON")
-    r.set_defaults(func=cmd_netcheck_run)
+    p.add_argument("--max-rounds", type=int, metavar="N", help="at most N rounds (default 10)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def cmd_netcheck_serve(args: argparse.Namespace) -> int:
-    import socket
-    import threading
+def _preflight(name: str):
+    """The command in nodehealth/net/preflight.py, imported when it runs."""
+    def run(args: argparse.Namespace) -> int:
+        from nodehealth.net import preflight
 
-    from nodehealth.probe import stream
-
-    try:
-        host, port = stream.split_endpoint(args.listen)
-        data = args.data or args.listen
-        stream.split_endpoint(data)
-        agent = stream.Agent((host, port), stream.AgentConfig(args.name or socket.gethostname(), data))
-        sink = None
-        if args.data and args.data != args.listen:
-            sink = stream.Agent(stream.split_endpoint(data), agent.cfg)
-    except (ValueError, OSError) as e:
-        print(f"nodehealth netcheck serve: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
-        return EXIT_ERROR
-    if sink:
-        threading.Thread(target=sink.serve_forever, daemon=True).start()
-    if args.lifetime:
-        threading.Timer(args.lifetime, agent.shutdown).start()
-    try:
-        agent.serve_forever()
-    finally:
-        agent.server_close()
-        if sink:
-            sink.shutdown()
-            sink.server_close()
-    return EXIT_OK
-
-
-def cmd_netcheck_run(args: argparse.Namespace) -> int:
-    from nodehealth.net import netcheck
-    from nodehealth.probe import stream
-
-    def fail(why: str) -> int:
-        print(f"nodehealth netcheck: {why}", file=sys.stderr)
-        return EXIT_ERROR
-
-    endpoints = [e.strip() for e in (args.hosts or os.environ.get("NODEHEALTH_NETCHECK_HOSTS", "")).split(",")]
-    if args.hosts_file:
-        try:
-            with open(args.hosts_file) as f:
-                endpoints += [line.strip() for line in f.read(1 << 20).splitlines()]
-        except OSError as e:
-            return fail(f"cannot read {args.hosts_file}: {e.strerror}")
-    endpoints = [e for e in endpoints if e and not e.startswith("#")]
-    if not 0 < args.seconds <= stream.MAX_SECONDS or not 0 < args.slow_fraction <= 1 or args.max_rounds < 1:
-        return fail(f"--seconds must be in (0, {stream.MAX_SECONDS:g}], --slow-fraction in (0, 1], --max-rounds >= 1")
-    try:
-        for e in endpoints:
-            stream.split_endpoint(e)
-    except ValueError as e:
-        return fail(str(e))
-    if len(set(endpoints)) < 2:
-        return fail("give at least two agents (--hosts A:P,B:P, --hosts-file or $NODEHEALTH_NETCHECK_HOSTS)")
-    leaves: dict[str, str] = {}
-    if args.inventory:
-        from nodehealth.probe import inventory
-
-        try:
-            leaves = {n.name: n.leaf for n in inventory.load_file(args.inventory).nodes}
-        except inventory.InventoryError as e:
-            return fail(str(e))
-    hosts, unreachable = stream.hello(sorted(set(endpoints)), timeout=stream.CONNECT_TIMEOUT * 2)
-    names = [h.name for h in hosts]
-    if len(set(names)) != len(names):
-        return fail("two agents answer with the same name: give each its own --name")
-    problems = [(ep, why) for ep, why in unreachable]
-    result = None
-    if len(hosts) >= 2:
-        nc = netcheck.Netcheck(names, leaves, args.slow_fraction, args.max_rounds)
-        stream.run_rounds(nc, {h.name: h for h in hosts}, args.seconds)
-        result = nc.result()
-    doc = netcheck.to_dict(result, "tcp") if result else {"method": "tcp", "faulty": [], "slow": [],
-                                                          "unresolved": [], "nodes": {}, "rounds": 0}
-    doc["unreachable"] = [{"agent": ep, "error": why} for ep, why in problems]
-    if args.json:
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-    else:
-        sys.stdout.write(_netcheck_table(doc))
-    if doc["faulty"] or doc["slow"] or (problems and len(hosts) >= 2):
-        return EXIT_FAULT
-    if result is None or doc["unresolved"]:
-        return EXIT_ERROR
-    return EXIT_OK
-
-
-def _netcheck_table(doc: dict) -> str:
-    rows = [("NODE", "STATUS", "BEST GB/S", "EVIDENCE")]
-    for name, node in doc["nodes"].items():
-        tests = node["tests"]
-        best = max((t["bandwidth_gbps"] for t in tests if t["bandwidth_gbps"] is not None), default=None)
-        bad = [t for t in tests if t["outcome"] != "pass"]
-        evidence = "; ".join(f"round {t['round']} with {t['partner']}: {t['outcome']}"
-                             + (f" ({t['error']})" if t.get("error") else "")
-                             + (f" {t['bandwidth_gbps']:.3g} Gb/s" if t["bandwidth_gbps"] is not None else "")
-                             for t in bad[:3])
-        rows.append((name, node["status"], "-" if best is None else f"{best:.3g}", evidence))
-    for u in doc["unreachable"]:
-        rows.append((u["agent"], "unreachable", "-", u["error"]))
-    widths = [max(len(r[k]) for r in rows) for k in range(3)]
-    lines = ["  ".join(r[k].ljust(widths[k]) for k in range(3)) + "  " + r[3] for r in rows]
-    median = doc.get("median_gbps")
-    lines.append(f"method: TCP stream between the nodes' agents (not RDMA); rounds: {doc['rounds']}; median "
-                 f"{'-' if median is None else f'{median:.3g}'} Gb/s; faulty: {', '.join(doc['faulty']) or 'none'}; "
-                 f"slow: {', '.join(doc['slow']) or 'none'}"
-                 + (f"; unresolved: {', '.join(doc['unresolved'])}" if doc["unresolved"] else ""))
-    return "\n".join(lines) + "\n"
+        return getattr(preflight, name)(args)
+    return run
 
 
 def _add_rdma_bw(subparsers: Any) -> None:

@@ -125,7 +125,13 @@ class Netcheck:
         batch = [PairResult(self.round, t.a, t.b, t.ok, t.bandwidth_gbps if t.ok else None, t.error)
                  for t in results]
         self.round += 1
-        self._bandwidths.extend(t.bandwidth_gbps for t in batch if t.ok and t.bandwidth_gbps is not None)
+        # A node counts once a round in the median: the odd node's second test in round 0 would
+        # otherwise count its partner twice, and a slow partner would drag the median down with it.
+        counted: set[str] = set()
+        for t in batch:
+            if t.a not in counted and t.b not in counted and t.ok and t.bandwidth_gbps is not None:
+                self._bandwidths.append(t.bandwidth_gbps)
+                counted.update((t.a, t.b))
         median = self.median()
         if median != self._classified_with:  # a new median may turn past passes slow or back
             self.tests = [_classify(t, median, self.slow_fraction) for t in self.tests + batch]

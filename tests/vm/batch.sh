@@ -150,4 +150,7 @@ kill $dpid; wait $dpid; echo "daemon rc $?" >> $OUT/rdma_daemon.log
 (cd /sys/class/infiniband/rxe0 && for f in hca_type board_id fw_ver node_type ports/1/rate ports/1/state \
   ports/1/phys_state ports/1/link_layer; do [ -e $f ] && echo "$f: $(cat $f)"; done) > $OUT/rxe0_sysfs.txt
 grep rdma_ $OUT/rdma_metrics.txt; cat $OUT/rxe0_sysfs.txt; tail -20 $OUT/rdma_daemon.log
+
+# 6. netcheck over rdma-bw between five rxe devices, each on its own cable to a switch namespace
+. tests/vm/netcheck.sh
 exit 0
