@@ -254,3 +254,51 @@ def _state(pid: int) -> str:
     with open(f"/proc/{pid}/status") as f:
         return next(line.split()[1] for line in f if line.startswith("State:"))
 
+
+
+EXIT_WORKER = os.path.join(HERE, "fixtures", "hang", "exit_worker.py")
+
+
+def test_real_gloo_job_whose_ranks_exit_with_code_3_and_by_sigkill_says_how(tmp_path):
+    """Rank 2 exits with code 3 (its last record says it exited, not how) and rank 3 is killed by
+    SIGKILL (no last record at all) while ranks 0-1 wait for them: the detector heard both ends from
+    the kernel and the report says them."""
+    require_torch()
+    require_tool("py-spy")
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("needs root (CAP_NET_ADMIN) for the kernel's process events")
+    records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
+    os.makedirs(control)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
+           "NODEHEALTH_HANG_JOB": "dying"}
+    procs = [subprocess.Popen([sys.executable, EXIT_WORKER, records, control],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    detector = Detector(records, bundles, CFG, node="test-node")
+    assert detector.watch_exits(), detector.exits.error
+    try:
+        def stepping() -> bool:
+            detector.poll()
+            state = detector.jobs.get("dying")
+            return bool(state) and len(state.ranks) == 4 and min(r.rec["step"] for r in state.ranks.values()) >= 2
+        wait_until(stepping, 60, procs)
+        open(os.path.join(control, "die"), "w").close()
+        path, _ = poll_until_bundle(detector, FLOOR + 20, procs[:2])
+        assert procs[2].wait(10) == 3 and procs[3].wait(10) == -signal.SIGKILL
+        with open(path) as f:
+            bundle = json.load(f)
+        assert bundle["processes"] == {"0": "running", "1": "running", "2": "gone", "3": "gone"}
+        assert bundle["exit_statuses"] == {"2": "exit code 3", "3": "killed by SIGKILL"}
+        summaries = [v["summary"] for v in bundle["verdicts"]]
+        assert summaries[0] == "rank 2's process is gone (exit code 3): it exited while its peers wait", summaries
+        assert summaries[1] == "rank 3's process is gone (killed by SIGKILL) without exiting normally", summaries
+        assert "ranks 2-3 never entered all_reduce" in summaries[2], summaries
+        text = run_report(path)
+        assert "rank 2's process is gone (exit code 3)" in text and "(killed by SIGKILL)" in text
+    finally:
+        open(os.path.join(control, "end"), "w").close()
+        detector.exits.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()

@@ -267,7 +267,8 @@ def test_the_exception_that_kills_a_rank_is_in_its_last_record(tmp_path):
     from nodehealth.hang import merge
 
     (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
-    assert v["summary"] == ("rank 0's process is gone: it exited after an uncaught RuntimeError: CUDA error: "
+    assert v["summary"] == ("rank 0's process is gone (exit code not known): it exited after an uncaught "
+                            "RuntimeError: CUDA error: "
                             "an illegal memory access while its peers wait")
 
 
