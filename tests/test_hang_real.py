@@ -302,3 +302,54 @@ def test_real_gloo_job_whose_ranks_exit_with_code_3_and_by_sigkill_says_how(tmp_
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+TINY = os.path.join(HERE, "fixtures", "hang", "tiny_train.py")
+
+
+def test_concurrent_torchrun_jobs_without_a_job_id_and_a_pod_owned_one_keep_apart(tmp_path):
+    """Two `torchrun --nproc-per-node 2` jobs on one node with no job id (torchrun's run id is
+    "none") and a third whose pod owner comes through the downward API: three jobs, six records."""
+    require_torch()
+    records, control = str(tmp_path / "records"), str(tmp_path / "control")
+    os.makedirs(control)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NODEHEALTH_HANG_", "TORCHELASTIC_", "MASTER_"))}
+    env.update({"NODEHEALTH_HANG_DIR": records, "NODEHEALTH_HANG_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"})
+    pod = {"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a",
+           "NODEHEALTH_HANG_POD_OWNER_UID": "1f2e3d4c-aaaa-bbbb-cccc-0123456789ab"}
+    ports = [free_port() for _ in range(3)]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--master-port", str(port), "-m", "nodehealth.hang.run", TINY, control],
+                               env={**env, **(pod if i == 2 else {})}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+              for i, port in enumerate(ports)]
+    try:
+        def all_stepped() -> dict[str, list[int]] | None:
+            names = [n for n in os.listdir(records) if n.endswith(record.SUFFIX)] if os.path.isdir(records) else []
+            recs = [record.read_record(os.path.join(records, n)) for n in names]
+            if len(recs) < 6 or any(r["step"] < 3 for r in recs):
+                return None
+            jobs: dict[str, list[int]] = {}
+            for r in recs:
+                jobs.setdefault(r["job"], []).append(r["rank"])
+            return jobs
+        jobs = wait_until(all_stepped, 120, agents)
+        assert sorted(map(sorted, jobs.values())) == [[0, 1]] * 3, jobs
+        assert "k8s/team-a/llama-7b/1f2e3d4c" in jobs, jobs
+        for port, agent in zip(ports[:2], agents):
+            (job,) = [j for j in jobs if j.startswith(f"127.0.0.1:{port}-")]
+            assert job == f"127.0.0.1:{port}-{agent.pid}-{_start_ticks(agent.pid)}", "the agent's pid and start"
+        open(os.path.join(control, "end"), "w").close()
+        for agent in agents:
+            assert agent.wait(60) == 0, agent.stderr.read()[-2000:]
+    finally:
+        open(os.path.join(control, "end"), "w").close()
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait()
+
+
+def _start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])

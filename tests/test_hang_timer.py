@@ -113,10 +113,20 @@ def test_enable_without_the_variable_uses_the_daemons_directory(monkeypatch):
       "LOCAL_WORLD_SIZE": "4"}, "127.0.0.1:29511-PARENT"),
     ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "n1", "MASTER_PORT": "29511", "WORLD_SIZE": "16",
       "LOCAL_WORLD_SIZE": "8", "TORCHELASTIC_RESTART_COUNT": "2"}, "n1:29511-2"),
+    # a Kubernetes pod's owner, from the downward API: before torchrun's run id, which users copy
+    ({"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a",
+      "NODEHEALTH_HANG_POD_OWNER_UID": "1f2e3d4c-aaaa-bbbb-cccc-0123456789ab", "TORCHELASTIC_RUN_ID": "train"},
+     "k8s/team-a/llama-7b/1f2e3d4c"),
+    ({"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_OWNER_UID": ""}, "k8s/llama-7b"),
+    ({"NODEHEALTH_HANG_JOB": "mine", "NODEHEALTH_HANG_POD_OWNER": "llama-7b"}, "mine"),
+    # the pod has no such label: the downward API gives an empty string, and the next source decides
+    ({"NODEHEALTH_HANG_POD_OWNER": "", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a", "TORCHELASTIC_RUN_ID": "r1"}, "r1"),
+    ({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "none"}, "4242"),
 ])
 def test_job_identity_without_a_job_id(monkeypatch, env, expected):
     for key in ("NODEHEALTH_HANG_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
-                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", timer.ENV_POD_OWNER,
+                timer.ENV_POD_NAMESPACE, timer.ENV_POD_OWNER_UID):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)

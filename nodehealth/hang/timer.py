@@ -33,6 +33,12 @@ from nodehealth.host import write_atomic
 ENV_DIR = "NODEHEALTH_HANG_DIR"
 ENV_INTERVAL = "NODEHEALTH_HANG_INTERVAL"
 ENV_JOB = "NODEHEALTH_HANG_JOB"
+# The Kubernetes pod's owner, for pods that get no API rights: set from the downward API in the pod
+# spec (a label naming the owning PyTorchJob, Job or JobSet; metadata.namespace; the owner's uid
+# where its controller labels pods with it, so a re-created job of the same name is another job).
+ENV_POD_OWNER = "NODEHEALTH_HANG_POD_OWNER"
+ENV_POD_NAMESPACE = "NODEHEALTH_HANG_POD_NAMESPACE"
+ENV_POD_OWNER_UID = "NODEHEALTH_HANG_POD_OWNER_UID"
 DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
@@ -620,10 +626,18 @@ def _peer(name: str, args: tuple, kwargs: dict) -> int | None:
 
 def _job_id() -> str:
     """The same for every rank of a job, different for two jobs on one node at one time: the id the
-    user or scheduler gave, else torchrun's run id (not its default "none"), else the rendezvous
-    endpoint (a port two live jobs cannot share), with the launcher's pid and start time when all
-    ranks are on this node (so a later job on the same port is another job) or the elastic restart."""
-    for key in (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+    user or scheduler gave, else the Kubernetes pod's owner, else torchrun's run id (not its default
+    "none"), else Slurm's job id, else the rendezvous endpoint (a port two live jobs cannot share), with
+    the launcher's pid and start time when all ranks are on this node (so a later job on the same port
+    is another job) or the elastic restart."""
+    job = os.environ.get(ENV_JOB)
+    if job:
+        return job
+    owner = os.environ.get(ENV_POD_OWNER)
+    if owner:  # an unset label reaches the pod as an empty string
+        parts = [os.environ.get(ENV_POD_NAMESPACE), owner, (os.environ.get(ENV_POD_OWNER_UID) or "")[:8]]
+        return "k8s/" + "/".join(p for p in parts if p)
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         value = os.environ.get(key)
         if value and value != "none":
             return value
