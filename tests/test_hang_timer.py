@@ -252,7 +252,11 @@ def test_cuda_device_is_the_tensors_and_the_watchdog_binds_it(tmp_path, monkeypa
     watchdog thread's own current device (0 on a fresh thread)."""
     torch = pytest.importorskip("torch")
     t = timer.Timer(str(tmp_path), 1.0)
-    op, _ = t.begin("all_reduce", ("0", [0]), (FakeTensor(3),), {}, False)
+    t.groups[group := FakeGroup()] = ("0", [0])
+    t.group_class = FakeGroup
+    work = type("W", (), {"is_completed": lambda self: False})()  # async: the op stays pending
+    timer._wrap(t, "all_reduce", lambda tensor, group=None: work, False)(FakeTensor(3), group)
+    (op,) = t.streams["0"].pending.values()
     assert op["_device"] == 3 and "_device" not in timer._public(op)
     bound = []
     monkeypatch.setattr(torch.cuda, "set_device", bound.append)
