@@ -159,6 +159,9 @@ class Timer:
         self.originals: dict[str, Any] = {}
         self.dist: Any = None
         self.c10d_world: Any = None  # c10d's _World, where the default group is read cheaply
+        # torch.cuda, whose `_initialized` says whether any tensor can be on a GPU at all: reading
+        # is_cuda of every CPU tensor costs on every call
+        self.cuda_state: Any = _ASSUME_CUDA
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
@@ -182,6 +185,10 @@ class Timer:
         self.group_class = dist.ProcessGroup
         world = getattr(dist.distributed_c10d, "_world", None)
         self.c10d_world = world if hasattr(world, "_default_pg") else None
+        import torch.cuda
+
+        if hasattr(torch.cuda, "_initialized"):
+            self.cuda_state = torch.cuda
         for name in COLLECTIVES + P2P:
             fn = getattr(dist, name, None)
             if fn is not None:
@@ -558,10 +565,13 @@ class _TimedWork:
 def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
     at = _group_position(fn)
     clock = time.time
+    cuda_state = timer.cuda_state
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         """The hot path, in one frame: every call and attribute read here costs each collective."""
-        group = kwargs.get("group", args[at] if at is not None and len(args) > at else None)
+        group = args[at] if at is not None and len(args) > at else None
+        if kwargs:
+            group = kwargs.get("group", group)
         if group is None:  # the default group, where this torch keeps it: dist.group.WORLD is two property calls
             world = timer.c10d_world
             group = world._default_pg if world is not None else timer.dist.group.WORLD
@@ -583,8 +593,8 @@ def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
         # whole before the watchdog can see it in `pending`; shapes kept as torch.Size (a tuple):
         # copying them costs on every call, and the record's JSON makes them lists anyway
         op: dict[str, Any] = {"op": name, "enqueued_at": clock(), "sizes": sizes, "dtype": dtype}
-        if first is not None and first.is_cuda:  # the device of the call, read here: the watchdog
-            op["_cuda"], op["_device"] = True, first.device.index  # thread has its own current device
+        if first is not None and cuda_state._initialized and first.is_cuda:  # the device of the call, read here:
+            op["_cuda"], op["_device"] = True, first.device.index  # the watchdog thread has its own device
         if p2p:
             key += "/p2p"
             op["peer"] = _peer(name, args, kwargs)
@@ -597,10 +607,17 @@ def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
         except BaseException as e:
             timer.complete(op, stream, error=f"{type(e).__name__}: {e}"[:300])
             raise
-        if result is None and "_cuda" not in op:  # the common case, a blocking call on CPU: done
-            timer.complete(op, stream)
-            return None
-        return timer.issued(op, stream, result)
+        if result is not None or "_cuda" in op:
+            return timer.issued(op, stream, result)
+        # the common case, a blocking call on CPU, done: complete() inlined, as no other thread knows the op
+        seconds = op["seconds"] = clock() - op["enqueued_at"]
+        del stream.pending[seq]
+        stream.recent.append(op)
+        durations = stream.durations.get(name)
+        if durations is None:
+            durations = stream.durations.setdefault(name, collections.deque(maxlen=DURATIONS_KEPT))
+        durations.append(seconds)
+        return None
 
     timed.__name__ = timed.__qualname__ = name
     timed.__doc__ = fn.__doc__
@@ -620,6 +637,7 @@ def _group_position(fn: Any) -> int | None:
 
 
 _UNKNOWN = object()
+_ASSUME_CUDA = type("AssumeCuda", (), {"_initialized": True})()  # no torch.cuda state to read: ask every tensor
 _DTYPES: dict[Any, str] = {}
 _TENSOR_TYPES: set[type] = set()
 
