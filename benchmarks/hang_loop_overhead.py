@@ -4,15 +4,16 @@ a bootstrap confidence interval.
 
     python benchmarks/hang_loop_overhead.py [--ranks 2] [--calls 20000] [--blocks 400] [--block 50]
 
-Arms: the original all_reduce, the timer's wrapper, and a control that spins, before the original,
-as long as the wrapper takes in this loop (timed around a collective that does nothing, right after
-a real one: the wrapper runs cold there, slower than in a tight loop). The control shows what that
-much work on the training thread does to this loop on this machine, so the timer is compared with
-a known quantity, not with zero. Two designs, in the same run:
+Arms: the original all_reduce; the timer's wrapper; a control that spins, before the original, as
+long as the wrapper takes in this loop (timed around a collective that does nothing, right after a
+real one: the wrapper runs cold there, slower than in a tight loop); and the minimal timer, two
+clock reads around the original, which any in-process timer must do. The control and the minimal
+timer show what that much work on the training thread does to this loop on this machine, so the
+timer is compared with known quantities, not with zero. Two designs, in the same run:
 
-- per call: each round calls the three arms once, in an order drawn from a seeded generator that
+- per call: each round calls every arm once, in an order drawn from a seeded generator that
   every rank shares (so the ranks always meet in the same arm), and times each call;
-- loop: rounds of three blocks of `block` calls, one block per arm in a shared random order (drift
+- loop: rounds of blocks of `block` calls, one block per arm in a shared random order (drift
   and load changes fall on every arm alike), and the ratio of each arm's block to the plain block of
   the same round, as a training loop sees it.
 """
@@ -71,20 +72,28 @@ def rank_main(rank: int, world: int, port: int, args: argparse.Namespace, direct
             pass
         return original(tensor)
 
-    arms = (original, wrapped, control)
+    last = [0.0]
+
+    def minimal(tensor):  # the least any timer in the process does: read a clock before and after
+        start = time.time()
+        result = original(tensor)
+        last[0] = time.time() - start
+        return result
+
+    arms = (original, wrapped, control, minimal)
     for arm in arms * 500:  # warm up every path
         arm(tensor)
     rng = random.Random(SEED)  # the same on every rank: the ranks always meet in the same arm
-    per_call: list[list[float]] = [[], [], []]
+    per_call: list[list[float]] = [[] for _ in arms]
     for _ in range(args.calls):
-        for a in rng.sample(range(3), 3):
+        for a in rng.sample(range(len(arms)), len(arms)):
             arm = arms[a]
             start = clock()
             arm(tensor)
             per_call[a].append(clock() - start)
-    blocks: list[list[float]] = [[], [], []]
+    blocks: list[list[float]] = [[] for _ in arms]
     for _ in range(args.blocks):
-        for a in rng.sample(range(3), 3):
+        for a in rng.sample(range(len(arms)), len(arms)):
             arm = arms[a]
             start = clock()
             for _ in range(args.block):
@@ -106,8 +115,8 @@ def bootstrap(stat, n: int, resamples: int = 1000) -> tuple[float, float]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--calls", type=int, default=20000, help="rounds of three calls, one per arm")
-    p.add_argument("--blocks", type=int, default=400, help="rounds of three blocks, one per arm")
+    p.add_argument("--calls", type=int, default=20000, help="rounds of calls, one per arm")
+    p.add_argument("--blocks", type=int, default=400, help="rounds of blocks, one per arm")
     p.add_argument("--block", type=int, default=50, help="calls per block")
     args = p.parse_args()
     ctx = mp.get_context("spawn")
@@ -121,7 +130,7 @@ def main() -> None:
         hot, cost, per_call, blocks = out.get(timeout=1800)
         for proc in procs:
             proc.join()
-    plain, timed, control = per_call
+    plain, timed, control, minimal = per_call
     us = [statistics.median(x) * 1e6 for x in per_call]
     n = len(plain)
 
@@ -130,15 +139,16 @@ def main() -> None:
 
     print(f"gloo all_reduce of 16 floats, {args.ranks} ranks; the wrapper alone: {hot:.2f} us per call in a tight "
           f"loop, {cost:.2f} us in this loop (cold, right after a real all_reduce)")
-    print(f"per call, {n} rounds of 3 interleaved calls (rank 0's times):")
-    print(f"  median us/op: plain {us[0]:.1f}, timed {us[1]:.1f}, control ({cost:.2f} us spin) {us[2]:.1f}")
-    for name, arm, median in (("timed", timed, us[1]), ("control", control, us[2])):
+    print(f"per call, {n} rounds of {len(per_call)} interleaved calls (rank 0's times):")
+    print(f"  median us/op: plain {us[0]:.1f}, timed {us[1]:.1f}, control ({cost:.2f} us spin) {us[2]:.1f}, "
+          f"minimal (two clock reads) {us[3]:.1f}")
+    for name, arm, median in (("timed", timed, us[1]), ("control", control, us[2]), ("minimal", minimal, us[3])):
         lo, hi = bootstrap(ratio_of_medians(arm), n)
         print(f"  {name}/plain: median ratio {median / us[0]:.4f} (95% CI {lo:.4f}-{hi:.4f})")
-    print(f"loop, {args.blocks} rounds of 3 blocks of {args.block} calls in a shared random order: median us/op "
-          + ", ".join(f"{name} {statistics.median(b) / args.block * 1e6:.1f}"
-                      for name, b in zip(("plain", "timed", "control"), blocks)))
-    for name, arm in (("timed", blocks[1]), ("control", blocks[2])):
+    print(f"loop, {args.blocks} rounds of {len(blocks)} blocks of {args.block} calls in a shared random order: "
+          "median us/op " + ", ".join(f"{name} {statistics.median(b) / args.block * 1e6:.1f}"
+                                     for name, b in zip(("plain", "timed", "control", "minimal"), blocks)))
+    for name, arm in (("timed", blocks[1]), ("control", blocks[2]), ("minimal", blocks[3])):
         ratios = [b / a for a, b in zip(blocks[0], arm)]
         lo, hi = bootstrap(lambda idx, r=ratios: statistics.median(r[i] for i in idx), len(ratios))
         print(f"  {name}/plain: median of per-round ratios {statistics.median(ratios):.4f} (95% CI {lo:.4f}-{hi:.4f})"
