@@ -306,3 +306,45 @@ def test_an_async_op_issued_while_the_watchdog_dozes_is_timed_at_once(tmp_path):
     finally:
         t.uninstall()
         dist.destroy_process_group()
+
+
+def test_snapshots_taken_while_another_thread_issues_calls_stay_consistent(tmp_path):
+    """The calling thread changes a stream without a lock: the watchdog's copies must never fail and
+    never show an op as both finished and pending, or more finished than issued."""
+    import threading
+
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.group_class = FakeGroup
+    group = FakeGroup()
+    t.groups[group] = ("0", [0, 1])
+    tensor = type("CpuTensor", (), {"shape": (4,), "dtype": "torch.float32", "is_cuda": False})()
+    wrapped = {name: timer._wrap(t, name, lambda tensor, group=None: None, False)
+               for name in ("all_reduce", "broadcast", "barrier", "all_gather", "reduce", "scatter")}
+    stop = threading.Event()
+
+    def issue() -> None:
+        while not stop.is_set():
+            for fn in wrapped.values():
+                fn(tensor, group)
+
+    caller = threading.Thread(target=issue)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    caller.start()
+    try:
+        snapshots = 0
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for stream in list(t.streams.values()):
+                snap = stream.snapshot()
+                assert snap["completed"] <= snap["enqueued"]
+                assert all(op["seq"] > snap["completed"] for op in snap["pending"]), snap
+                assert all("seconds" in op and op["sizes"] == [(4,)] for op in snap["recent"])
+                snapshots += 1
+    finally:
+        stop.set()
+        caller.join()
+        sys.setswitchinterval(interval)
+    stream = t.streams["0"]
+    assert snapshots > 100 and stream.enqueued > 1000 and not stream.pending
+    assert sorted(stream.durations) == sorted(wrapped), "every op name timed"
