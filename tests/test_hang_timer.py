@@ -281,9 +281,33 @@ def test_the_exception_that_kills_a_rank_is_in_its_last_record(tmp_path):
     from nodehealth.hang import merge
 
     (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
-    assert v["summary"] == ("rank 0's process is gone (exit code not known): it exited after an uncaught "
-                            "RuntimeError: CUDA error: "
-                            "an illegal memory access while its peers wait")
+    assert v["summary"] == ("rank 0's process is gone (exit code 1): it exited after an uncaught "
+                            "RuntimeError: CUDA error: an illegal memory access while its peers wait")
+
+
+def test_the_launcher_puts_the_scripts_exit_code_in_the_last_record(tmp_path):
+    """Under `python -m nodehealth.hang.run` a SystemExit's code is known to the rank itself, so the
+    report says it even where the daemon cannot hear exits from the kernel."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch.distributed as dist\n"
+                      f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, "
+                      "world_size=1)\n"
+                      "sys.exit(3)\n")
+    out = subprocess.run([sys.executable, "-m", "nodehealth.hang.run", str(script)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "NODEHEALTH_HANG_JOB": "three",
+                                           "NODEHEALTH_HANG_DIR": str(tmp_path / "records")})
+    assert out.returncode == 3, out.stderr
+    rec = record.read_record(record.record_path(str(tmp_path / "records"), "three", 0))
+    assert rec["exited"] and rec["exit_code"] == 3 and rec["exit_reason"] is None
+    from nodehealth.hang import merge
+
+    (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
+    assert v["summary"] == "rank 0's process is gone (exit code 3): it exited while its peers wait"
+    # the kernel's word, when the daemon heard it, comes first
+    (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"},
+                                       "exit_statuses": {"0": "killed by SIGKILL"}}) if v["kind"] == "rank_gone"]
+    assert v["summary"].startswith("rank 0's process is gone (killed by SIGKILL)")
 
 
 def test_an_async_op_issued_while_the_watchdog_dozes_is_timed_at_once(tmp_path):

@@ -132,6 +132,9 @@ def _process_verdict(r: int, process: str, rec: dict[str, Any], status: Any = No
     """What became of a stopped or gone rank; `status` is how it ended ("exit code 3", "killed by
     SIGKILL"), when the detector heard it from the kernel."""
     status = status[:100] if isinstance(status, str) and status else None
+    code = rec.get("exit_code")
+    if status is None and rec.get("exited") and isinstance(code, int) and not isinstance(code, bool):
+        status = f"exit code {code}"  # the rank's own word, where the kernel's was not heard
     if process == "stopped":
         summary = f"rank {r} is stopped (SIGSTOP, or a debugger holds it): it cannot take part until resumed"
     elif rec.get("exited") and isinstance(rec.get("exit_reason"), str):

@@ -176,6 +176,9 @@ class Timer:
         self.identity: dict[str, Any] | None = None  # job, rank, world size: kept for after destroy
         self.finished = False  # the default process group was destroyed: a clean finish, not a hang
         self.exit_reason: str | None = None
+        # the status this process exits with, where Python tells us (an uncaught exception; SystemExit
+        # under nodehealth.hang.run): the daemon may not hear it from the kernel
+        self.exit_code: int | None = None
 
     # -- wiring ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -216,6 +219,8 @@ class Timer:
 
         def excepthook(kind: Any, value: Any, tb: Any) -> None:
             self.exit_reason = f"uncaught {kind.__name__}: {value}"[:300]
+            # Python's status after an uncaught exception; KeyboardInterrupt ends it by SIGINT instead
+            self.exit_code = None if issubclass(kind, KeyboardInterrupt) else 1
             previous(kind, value, tb)
         sys.excepthook = self.excepthook = excepthook
 
@@ -453,7 +458,7 @@ class Timer:
                 "host": self.host, "pid": self.pid, "start_time": self.start_time,
                 "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
                 "step": step, "regions": regions, "groups": groups, "exited": exited, "finished": self.finished,
-                "exit_reason": self.exit_reason if exited else None,
+                "exit_reason": self.exit_reason if exited else None, "exit_code": self.exit_code if exited else None,
                 "gpu_poll": self.cuda.method, "last_error": self.last_error,
                 "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
