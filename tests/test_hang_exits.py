@@ -72,7 +72,16 @@ def test_watcher_that_may_not_listen_says_why(monkeypatch):
         raise PermissionError(1, "Operation not permitted")
 
     monkeypatch.setattr(exits.socket, "socket", refuse)
+    monkeypatch.setattr(exits, "_namespace", lambda kind: None)  # not known: the socket decides
     watcher = exits.ExitWatcher()
     assert watcher.start() is False
     assert watcher.error == "the kernel's process events connector is not available: Operation not permitted"
     assert watcher.status(1234) is None
+
+
+def test_watcher_outside_the_hosts_pid_namespace_says_so(monkeypatch):
+    """There the kernel accepts the request and sends nothing: better say it than wait forever."""
+    monkeypatch.setattr(exits, "_namespace", lambda kind: 4026532000 if kind == "pid" else None)
+    watcher = exits.ExitWatcher()
+    assert watcher.start() is False and watcher.sock is None
+    assert watcher.error == "not in the host's pid namespace (hostPID in a pod)"

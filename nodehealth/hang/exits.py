@@ -27,6 +27,9 @@ NLMSG_DONE = 3
 SO_RCVBUFFORCE = 33
 NL_HEADER, CN_HEADER, EVENT_HEADER = 16, 20, 16  # nlmsghdr, cn_msg, proc_event before its union
 RCVBUF = 4 << 20  # a busy node ends thousands of processes a second; the thread must not fall behind
+# The kernel reports process events only to listeners in its initial PID and user namespaces, whose
+# inode numbers are fixed (include/linux/proc_ns.h); it ignores a request from any other.
+INIT_NAMESPACES = {"pid": 0xEFFFFFFC, "user": 0xEFFFFFFD}
 KEPT = 4096  # statuses kept, oldest dropped: only watched processes are kept at all
 
 
@@ -43,6 +46,10 @@ class ExitWatcher:
         """Subscribe to exit events; False (and `error` says why) when this host or we may not."""
         if self.sock is not None:
             return True
+        foreign = [ns for ns, inode in INIT_NAMESPACES.items() if _namespace(ns) not in (inode, None)]
+        if foreign:  # the kernel would accept the request and silently send nothing
+            self.error = f"not in the host's {' and '.join(foreign)} namespace (hostPID in a pod)"
+            return False
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_CONNECTOR)
         except OSError as e:  # no CONFIG_CONNECTOR, or not Linux
@@ -144,3 +151,10 @@ def _control(op: int) -> bytes:
     payload = struct.pack("=I", op)
     cn = struct.pack("=IIIIHH", CN_IDX_PROC, CN_VAL_PROC, 0, 0, len(payload), 0) + payload
     return struct.pack("=IHHII", NL_HEADER + len(cn), NLMSG_DONE, 0, 0, os.getpid()) + cn
+
+
+def _namespace(kind: str) -> int | None:
+    try:
+        return os.stat(f"/proc/self/ns/{kind}").st_ino
+    except OSError:
+        return None
