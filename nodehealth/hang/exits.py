@@ -40,7 +40,7 @@ class ExitWatcher:
         self.watched: frozenset[int] = frozenset()
         self.statuses: dict[int, int] = {}  # host pid -> wait status, first exit after it was watched
         self.error: str | None = None  # why statuses are not known, once start failed
-        self.lost = 0  # times the socket overflowed: some exits were missed
+        self.lost = False  # the socket overflowed once: some exits were missed (said once in the log)
 
     def start(self) -> bool:
         """Subscribe to exit events; False (and `error` says why) when this host or we may not."""
@@ -101,7 +101,9 @@ class ExitWatcher:
                 continue
             except OSError as e:
                 if e.errno == errno.ENOBUFS:  # we fell behind and the kernel dropped events
-                    self.lost += 1
+                    if not self.lost:
+                        self.lost = True
+                        log.warning("hang: process exits came faster than read; some exit codes will be missing")
                     continue
                 if self.sock is not None:
                     self.error = f"reading process exits failed: {e.strerror or e}"
