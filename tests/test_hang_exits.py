@@ -73,6 +73,7 @@ def test_watcher_that_may_not_listen_says_why(monkeypatch):
 
     monkeypatch.setattr(exits.socket, "socket", refuse)
     monkeypatch.setattr(exits, "_namespace", lambda kind: None)  # not known: the socket decides
+    monkeypatch.setattr(exits, "_capabilities", lambda: None)
     watcher = exits.ExitWatcher()
     assert watcher.start() is False
     assert watcher.error == "the kernel's process events connector is not available: Operation not permitted"
@@ -85,3 +86,11 @@ def test_watcher_outside_the_hosts_pid_namespace_says_so(monkeypatch):
     watcher = exits.ExitWatcher()
     assert watcher.start() is False and watcher.sock is None
     assert watcher.error == "not in the host's pid namespace (hostPID in a pod)"
+
+
+def test_watcher_without_net_admin_says_so(monkeypatch):
+    monkeypatch.setattr(exits, "_namespace", lambda kind: None)
+    monkeypatch.setattr(exits, "_capabilities", lambda: 0x1fffeffffff & ~(1 << exits.CAP_NET_ADMIN))
+    watcher = exits.ExitWatcher()
+    assert watcher.start() is False and watcher.sock is None
+    assert watcher.error == "without the NET_ADMIN capability"

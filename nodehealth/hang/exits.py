@@ -30,6 +30,7 @@ RCVBUF = 4 << 20  # a busy node ends thousands of processes a second; the thread
 # The kernel reports process events only to listeners in its initial PID and user namespaces, whose
 # inode numbers are fixed (include/linux/proc_ns.h); it ignores a request from any other.
 INIT_NAMESPACES = {"pid": 0xEFFFFFFC, "user": 0xEFFFFFFD}
+CAP_NET_ADMIN = 12
 KEPT = 4096  # statuses kept, oldest dropped: only watched processes are kept at all
 
 
@@ -49,6 +50,10 @@ class ExitWatcher:
         foreign = [ns for ns, inode in INIT_NAMESPACES.items() if _namespace(ns) not in (inode, None)]
         if foreign:  # the kernel would accept the request and silently send nothing
             self.error = f"not in the host's {' and '.join(foreign)} namespace (hostPID in a pod)"
+            return False
+        caps = _capabilities()
+        if caps is not None and not caps & (1 << CAP_NET_ADMIN):  # refused, and silently too
+            self.error = "without the NET_ADMIN capability"
             return False
         try:
             sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, NETLINK_CONNECTOR)
@@ -159,4 +164,13 @@ def _namespace(kind: str) -> int | None:
     try:
         return os.stat(f"/proc/self/ns/{kind}").st_ino
     except OSError:
+        return None
+
+
+def _capabilities() -> int | None:
+    """This process's effective capabilities, None when /proc does not say."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            return next(int(line.split()[1], 16) for line in f if line.startswith("CapEff:"))
+    except (OSError, StopIteration, IndexError, ValueError):
         return None
