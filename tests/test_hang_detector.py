@@ -390,6 +390,35 @@ def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):
     assert "rank 1 never entered all_reduce #5" in bundle["verdicts"][1]["summary"]
 
 
+def test_a_rank_that_died_but_is_not_yet_reaped_is_gone_with_its_exit_code(tmp_path, sleepers):
+    """A zombie keeps its pid and start time until its parent waits for it: it is gone all the same,
+    and the exit code the kernel announced is in the bundle."""
+    (a,) = sleepers(1)
+    b = subprocess.Popen(["sh", "-c", "read x; exit 3"], stdin=subprocess.PIPE)
+    try:
+        publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4),
+                           make_record(1, b.pid, start_ticks(b.pid), 4, 4, age=0.0)])
+        detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy",
+                                                                       "floor_seconds": 30.0})
+        watching = detector.watch_exits()
+        assert detector.poll() == [] and detector.jobs["j"].ranks[1].process == "running"
+        b.stdin.close()
+        while not os.path.exists(f"/proc/{b.pid}/stat") or open(f"/proc/{b.pid}/stat").read().split(") ")[1][0] != "Z":
+            time.sleep(0.01)
+        while watching and b.pid not in detector.exits.statuses:  # the watcher's thread may lag the exit
+            time.sleep(0.01)
+        detector.cfg["floor_seconds"] = 1.0
+        bundle = json.loads(open(detector.poll()[0]).read())
+        assert bundle["processes"] == {"0": "running", "1": "gone"}
+        if watching:  # root: the kernel told us how it ended
+            assert bundle["exit_statuses"] == {"1": "exit code 3"}
+            assert bundle["verdicts"][0]["summary"] == ("rank 1's process is gone (exit code 3) without exiting "
+                                                        "normally")
+    finally:
+        detector.exits.close()
+        b.wait()
+
+
 def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
     procs = sleepers(3)
     recs = [make_record(r, p.pid, start_ticks(p.pid), 60, 60, world=3) for r, p in enumerate(procs)]

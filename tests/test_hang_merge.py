@@ -228,17 +228,20 @@ def test_fuzz_record_validation(obj):
     merge.verdicts({"records": {str(valid["rank"]): valid}})  # a valid record never crashes the verdict
 
 
-@pytest.mark.parametrize("process,exited,say", [
-    ("gone", False, "rank 2's process is gone: killed or crashed without exiting normally"),
-    ("gone", True, "rank 2's process is gone: it exited"),
-    ("stopped", False, "rank 2 is stopped (SIGSTOP"),
+@pytest.mark.parametrize("process,exited,status,say", [
+    ("gone", False, None, "rank 2's process is gone: killed or crashed without exiting normally (exit code not known)"),
+    ("gone", False, "killed by SIGKILL", "rank 2's process is gone (killed by SIGKILL) without exiting normally"),
+    ("gone", True, None, "rank 2's process is gone (exit code not known): it exited while"),
+    ("gone", True, "exit code 3", "rank 2's process is gone (exit code 3): it exited while"),
+    ("stopped", False, None, "rank 2 is stopped (SIGSTOP"),
 ])
-def test_gone_or_stopped_rank_is_said_plainly_and_its_old_record_reconciled(process, exited, say):
+def test_gone_or_stopped_rank_is_said_plainly_and_its_old_record_reconciled(process, exited, status, say):
     """Rank 2's last record is a publish interval old (#109); the others finished #120, which needs
-    rank 2: it finished #120 too and never entered #121."""
+    rank 2: it finished #120 too and never entered #121. Its exit status is said when known."""
     records = {str(r): rec(r, 121, 120) for r in (0, 1, 3)} | {"2": rec(2, 109, 108) | {"exited": exited}}
     vs = merge.verdicts({"records": records, "processes": {"0": "running", "1": "running", "2": process,
-                                                          "3": "running"}})
+                                                          "3": "running"},
+                         "exit_statuses": {"2": status} if status else {}})
     assert vs[0]["summary"].startswith(say) and vs[0]["culprits"] == [2]
     assert vs[1]["summary"] == "rank 2 never entered all_reduce #121 of group 0; ranks 0-1,3 wait in it"
     assert "#109" not in json.dumps(vs)

@@ -254,3 +254,102 @@ def _state(pid: int) -> str:
     with open(f"/proc/{pid}/status") as f:
         return next(line.split()[1] for line in f if line.startswith("State:"))
 
+
+
+EXIT_WORKER = os.path.join(HERE, "fixtures", "hang", "exit_worker.py")
+
+
+def test_real_gloo_job_whose_ranks_exit_with_code_3_and_by_sigkill_says_how(tmp_path):
+    """Rank 2 exits with code 3 (its last record says it exited, not how) and rank 3 is killed by
+    SIGKILL (no last record at all) while ranks 0-1 wait for them: the detector heard both ends from
+    the kernel and the report says them."""
+    require_torch()
+    require_tool("py-spy")
+    if os.geteuid() != 0 and not IN_CI:
+        pytest.skip("needs root (CAP_NET_ADMIN) for the kernel's process events")
+    records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
+    os.makedirs(control)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
+           "NODEHEALTH_HANG_JOB": "dying"}
+    procs = [subprocess.Popen([sys.executable, EXIT_WORKER, records, control],
+                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    detector = Detector(records, bundles, CFG, node="test-node")
+    assert detector.watch_exits(), detector.exits.error
+    try:
+        def stepping() -> bool:
+            detector.poll()
+            state = detector.jobs.get("dying")
+            return bool(state) and len(state.ranks) == 4 and min(r.rec["step"] for r in state.ranks.values()) >= 2
+        wait_until(stepping, 60, procs)
+        open(os.path.join(control, "die"), "w").close()
+        path, _ = poll_until_bundle(detector, FLOOR + 20, procs[:2])
+        assert procs[2].wait(10) == 3 and procs[3].wait(10) == -signal.SIGKILL
+        with open(path) as f:
+            bundle = json.load(f)
+        assert bundle["processes"] == {"0": "running", "1": "running", "2": "gone", "3": "gone"}
+        assert bundle["exit_statuses"] == {"2": "exit code 3", "3": "killed by SIGKILL"}
+        summaries = [v["summary"] for v in bundle["verdicts"]]
+        assert summaries[0] == "rank 2's process is gone (exit code 3): it exited while its peers wait", summaries
+        assert summaries[1] == "rank 3's process is gone (killed by SIGKILL) without exiting normally", summaries
+        assert "ranks 2-3 never entered all_reduce" in summaries[2], summaries
+        text = run_report(path)
+        assert "rank 2's process is gone (exit code 3)" in text and "(killed by SIGKILL)" in text
+    finally:
+        open(os.path.join(control, "end"), "w").close()
+        detector.exits.close()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+TINY = os.path.join(HERE, "fixtures", "hang", "tiny_train.py")
+
+
+def test_concurrent_torchrun_jobs_without_a_job_id_and_a_pod_owned_one_keep_apart(tmp_path):
+    """Two `torchrun --nproc-per-node 2` jobs on one node with no job id (torchrun's run id is
+    "none") and a third whose pod owner comes through the downward API: three jobs, six records."""
+    require_torch()
+    records, control = str(tmp_path / "records"), str(tmp_path / "control")
+    os.makedirs(control)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NODEHEALTH_HANG_", "TORCHELASTIC_", "MASTER_"))}
+    env.update({"NODEHEALTH_HANG_DIR": records, "NODEHEALTH_HANG_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"})
+    pod = {"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a",
+           "NODEHEALTH_HANG_POD_OWNER_UID": "1f2e3d4c-aaaa-bbbb-cccc-0123456789ab"}
+    ports = [free_port() for _ in range(3)]
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--master-port", str(port), "-m", "nodehealth.hang.run", TINY, control],
+                               env={**env, **(pod if i == 2 else {})}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+              for i, port in enumerate(ports)]
+    try:
+        def all_stepped() -> dict[str, list[int]] | None:
+            names = [n for n in os.listdir(records) if n.endswith(record.SUFFIX)] if os.path.isdir(records) else []
+            recs = [record.read_record(os.path.join(records, n)) for n in names]
+            if len(recs) < 6 or any(r["step"] < 3 for r in recs):
+                return None
+            jobs: dict[str, list[int]] = {}
+            for r in recs:
+                jobs.setdefault(r["job"], []).append(r["rank"])
+            return jobs
+        jobs = wait_until(all_stepped, 120, agents)
+        assert sorted(map(sorted, jobs.values())) == [[0, 1]] * 3, jobs
+        assert "k8s/team-a/llama-7b/1f2e3d4c" in jobs, jobs
+        for port, agent in zip(ports[:2], agents):
+            (job,) = [j for j in jobs if j.startswith(f"127.0.0.1:{port}-")]
+            assert job == f"127.0.0.1:{port}-{agent.pid}-{_start_ticks(agent.pid)}", "the agent's pid and start"
+        open(os.path.join(control, "end"), "w").close()
+        for agent in agents:
+            assert agent.wait(60) == 0, agent.stderr.read()[-2000:]
+    finally:
+        open(os.path.join(control, "end"), "w").close()
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+            agent.wait()
+
+
+def _start_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[19])

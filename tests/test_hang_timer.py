@@ -113,10 +113,20 @@ def test_enable_without_the_variable_uses_the_daemons_directory(monkeypatch):
       "LOCAL_WORLD_SIZE": "4"}, "127.0.0.1:29511-PARENT"),
     ({"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "n1", "MASTER_PORT": "29511", "WORLD_SIZE": "16",
       "LOCAL_WORLD_SIZE": "8", "TORCHELASTIC_RESTART_COUNT": "2"}, "n1:29511-2"),
+    # a Kubernetes pod's owner, from the downward API: before torchrun's run id, which users copy
+    ({"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a",
+      "NODEHEALTH_HANG_POD_OWNER_UID": "1f2e3d4c-aaaa-bbbb-cccc-0123456789ab", "TORCHELASTIC_RUN_ID": "train"},
+     "k8s/team-a/llama-7b/1f2e3d4c"),
+    ({"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_OWNER_UID": ""}, "k8s/llama-7b"),
+    ({"NODEHEALTH_HANG_JOB": "mine", "NODEHEALTH_HANG_POD_OWNER": "llama-7b"}, "mine"),
+    # the pod has no such label: the downward API gives an empty string, and the next source decides
+    ({"NODEHEALTH_HANG_POD_OWNER": "", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a", "TORCHELASTIC_RUN_ID": "r1"}, "r1"),
+    ({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "none"}, "4242"),
 ])
 def test_job_identity_without_a_job_id(monkeypatch, env, expected):
     for key in ("NODEHEALTH_HANG_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT",
-                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+                "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", timer.ENV_POD_OWNER,
+                timer.ENV_POD_NAMESPACE, timer.ENV_POD_OWNER_UID):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
@@ -242,7 +252,11 @@ def test_cuda_device_is_the_tensors_and_the_watchdog_binds_it(tmp_path, monkeypa
     watchdog thread's own current device (0 on a fresh thread)."""
     torch = pytest.importorskip("torch")
     t = timer.Timer(str(tmp_path), 1.0)
-    op, _ = t.begin("all_reduce", ("0", [0]), (FakeTensor(3),), {}, False)
+    t.groups[group := FakeGroup()] = ("0", [0])
+    t.group_class = FakeGroup
+    work = type("W", (), {"is_completed": lambda self: False})()  # async: the op stays pending
+    timer._wrap(t, "all_reduce", lambda tensor, group=None: work, False)(FakeTensor(3), group)
+    (op,) = t.streams["0"].pending.values()
     assert op["_device"] == 3 and "_device" not in timer._public(op)
     bound = []
     monkeypatch.setattr(torch.cuda, "set_device", bound.append)
@@ -267,8 +281,33 @@ def test_the_exception_that_kills_a_rank_is_in_its_last_record(tmp_path):
     from nodehealth.hang import merge
 
     (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
-    assert v["summary"] == ("rank 0's process is gone: it exited after an uncaught RuntimeError: CUDA error: "
-                            "an illegal memory access while its peers wait")
+    assert v["summary"] == ("rank 0's process is gone (exit code 1): it exited after an uncaught "
+                            "RuntimeError: CUDA error: an illegal memory access while its peers wait")
+
+
+def test_the_launcher_puts_the_scripts_exit_code_in_the_last_record(tmp_path):
+    """Under `python -m nodehealth.hang.run` a SystemExit's code is known to the rank itself, so the
+    report says it even where the daemon cannot hear exits from the kernel."""
+    pytest.importorskip("torch")
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch.distributed as dist\n"
+                      f"dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{free_port()}', rank=0, "
+                      "world_size=1)\n"
+                      "sys.exit(3)\n")
+    out = subprocess.run([sys.executable, "-m", "nodehealth.hang.run", str(script)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "NODEHEALTH_HANG_JOB": "three",
+                                           "NODEHEALTH_HANG_DIR": str(tmp_path / "records")})
+    assert out.returncode == 3, out.stderr
+    rec = record.read_record(record.record_path(str(tmp_path / "records"), "three", 0))
+    assert rec["exited"] and rec["exit_code"] == 3 and rec["exit_reason"] is None
+    from nodehealth.hang import merge
+
+    (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"}}) if v["kind"] == "rank_gone"]
+    assert v["summary"] == "rank 0's process is gone (exit code 3): it exited while its peers wait"
+    # the kernel's word, when the daemon heard it, comes first
+    (v,) = [v for v in merge.verdicts({"records": {"0": rec}, "processes": {"0": "gone"},
+                                       "exit_statuses": {"0": "killed by SIGKILL"}}) if v["kind"] == "rank_gone"]
+    assert v["summary"].startswith("rank 0's process is gone (killed by SIGKILL)")
 
 
 def test_an_async_op_issued_while_the_watchdog_dozes_is_timed_at_once(tmp_path):
@@ -291,3 +330,45 @@ def test_an_async_op_issued_while_the_watchdog_dozes_is_timed_at_once(tmp_path):
     finally:
         t.uninstall()
         dist.destroy_process_group()
+
+
+def test_snapshots_taken_while_another_thread_issues_calls_stay_consistent(tmp_path):
+    """The calling thread changes a stream without a lock: the watchdog's copies must never fail and
+    never show an op as both finished and pending, or more finished than issued."""
+    import threading
+
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.group_class = FakeGroup
+    group = FakeGroup()
+    t.groups[group] = ("0", [0, 1])
+    tensor = type("CpuTensor", (), {"shape": (4,), "dtype": "torch.float32", "is_cuda": False})()
+    wrapped = {name: timer._wrap(t, name, lambda tensor, group=None: None, False)
+               for name in ("all_reduce", "broadcast", "barrier", "all_gather", "reduce", "scatter")}
+    stop = threading.Event()
+
+    def issue() -> None:
+        while not stop.is_set():
+            for fn in wrapped.values():
+                fn(tensor, group)
+
+    caller = threading.Thread(target=issue)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    caller.start()
+    try:
+        snapshots = 0
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            for stream in list(t.streams.values()):
+                snap = stream.snapshot()
+                assert snap["completed"] <= snap["enqueued"]
+                assert all(op["seq"] > snap["completed"] for op in snap["pending"]), snap
+                assert all("seconds" in op and op["sizes"] == [(4,)] for op in snap["recent"])
+                snapshots += 1
+    finally:
+        stop.set()
+        caller.join()
+        sys.setswitchinterval(interval)
+    stream = t.streams["0"]
+    assert snapshots > 100 and stream.enqueued > 1000 and not stream.pending
+    assert sorted(stream.durations) == sorted(wrapped), "every op name timed"

@@ -60,10 +60,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     stop = detector.stop  # set by a signal: a dump in flight is interrupted, its target resumed
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.is_set():
-        if _print_bundles(detector.poll()) and args.exit_on_hang:
-            return EXIT_HANG
-        stop.wait(detector.cfg["scan_interval_seconds"])
+    detector.watch_exits()
+    try:
+        while not stop.is_set():
+            if _print_bundles(detector.poll()) and args.exit_on_hang:
+                return EXIT_HANG
+            stop.wait(detector.cfg["scan_interval_seconds"])
+    finally:
+        detector.exits.close()
     return EXIT_OK
 
 

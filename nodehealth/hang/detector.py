@@ -30,6 +30,7 @@ from typing import Any
 
 from nodehealth.config import HANG_DEFAULTS
 from nodehealth.hang import merge, record
+from nodehealth.hang.exits import ExitWatcher
 from nodehealth.hang.stacks import StackCollector
 from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
 from nodehealth.model import Action, Finding, Metric, Severity
@@ -52,6 +53,7 @@ class Rank:
     pending_age: float = 0.0
     heartbeat_age: float = 0.0
     process: str = "running"  # running, stopped (T), gone, finished, refused
+    exit_status: str | None = None  # how a gone process ended ("exit code 3"), when the kernel told us
 
 
 @dataclass
@@ -84,6 +86,8 @@ class Detector:
         # (pid namespace, pid, start time) of a record -> host pid, None when gone: a scan of /proc
         # per record and poll is too much on a node with many processes and old records
         self.host_pids: dict[tuple, int | None] = {}
+        self.last_pids: dict[tuple, int] = {}  # the host pid a record's process had when last seen alive
+        self.exits = ExitWatcher()  # their exit statuses, once watch_exits() started it
         self.nspids: dict[tuple[int, int], list[int]] | None = None  # this scan's, built on first need
         self.proc_state: dict[int, str] = {}  # pid -> state letter, from the stat read that checked it
         self.stop = threading.Event()  # set at shutdown: dumps in flight are interrupted
@@ -183,6 +187,8 @@ class Detector:
             seen.add(key)
             done = rec.get("exited") or rec.get("finished")
             rank = Rank(path, rec, None if done else self._host_pid(key))
+            if not rank.host_pid:
+                rank.exit_status = self.exits.status(self.last_pids.get(key))
             if done:
                 rank.process = "finished" if rec.get("finished") else "gone"
             elif rank.host_pid is None:
@@ -194,6 +200,7 @@ class Detector:
                     self._count(self.skipped, "foreign_process")
                     rank.host_pid, rank.process = None, "refused"
                     continue
+                self.last_pids[key] = rank.host_pid
                 if self.proc_state.get(rank.host_pid) in ("T", "t"):
                     rank.process = "stopped"
             judge(rank, now, self.cfg)
@@ -217,6 +224,8 @@ class Detector:
         for e in errors[:20]:
             log.warning("hang: %s", e)
         self.host_pids = {k: v for k, v in self.host_pids.items() if k in seen}
+        self.last_pids = {k: v for k, v in self.last_pids.items() if k in seen}
+        self.exits.watch(set(self.last_pids.values()))
         self.proc_state = {v: self.proc_state[v] for v in self.host_pids.values() if v in self.proc_state}
         return jobs, errors
 
@@ -254,15 +263,27 @@ class Detector:
             return f"the record is owned by uid {owner} but names pid {host_pid} of uid {uid}"
         return None
 
+    def watch_exits(self) -> bool:
+        """Listen for the exit statuses of ranks' processes (root in the host's namespaces), so a
+        rank that is gone is said with its exit code or signal; False, logged once, where we cannot."""
+        if self.exits.start():
+            return True
+        log.warning("hang: exit codes of dead ranks will not be known: %s", self.exits.error)
+        return False
+
     def run(self, stop: threading.Event) -> None:
         """Poll until `stop` is set (the daemon's thread, or `hang watch`); setting it interrupts dumps."""
         self.stop = self.collector.stop = stop
-        while not stop.is_set():
-            try:
-                self.poll()
-            except Exception:  # one bad scan must not end hang detection
-                log.exception("hang detector scan failed")
-            stop.wait(self.cfg["scan_interval_seconds"])
+        self.watch_exits()
+        try:
+            while not stop.is_set():
+                try:
+                    self.poll()
+                except Exception:  # one bad scan must not end hang detection
+                    log.exception("hang detector scan failed")
+                stop.wait(self.cfg["scan_interval_seconds"])
+        finally:
+            self.exits.close()
 
     # -- evidence ----------------------------------------------------------------------------
     def collect(self, job: str, state: JobState, now: float) -> str | None:
@@ -277,6 +298,7 @@ class Detector:
             "records": {str(r): rank.rec for r, rank in sorted(ranks.items())},
             "pids": {str(r): rank.host_pid for r, rank in sorted(ranks.items())},
             "processes": {str(r): rank.process for r, rank in sorted(ranks.items())},
+            "exit_statuses": {str(r): rank.exit_status for r, rank in sorted(ranks.items()) if rank.exit_status},
             "errors": [e for e in self.record_errors if os.path.basename(e.split(":", 1)[0]).startswith(prefix)],
             "durations": {}}
         live: dict[int, int] = {}
@@ -528,11 +550,12 @@ class Detector:
         return self.nspids
 
     def _start_ticks(self, pid: int) -> int | None:
-        """Start time of a process; its state letter is kept too (a stopped rank is told apart)."""
+        """Start time of a process; its state letter is kept too (a stopped rank is told apart). None
+        for a process that is gone, a zombie included: it died, only its parent has not reaped it."""
         try:
             fields = read_text(self.host.proc(str(pid), "stat"), 4096).rsplit(")", 1)[1].split()
             self.proc_state[pid] = fields[0]
-            return int(fields[19])
+            return None if fields[0] in ("Z", "X") else int(fields[19])
         except (OSError, IndexError, ValueError):
             return None
 
@@ -679,7 +702,7 @@ def _capped(bundle: dict[str, Any], limit: int) -> bytes:
             data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
     if len(data) > limit:  # still too big: the verdict and the reasons only
         small = {k: bundle[k] for k in ("version", "kind", "node", "job", "detected_at", "owner", "reasons",
-                                        "processes", "verdicts") if k in bundle}
+                                        "processes", "exit_statuses", "verdicts") if k in bundle}
         small["errors"] = [f"the bundle was over its cap of {limit} bytes: only the verdict is kept"]
         data = json.dumps(small, separators=(",", ":"), sort_keys=True).encode()
     return data

@@ -90,11 +90,11 @@ def combine(bundles: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for b in sorted(bundles, key=lambda b: b.get("detected_at") or 0):
         job = jobs.setdefault(str(b.get("job")), {"job": b.get("job"), "nodes": [], "records": {}, "stacks": {},
                                                   "native_stacks": {}, "flight_recorder": {}, "processes": {},
-                                                  "errors": [],
+                                                  "exit_statuses": {}, "errors": [],
                                                   "live": True})
         job["live"] = job["live"] and bool(b.get("live"))
         job["nodes"].append(b.get("node"))
-        for key in ("records", "stacks", "native_stacks", "flight_recorder", "processes"):
+        for key in ("records", "stacks", "native_stacks", "flight_recorder", "processes", "exit_statuses"):
             job[key].update(b.get(key) or {})
         job["errors"] += b.get("errors") or []
         job["detected_at"] = b.get("detected_at")
@@ -110,7 +110,8 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
     processes = {int(r): p for r, p in (bundle.get("processes") or {}).items() if str(r).isdigit()}
     stale = {r for r, p in processes.items() if p in ("gone", "stopped") and r in records and r not in fr}
     names = sorted({g for rec in records.values() for g in rec["groups"]} | {g for st in fr.values() for g in st})
-    out = [_process_verdict(r, processes[r], records[r]) for r in sorted(stale)]
+    statuses = bundle.get("exit_statuses") or {}
+    out = [_process_verdict(r, processes[r], records[r], statuses.get(str(r))) for r in sorted(stale)]
     for name in names:
         if name.endswith("/p2p"):
             out += _p2p(name, records)
@@ -127,13 +128,22 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda v: (order.get(v["kind"], 9), v["group"]))
 
 
-def _process_verdict(r: int, process: str, rec: dict[str, Any]) -> dict[str, Any]:
+def _process_verdict(r: int, process: str, rec: dict[str, Any], status: Any = None) -> dict[str, Any]:
+    """What became of a stopped or gone rank; `status` is how it ended ("exit code 3", "killed by
+    SIGKILL"), when the detector heard it from the kernel."""
+    status = status[:100] if isinstance(status, str) and status else None
+    code = rec.get("exit_code")
+    if status is None and rec.get("exited") and isinstance(code, int) and not isinstance(code, bool):
+        status = f"exit code {code}"  # the rank's own word, where the kernel's was not heard
     if process == "stopped":
         summary = f"rank {r} is stopped (SIGSTOP, or a debugger holds it): it cannot take part until resumed"
     elif rec.get("exited") and isinstance(rec.get("exit_reason"), str):
-        summary = f"rank {r}'s process is gone: it exited after an {rec['exit_reason'][:200]} while its peers wait"
+        summary = (f"rank {r}'s process is gone ({status or 'exit code not known'}): it exited after an "
+                   f"{rec['exit_reason'][:200]} while its peers wait")
     elif rec.get("exited"):
-        summary = f"rank {r}'s process is gone: it exited (exit code not known) while its peers wait"
+        summary = f"rank {r}'s process is gone ({status or 'exit code not known'}): it exited while its peers wait"
+    elif status:
+        summary = f"rank {r}'s process is gone ({status}) without exiting normally"
     else:
         summary = f"rank {r}'s process is gone: killed or crashed without exiting normally (exit code not known)"
     return {"kind": f"rank_{process}", "group": "", "culprits": [r], "summary": summary}

@@ -17,14 +17,18 @@ from nodehealth.hang.timer import enable
 def main() -> None:
     if len(sys.argv) < 2:
         sys.exit("usage: python -m nodehealth.hang.run SCRIPT [ARGS...]  (or -m MODULE [ARGS...])")
-    enable()
-    if sys.argv[1] == "-m" and len(sys.argv) > 2:
-        sys.argv = sys.argv[2:]
-        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = sys.argv[1:]
-        sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-        runpy.run_path(sys.argv[0], run_name="__main__")
+    timer = enable()
+    try:
+        if sys.argv[1] == "-m" and len(sys.argv) > 2:
+            sys.argv = sys.argv[2:]
+            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = sys.argv[1:]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit as e:  # the exit code the last record gives, as Python will make it
+        timer.exit_code = e.code & 0xFF if isinstance(e.code, int) else 0 if e.code is None else 1
+        raise
 
 
 if __name__ == "__main__":

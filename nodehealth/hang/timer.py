@@ -33,6 +33,12 @@ from nodehealth.host import write_atomic
 ENV_DIR = "NODEHEALTH_HANG_DIR"
 ENV_INTERVAL = "NODEHEALTH_HANG_INTERVAL"
 ENV_JOB = "NODEHEALTH_HANG_JOB"
+# The Kubernetes pod's owner, for pods that get no API rights: set from the downward API in the pod
+# spec (a label naming the owning PyTorchJob, Job or JobSet; metadata.namespace; the owner's uid
+# where its controller labels pods with it, so a re-created job of the same name is another job).
+ENV_POD_OWNER = "NODEHEALTH_HANG_POD_OWNER"
+ENV_POD_NAMESPACE = "NODEHEALTH_HANG_POD_NAMESPACE"
+ENV_POD_OWNER_UID = "NODEHEALTH_HANG_POD_OWNER_UID"
 DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
@@ -92,29 +98,40 @@ def region(name: str) -> Iterator[None]:
 
 
 class _Stream:
-    """Sequence state of one process group (collectives) or its point-to-point traffic."""
+    """Sequence state of one process group (collectives) or its point-to-point traffic.
 
-    __slots__ = ("ranks", "enqueued", "pending", "recent", "durations")
+    The calling thread changes it without a lock (a lock taken twice per call was a fifth of the
+    timer's cost in a training loop): each change is one dict or deque operation, atomic under
+    the GIL, and the watchdog reads it through copies made in one C call each.
+    """
+
+    __slots__ = ("ranks", "counter", "enqueued", "pending", "recent", "durations")
 
     def __init__(self, ranks: list[int] | None):
         self.ranks = ranks
+        self.counter = itertools.count(1)  # next() is atomic: two threads issuing never share a number
         self.enqueued = 0
         self.pending: dict[int, dict[str, Any]] = {}
         self.recent: collections.deque = collections.deque(maxlen=RECENT_KEPT)
         self.durations: dict[str, collections.deque] = {}
 
     def snapshot(self) -> dict[str, Any]:
+        enqueued = self.enqueued
         pending = list(self.pending.values())
-        completed = min(self.pending) - 1 if self.pending else self.enqueued
-        return {"ranks": self.ranks, "enqueued": self.enqueued, "completed": completed,
+        if pending:  # ops begun since `enqueued` was read count too
+            completed = min(op["seq"] for op in pending) - 1
+            enqueued = max(enqueued, max(op["seq"] for op in pending))
+        else:
+            completed = enqueued
+        return {"ranks": self.ranks, "enqueued": enqueued, "completed": completed,
                 "pending": [_public(op) for op in pending[:PENDING_PUBLISHED]], "pending_count": len(pending),
-                "recent": [_public(op) for op in self.recent],
+                "recent": [_public(op) for op in list(self.recent)],
                 "p99": {op: {"seconds": _quantile(d, 0.99), "p50": _quantile(d, 0.5), "samples": len(d)}
-                        for op, d in self.durations.items() if d}}
+                        for op, d in list(self.durations.items()) if d}}
 
 
 def _public(op: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in op.items() if k[0] != "_"}
+    return {k: v for k, v in dict(op).items() if k[0] != "_"}  # dict(): one C call, while the op may change
 
 
 def _quantile(values: collections.deque, q: float) -> float:
@@ -141,6 +158,10 @@ class Timer:
         self.logged_error = False
         self.originals: dict[str, Any] = {}
         self.dist: Any = None
+        self.c10d_world: Any = None  # c10d's _World, where the default group is read cheaply
+        # torch.cuda, whose `_initialized` says whether any tensor can be on a GPU at all: reading
+        # is_cuda of every CPU tensor costs on every call
+        self.cuda_state: Any = _ASSUME_CUDA
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
@@ -155,6 +176,9 @@ class Timer:
         self.identity: dict[str, Any] | None = None  # job, rank, world size: kept for after destroy
         self.finished = False  # the default process group was destroyed: a clean finish, not a hang
         self.exit_reason: str | None = None
+        # the status this process exits with, where Python tells us (an uncaught exception; SystemExit
+        # under nodehealth.hang.run): the daemon may not hear it from the kernel
+        self.exit_code: int | None = None
 
     # -- wiring ------------------------------------------------------------------------------
     def install(self) -> None:
@@ -162,6 +186,12 @@ class Timer:
 
         self.dist = dist
         self.group_class = dist.ProcessGroup
+        world = getattr(dist.distributed_c10d, "_world", None)
+        self.c10d_world = world if hasattr(world, "_default_pg") else None
+        import torch.cuda
+
+        if hasattr(torch.cuda, "_initialized"):
+            self.cuda_state = torch.cuda
         for name in COLLECTIVES + P2P:
             fn = getattr(dist, name, None)
             if fn is not None:
@@ -189,6 +219,8 @@ class Timer:
 
         def excepthook(kind: Any, value: Any, tb: Any) -> None:
             self.exit_reason = f"uncaught {kind.__name__}: {value}"[:300]
+            # Python's status after an uncaught exception; KeyboardInterrupt ends it by SIGINT instead
+            self.exit_code = None if issubclass(kind, KeyboardInterrupt) else 1
             previous(kind, value, tb)
         sys.excepthook = self.excepthook = excepthook
 
@@ -252,28 +284,10 @@ class Timer:
             self.thread.join(2 * POLL_SECONDS + 1)
         self.publish(exited=True)
 
-    # -- per call (hot path: keep it small) --------------------------------------------------
-    def begin(self, name: str, group: tuple[str, list[int] | None], args: tuple, kwargs: dict,
-              p2p: bool) -> tuple[dict[str, Any], _Stream]:
-        key, ranks = group
-        tensors = _tensors(args, kwargs)
-        op: dict[str, Any] = {"op": name, "enqueued_at": time.time(),
-                              "sizes": [tuple(t.shape) for t in tensors[:4]],
-                              "dtype": _dtype_name(tensors[0].dtype) if tensors else None}
-        if p2p:
-            key += "/p2p"
-            op["peer"] = _peer(name, args, kwargs)
-        with self.lock:
-            stream = self.streams.get(key)
-            if stream is None:
-                stream = self.streams[key] = _Stream(ranks)
-            stream.enqueued += 1
-            op["seq"] = stream.enqueued
-            stream.pending[stream.enqueued] = op
-        op["_cuda"] = bool(tensors) and tensors[0].is_cuda
-        if op["_cuda"]:  # the device of the call, read here: the watchdog thread has its own current device
-            op["_device"] = tensors[0].device.index
-        return op, stream
+    # -- per call (the hot path is _wrap's `timed`) -------------------------------------------
+    def new_stream(self, key: str, ranks: list[int] | None) -> _Stream:
+        with self.lock:  # once per group: the watchdog iterates `streams` under the lock
+            return self.streams.setdefault(key, _Stream(ranks))
 
     def issued(self, op: dict[str, Any], stream: _Stream, result: Any) -> Any:
         """The call returned: done on CPU; an async handle or a GPU op completes later."""
@@ -289,7 +303,7 @@ class Timer:
             if self.dozing:
                 self.wake.set()
             return result
-        if op.pop("_cuda", False):
+        if op.get("_cuda"):
             import torch
 
             event = torch.cuda.Event()
@@ -303,28 +317,26 @@ class Timer:
         return result
 
     def complete(self, op: dict[str, Any], stream: _Stream, error: str | None = None) -> None:
-        now = time.time()
-        with self.lock:
-            if stream.pending.pop(op["seq"], None) is None:
-                return
-            op.pop("_cuda", None)
-            op.pop("_device", None)
-            op["seconds"] = now - op["enqueued_at"]
-            if error:
-                op["error"] = error
-                self.last_error = error
-            stream.recent.append(op)
-            durations = stream.durations.get(op["op"])
-            if durations is None:
-                durations = stream.durations[op["op"]] = collections.deque(maxlen=DURATIONS_KEPT)
-            durations.append(op["seconds"])
+        seconds = time.time() - op["enqueued_at"]
+        if stream.pending.pop(op["seq"], None) is None:
+            return  # completed already: wait() and the watchdog may both see it done
+        op["seconds"] = seconds
+        if error:
+            op["error"] = error
+            self.last_error = error
+        stream.recent.append(op)
+        durations = stream.durations.get(op["op"])
+        if durations is None:
+            durations = stream.durations.setdefault(op["op"], collections.deque(maxlen=DURATIONS_KEPT))
+        durations.append(seconds)
 
     def group(self, group: Any) -> tuple[str, list[int] | None] | None:
         """Name and ranks of a call's process group; None when this rank takes no part in the call
         (torch's NON_GROUP_MEMBER, a group without this rank, anything not a process group): torch
         returns at once or fails, and timing it would leave an op that no peer ever matches."""
-        if group is None:
-            group = self.dist.group.WORLD
+        if group is None:  # the default group, where this torch keeps it: dist.group.WORLD is two property calls
+            world = self.c10d_world
+            group = world._default_pg if world is not None else self.dist.group.WORLD
         last = self.last_group  # most calls name the group of the call before: skip the weak lookup
         if last is not None and last[0]() is group:
             return last[1]
@@ -446,7 +458,7 @@ class Timer:
                 "host": self.host, "pid": self.pid, "start_time": self.start_time,
                 "pid_namespace": _pid_namespace(), "heartbeat": now, "interval": self.interval,
                 "step": step, "regions": regions, "groups": groups, "exited": exited, "finished": self.finished,
-                "exit_reason": self.exit_reason if exited else None,
+                "exit_reason": self.exit_reason if exited else None, "exit_code": self.exit_code if exited else None,
                 "gpu_poll": self.cuda.method, "last_error": self.last_error,
                 "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
@@ -557,18 +569,60 @@ class _TimedWork:
 
 def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
     at = _group_position(fn)
+    clock = time.time
+    cuda_state = timer.cuda_state
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        group = timer.group(kwargs.get("group", args[at] if at is not None and len(args) > at else None))
-        if group is None:
+        """The hot path, in one frame: every call and attribute read here costs each collective."""
+        group = args[at] if at is not None and len(args) > at else None
+        if kwargs:
+            group = kwargs.get("group", group)
+        if group is None:  # the default group, where this torch keeps it: dist.group.WORLD is two property calls
+            world = timer.c10d_world
+            group = world._default_pg if world is not None else timer.dist.group.WORLD
+        last = timer.last_group  # most calls name the group of the call before: skip the weak lookup
+        known = last[1] if last is not None and last[0]() is group else timer.group(group)
+        if known is None:
             return fn(*args, **kwargs)
-        op, stream = timer.begin(name, group, args, kwargs, p2p)
+        key, ranks = known
+        first = args[0] if args else None
+        if not kwargs and len(args) == 1 and type(first) in _TENSOR_TYPES:  # all_reduce(tensor): most calls
+            sizes = [first.shape]
+        else:
+            tensors = _tensors(args, kwargs)
+            first = tensors[0] if tensors else None
+            sizes = [t.shape for t in tensors[:4]]
+        dtype = None
+        if first is not None:
+            dtype = _DTYPES.get(first.dtype) or _dtype_name(first.dtype)
+        # whole before the watchdog can see it in `pending`; shapes kept as torch.Size (a tuple):
+        # copying them costs on every call, and the record's JSON makes them lists anyway
+        op: dict[str, Any] = {"op": name, "enqueued_at": clock(), "sizes": sizes, "dtype": dtype}
+        if first is not None and cuda_state._initialized and first.is_cuda:  # the device of the call, read here:
+            op["_cuda"], op["_device"] = True, first.device.index  # the watchdog thread has its own device
+        if p2p:
+            key += "/p2p"
+            op["peer"] = _peer(name, args, kwargs)
+        stream = timer.streams.get(key) or timer.new_stream(key, ranks)
+        seq = op["seq"] = next(stream.counter)
+        stream.enqueued = seq
+        stream.pending[seq] = op
         try:
             result = fn(*args, **kwargs)
         except BaseException as e:
             timer.complete(op, stream, error=f"{type(e).__name__}: {e}"[:300])
             raise
-        return timer.issued(op, stream, result)
+        if result is not None or "_cuda" in op:
+            return timer.issued(op, stream, result)
+        # the common case, a blocking call on CPU, done: complete() inlined, as no other thread knows the op
+        seconds = op["seconds"] = clock() - op["enqueued_at"]
+        del stream.pending[seq]
+        stream.recent.append(op)
+        durations = stream.durations.get(name)
+        if durations is None:
+            durations = stream.durations.setdefault(name, collections.deque(maxlen=DURATIONS_KEPT))
+        durations.append(seconds)
+        return None
 
     timed.__name__ = timed.__qualname__ = name
     timed.__doc__ = fn.__doc__
@@ -588,7 +642,9 @@ def _group_position(fn: Any) -> int | None:
 
 
 _UNKNOWN = object()
+_ASSUME_CUDA = type("AssumeCuda", (), {"_initialized": True})()  # no torch.cuda state to read: ask every tensor
 _DTYPES: dict[Any, str] = {}
+_TENSOR_TYPES: set[type] = set()
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -600,15 +656,23 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[Any]:
-    """The tensors of a call (first two positional arguments, lists flattened), cheaply."""
+    """The tensors of a call (first two positional arguments, lists flattened), cheaply: a type once
+    seen to have a shape is known by its type (reading `shape` builds an object every time)."""
+    items = args[:2]
+    if kwargs:
+        items += tuple(kwargs[k] for k in ("tensor", "output", "input") if k in kwargs)
     out = []
-    for a in args[:2] + tuple(kwargs.get(k) for k in ("tensor", "output", "input") if k in kwargs):
-        if hasattr(a, "shape"):
+    for a in items:
+        if type(a) in _TENSOR_TYPES:
             out.append(a)
-        elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "shape"):
-            out.extend(a)
-        elif isinstance(a, (list, tuple)) and a and hasattr(a[0], "tensor"):  # batch of P2POp
-            out.extend(p.tensor for p in a)
+        elif hasattr(a, "shape"):
+            _TENSOR_TYPES.add(type(a))
+            out.append(a)
+        elif isinstance(a, (list, tuple)) and a:
+            if hasattr(a[0], "shape"):
+                out.extend(a)
+            elif hasattr(a[0], "tensor"):  # batch of P2POp
+                out.extend(p.tensor for p in a)
     return out
 
 
@@ -620,10 +684,18 @@ def _peer(name: str, args: tuple, kwargs: dict) -> int | None:
 
 def _job_id() -> str:
     """The same for every rank of a job, different for two jobs on one node at one time: the id the
-    user or scheduler gave, else torchrun's run id (not its default "none"), else the rendezvous
-    endpoint (a port two live jobs cannot share), with the launcher's pid and start time when all
-    ranks are on this node (so a later job on the same port is another job) or the elastic restart."""
-    for key in (ENV_JOB, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+    user or scheduler gave, else the Kubernetes pod's owner, else torchrun's run id (not its default
+    "none"), else Slurm's job id, else the rendezvous endpoint (a port two live jobs cannot share), with
+    the launcher's pid and start time when all ranks are on this node (so a later job on the same port
+    is another job) or the elastic restart."""
+    job = os.environ.get(ENV_JOB)
+    if job:
+        return job
+    owner = os.environ.get(ENV_POD_OWNER)
+    if owner:  # an unset label reaches the pod as an empty string
+        parts = [os.environ.get(ENV_POD_NAMESPACE), owner, (os.environ.get(ENV_POD_OWNER_UID) or "")[:8]]
+        return "k8s/" + "/".join(p for p in parts if p)
+    for key in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
         value = os.environ.get(key)
         if value and value != "none":
             return value
