@@ -272,14 +272,19 @@ class Daemon:
         with self.lock:
             sticky = self.policy.clear_sticky()
             events = self.kernel.clear()
-            if self.report is not None:
-                self._publish(self.results, self.kernel_checks, self.engine.clock())
-            report = self.report if self.passes else None
+            report = self._rejudge(self.kernel_checks)
         log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
                     len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
         self.save_state()
         if report is not None:
             self._send(report)
+
+    def _rejudge(self, checks: list[Any]) -> Report | None:
+        """Judge `checks` again on news between passes (kernel records, a bandwidth test, a clear);
+        the report to send, or None before the first full pass. Caller holds the lock."""
+        if self.report is not None:
+            self._publish(self.results, checks, self.engine.clock())
+        return self.report if self.passes else None
 
     def _send(self, report: Report) -> None:
         """Hand a full report to the faces that act on the scheduler: Kubernetes, Slurm."""
@@ -318,9 +323,7 @@ class Daemon:
     def on_kernel(self, batch: Batch) -> None:
         with self.lock:
             self.kernel.add(batch)
-            if self.report is not None:
-                self._publish(self.results, self.kernel_checks, self.engine.clock())
-            report = self.report if self.passes else None  # nothing goes out before a full pass
+            report = self._rejudge(self.kernel_checks)
         self.save_state()
         if report is not None:
             self._send(report)
@@ -328,11 +331,9 @@ class Daemon:
     def on_rdma(self) -> None:
         """A bandwidth test ended: judge it now rather than at the next pass."""
         with self.lock:
-            if self.report is not None:
-                self._publish(self.results, self.rdma_checks, self.engine.clock())
-            report = self.report if self.passes else None
-        if self.publisher is not None and report is not None:
-            self.publisher.publish(report)
+            report = self._rejudge(self.rdma_checks)
+        if report is not None:
+            self._send(report)
 
     # -- threads -------------------------------------------------------------------------------
     def _pass_loop(self) -> None:

@@ -329,3 +329,10 @@ def test_panel_query_returns_the_machines_it_should(fleet, file, title, ref, exp
     by_instance = {v: k for k, v in instance.items()}
     got = {by_instance.get(s["metric"].get("instance"), s["metric"].get("instance")) for s in series}
     assert got == expected, (sorted(got - expected), sorted(expected - got))
+
+
+def test_hang_series_keep_their_training_job_label_after_the_scrape(fleet):
+    """Prometheus renames a target's own `job` label to `exported_job` (its `job` is the scrape job)."""
+    base, _ = fleet
+    series = query(base, "nodehealth_hang_detected")["data"]["result"]
+    assert series and all(s["metric"].get("training_job") and "exported_job" not in s["metric"] for s in series), series

@@ -561,17 +561,18 @@ class Detector:
 
     # -- what the daemon shows ---------------------------------------------------------------
     def metrics(self) -> list[Metric]:
+        # `training_job`, not `job`: Prometheus's own `job` label (the scrape job) would rename ours.
         detected = Metric("nodehealth_hang_detected", "1 if a local training job is hung now, else 0.",
-                          labels=("job",))
+                          labels=("training_job",))
         progress = Metric("nodehealth_hang_last_progress_age_seconds",
                           "Age of the rank's oldest pending collective or point-to-point op; 0 when none is pending.",
-                          labels=("job", "rank"))
+                          labels=("training_job", "rank"))
         heartbeat = Metric("nodehealth_hang_heartbeat_age_seconds",
                            "Seconds since the rank's timer thread last published its state record.",
-                           labels=("job", "rank"))
+                           labels=("training_job", "rank"))
         duration = Metric("nodehealth_hang_dump_duration_seconds",
                           "How long the last stack collection took, by stage (python or native).",
-                          labels=("job", "stage"))
+                          labels=("training_job", "stage"))
         bundles = Metric("nodehealth_hang_bundles_total", "Hang bundles written since the detector started.",
                          kind="counter")
         errors = Metric("nodehealth_hang_record_errors", "State records that could not be read in the last scan.")
@@ -583,7 +584,7 @@ class Detector:
                          labels=("limit",))
         straggler = Metric("nodehealth_hang_straggler",
                            "1 for a rank the others keep waiting for in their collectives (a straggler).",
-                           labels=("job", "rank", "host"))
+                           labels=("training_job", "rank", "host"))
         budget = self.cfg["max_metric_series"]
         with self.lock:
             # hung jobs first, so the series that matter survive the cap
