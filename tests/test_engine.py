@@ -68,15 +68,17 @@ def test_a_collector_that_hangs_times_out_and_is_not_started_again_while_stuck()
                [check("n", ("nfs",), says("n"))], timeout=0.2)
     t0 = time.monotonic()
     results, findings = e.run()
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 5.0  # not the collector's 10 s: room for a loaded machine
     assert results["nfs"].error == "timed out after 0.2s" and results["fast"].success
     assert findings[0].severity is Severity.UNKNOWN
     results, _ = e.run()
     assert results["nfs"].error == "still stuck in a read from an earlier pass"
     assert len(started) == 1
     release.set()
-    time.sleep(0.05)
-    results, _ = e.run()
+    deadline = time.monotonic() + 10
+    while not results["nfs"].success and time.monotonic() < deadline:  # until the stuck read has returned
+        time.sleep(0.05)
+        results, _ = e.run()
     assert results["nfs"].success and len(started) == 2
 
 
