@@ -382,6 +382,24 @@ def test_an_overlay_with_the_pingmesh_component_builds(tmp_path):
             kubernetes_validate.validate(doc, "1.30.0", strict=True)
 
 
+def test_an_overlay_with_the_hang_exit_codes_component_adds_only_net_admin_and_host_network(tmp_path):
+    """kustomize itself; the exit listener's needs (tests/test_hang_exits.py) and nothing else widened."""
+    kubectl = require_tool("kubectl")
+    shutil.copytree(DEPLOY, tmp_path / "deploy")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../deploy]\ncomponents: [../deploy/components/hang-exit-codes]\n")
+    out = subprocess.run([kubectl, "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    daemonset = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "DaemonSet")
+    spec, base = daemonset["spec"]["template"]["spec"], of_kind("DaemonSet")["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True and spec["hostPID"] is True
+    context, base_context = spec["containers"][0]["securityContext"], base["containers"][0]["securityContext"]
+    assert context["capabilities"]["add"] == base_context["capabilities"]["add"] + ["NET_ADMIN"]
+    assert context["capabilities"]["drop"] == ["ALL"] and not context.get("privileged")
+    kubernetes_validate.validate(daemonset, "1.30.0", strict=True)
+
+
 def test_service_selects_the_agent_pods():
     pod_labels = of_kind("DaemonSet")["spec"]["template"]["metadata"]["labels"]
     service = of_kind("Service")
