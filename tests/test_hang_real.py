@@ -6,6 +6,7 @@ stopped by SIGSTOP inside an all_reduce after entering it (communication hang).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -143,6 +144,22 @@ def test_real_gloo_job_healthy_then_culprit_then_communication_hang(tmp_path):
 DDP_WORKER = os.path.join(HERE, "fixtures", "hang", "ddp_worker.py")
 
 
+def ddp_ranks(records: str, control: str, env: dict) -> list[subprocess.Popen]:
+    """Two DDP ranks, each in a session of its own with its DataLoader worker."""
+    return [subprocess.Popen([sys.executable, DDP_WORKER, records, control],
+                             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+
+
+def stop_ranks(procs: list[subprocess.Popen]) -> None:
+    """Kill each rank's whole session: a DataLoader worker left behind would wait for `release` forever."""
+    for p in procs:
+        if p.poll() is None:  # while the rank lives its pid names its group (no stranger's)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
 def test_real_ddp_job_hangs_in_backward_allreduce_then_finishes_cleanly(tmp_path):
     """DDP issues its gradient all-reduce from C++: seen all the same. Rank 1's DataLoader worker
     hangs, so rank 0 waits in backward; the worker's stack is shown under rank 1. Then both ranks
@@ -154,9 +171,7 @@ def test_real_ddp_job_hangs_in_backward_allreduce_then_finishes_cleanly(tmp_path
     os.makedirs(control)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
            "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "none"}
-    procs = [subprocess.Popen([sys.executable, DDP_WORKER, records, control],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = ddp_ranks(records, control, env)
     try:
         detector = Detector(records, bundles, CFG, node="test-node")
 
@@ -199,10 +214,7 @@ def test_real_ddp_job_hangs_in_backward_allreduce_then_finishes_cleanly(tmp_path
         for p in procs:
             assert p.wait(30) == 0, p.stderr.read()[-2000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        stop_ranks(procs)
 
 
 def test_real_ddp_job_with_a_builtin_cpp_hook_is_seen_through_the_flight_recorder(tmp_path):
@@ -214,9 +226,7 @@ def test_real_ddp_job_with_a_builtin_cpp_hook_is_seen_through_the_flight_recorde
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
            "LOCAL_WORLD_SIZE": "2", "NODEHEALTH_HANG_JOB": "cpp-hook", "DDP_BUILTIN_HOOK": "1",
            "TORCH_FR_BUFFER_SIZE": "2000"}
-    procs = [subprocess.Popen([sys.executable, DDP_WORKER, records, control],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = ddp_ranks(records, control, env)
     try:
         # the timer reads Flight Recorder every 20 records (4 s here): the floor leaves room for two reads
         detector = Detector(records, bundles, {**CFG, "py_spy": "/nonexistent/py-spy", "floor_seconds": 10.0},
@@ -237,10 +247,7 @@ def test_real_ddp_job_with_a_builtin_cpp_hook_is_seen_through_the_flight_recorde
         v = next(v for v in bundle["verdicts"] if v["group"] == "fr/0")
         assert (v["kind"], v["culprits"], v["op"]) == ("never_joined", [1], "all_reduce"), bundle["verdicts"]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+        stop_ranks(procs)
 
 
 def run_report(path: str) -> str:
