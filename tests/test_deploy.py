@@ -363,16 +363,21 @@ def test_the_pingmesh_component_turns_on_host_network_and_the_probe():
     kubernetes_validate.validate(configmap, "1.30.0", strict=True)
 
 
-def test_an_overlay_with_the_pingmesh_component_builds(tmp_path):
-    """kustomize itself: the component applies to the base and the result still validates."""
+def build_overlay(tmp_path, component: str) -> list[dict]:
+    """kustomize itself: an overlay of the base with one of our components, built."""
     kubectl = require_tool("kubectl")
     shutil.copytree(DEPLOY, tmp_path / "deploy")
     (tmp_path / "overlay").mkdir()
     (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../deploy]\ncomponents: [../deploy/components/pingmesh]\n")
+        f"resources: [../deploy]\ncomponents: [../deploy/components/{component}]\n")
     out = subprocess.run([kubectl, "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True,
                          timeout=60, check=True).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_an_overlay_with_the_pingmesh_component_builds(tmp_path):
+    """kustomize itself: the component applies to the base and the result still validates."""
+    docs = build_overlay(tmp_path, "pingmesh")
     daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
     assert daemonset["spec"]["template"]["spec"]["hostNetwork"] is True
     cfg = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"])
@@ -384,14 +389,7 @@ def test_an_overlay_with_the_pingmesh_component_builds(tmp_path):
 
 def test_an_overlay_with_the_hang_exit_codes_component_adds_only_net_admin_and_host_network(tmp_path):
     """kustomize itself; the exit listener's needs (tests/test_hang_exits.py) and nothing else widened."""
-    kubectl = require_tool("kubectl")
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../deploy]\ncomponents: [../deploy/components/hang-exit-codes]\n")
-    out = subprocess.run([kubectl, "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    daemonset = next(d for d in yaml.safe_load_all(out) if d and d["kind"] == "DaemonSet")
+    daemonset = next(d for d in build_overlay(tmp_path, "hang-exit-codes") if d["kind"] == "DaemonSet")
     spec, base = daemonset["spec"]["template"]["spec"], of_kind("DaemonSet")["spec"]["template"]["spec"]
     assert spec["hostNetwork"] is True and spec["hostPID"] is True
     context, base_context = spec["containers"][0]["securityContext"], base["containers"][0]["securityContext"]
