@@ -36,6 +36,13 @@ def machine(name: str) -> str:
     return os.path.join(MACHINES_DIR, name)
 
 
+def unavailable(why: str):
+    """A real part the test needs is not here: under CI that fails, elsewhere the test skips."""
+    if IN_CI:
+        pytest.fail(f"needed under CI: {why}")
+    pytest.skip(why)
+
+
 def require_tool(name: str) -> str:
     """A real part the test needs; under CI a missing one fails instead of skipping."""
     path = shutil.which(name)
@@ -44,6 +51,15 @@ def require_tool(name: str) -> str:
     if IN_CI:
         pytest.fail(f"{name} is not installed; .ci/run must install it")
     pytest.skip(f"{name} is not installed")
+
+
+def require_netns() -> None:
+    """Network namespaces with faults: root, ip, nft and tc."""
+    if os.geteuid() != 0:
+        unavailable("network namespaces need root")
+    for tool in ("ip", "nft", "tc"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed (.ci/run installs iproute2 and nftables)")
 
 
 def free_port() -> int:

@@ -8,40 +8,29 @@ one set of agents serve every scenario; each scenario clears the faults it made.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import IN_CI
+from conftest import require_netns, unavailable
 from netns.topology import Topology, Unavailable, sh
 
 PORT = 18600
 SECONDS = "0.5"
 
 
-def _unavailable(why: str):
-    if IN_CI:
-        pytest.fail(f"network namespaces are needed under CI: {why}")
-    pytest.skip(why)
-
 
 @pytest.fixture(scope="module")
 def topo():
-    if os.geteuid() != 0:
-        _unavailable("network namespaces need root")
-    for tool in ("ip", "nft", "tc"):
-        if shutil.which(tool) is None:
-            _unavailable(f"{tool} is not installed (.ci/run installs iproute2 and nftables)")
+    require_netns()
     t = Topology(leaves=2, per_leaf=3)
     agents = []
     try:
         try:
             t.build()
         except Unavailable as e:
-            _unavailable(str(e))
+            unavailable(str(e))
         for n in t.nodes:
             agents.append(subprocess.Popen(
                 ["ip", "netns", "exec", n.ns, sys.executable, "-m", "nodehealth.cli", "netcheck", "serve",

@@ -19,8 +19,8 @@ from conftest import MACHINES, STOP_SECONDS, machine, require_tool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_machines import EXPECTED_EXIT, GOLDEN, stable
+from test_nvml import judge_every_nvml_check
 
-from nodehealth import exporter
 from nodehealth.collectors import nvml
 from nodehealth.collectors.gpu_facts import NVML_ERRORS
 from nodehealth.host import HostPaths
@@ -200,17 +200,6 @@ PLAN = st.lists(st.one_of(st.just(0), st.just(0), st.just(0), st.sampled_from(so
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(PLAN)
 def test_any_c_level_error_at_any_call_still_completes_the_pass(in_process, plan):
-    from nodehealth import registry
-    from nodehealth.engine import run_check
-    from nodehealth.model import CollectorResult, Observed, Severity
     facts = nvml.collect(in_process([H100, V100], plan=plan), nvml.DEFAULTS)
-    exporter.render(nvml.metrics(facts))
-    nvml.counters(facts)
     assert facts.init_error is not None or facts.backend == "nvml"
-    results = {"nvml": CollectorResult("nvml", True, True, 0.0, None, facts)}
-    obs = Observed({"nvml": facts}, {}, 0.0)
-    for c in registry.CHECKS:
-        if c.NEEDS == ("nvml",):
-            for f in run_check(c, results, obs, c.DEFAULTS):
-                assert f.reason != "CheckFailed", f.message
-                assert isinstance(f.severity, Severity) and f.message
+    judge_every_nvml_check(facts)

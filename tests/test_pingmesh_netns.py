@@ -9,14 +9,12 @@ scenarios shares one topology and one set of daemons and runs in a few minutes.
 from __future__ import annotations
 
 import math
-import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import IN_CI
+from conftest import require_netns, unavailable
 
 from nodehealth.config import PINGMESH_DEFAULTS
 from nodehealth.net.pingmesh import analyze
@@ -32,26 +30,17 @@ ANALYSIS = dict(PINGMESH_DEFAULTS["analysis"])
 MAX_WINDOWS_TO_DETECT = 6  # open_windows (2) plus slack for the window the fault started in
 
 
-def _unavailable(why: str):
-    if IN_CI:
-        pytest.fail(f"network namespaces are needed under CI: {why}")
-    pytest.skip(why)
-
 
 @pytest.fixture(scope="module")
 def mesh(tmp_path_factory):
-    if os.geteuid() != 0:
-        _unavailable("network namespaces need root")
-    for tool in ("ip", "nft", "tc"):
-        if shutil.which(tool) is None:
-            _unavailable(f"{tool} is not installed (.ci/run installs iproute2 and nftables)")
+    require_netns()
     topo = Topology(leaves=3, per_leaf=4)
     m = None
     try:
         try:
             topo.build()
         except Unavailable as e:
-            _unavailable(str(e))
+            unavailable(str(e))
         m = Mesh(topo, str(tmp_path_factory.mktemp("mesh")), PINGMESH).start()
         # Every agent has probed a whole window before any scenario starts.
         time.sleep(2 * WINDOW + PINGMESH["timeout_seconds"])

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import HERE, IN_CI, free_port, http_get, machine, require_tool
+from conftest import HERE, free_port, http_get, machine, require_netns, require_tool
 
 from nodehealth.config import PINGMESH_DEFAULTS
 from nodehealth.probe import agent
@@ -296,11 +296,7 @@ print(json.dumps(out))
 def test_a_dropped_syn_is_a_retransmission_the_kernel_counted(port):
     """In a namespace whose loopback drops every other SYN (nftables), each connect needs its SYN sent
     twice: retransmitted, about a second. Without the rule: neither."""
-    require_tool("nft")
-    if os.geteuid() != 0:
-        if IN_CI:
-            pytest.fail("network namespaces need root; CI runs as root")
-        pytest.skip("network namespaces need root")
+    require_netns()
     ns = f"nh-syn-{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:

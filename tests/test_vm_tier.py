@@ -14,7 +14,7 @@ import os
 import statistics
 
 import pytest
-from conftest import IN_CI
+from conftest import unavailable
 from vm import harness
 
 pytestmark = pytest.mark.vm
@@ -23,26 +23,21 @@ REPO = os.path.dirname(HERE)
 NEEDED = ("/usr/bin/ib_write_bw", "/usr/lib/python3/dist-packages/pyverbs", "/usr/bin/rdma")
 
 
-def _unavailable(why: str):
-    if IN_CI:
-        pytest.fail(f"the VM tier must run under CI: {why}")
-    pytest.skip(why)
-
 
 @pytest.fixture(scope="module")
 def guest(tmp_path_factory):
     if os.geteuid() != 0:
-        _unavailable("the VM tier shares the host's root over 9p: it needs root")
+        unavailable("the VM tier shares the host's root over 9p: it needs root")
     missing = [p for p in NEEDED if not os.path.exists(p)]
     if missing:
-        _unavailable(f"missing {', '.join(missing)} (.ci/run installs perftest, python3-pyverbs, iproute2)")
+        unavailable(f"missing {', '.join(missing)} (.ci/run installs perftest, python3-pyverbs, iproute2)")
     out = tmp_path_factory.mktemp("vm-out")
     work = tmp_path_factory.mktemp("vm-work")
     try:
         harness.build_module(harness.kernel()[1], os.path.join(HERE, "vm", "printk"), str(out))
         rc, serial, seconds = harness.run_batch(os.path.join(HERE, "vm", "batch.sh"), str(out), str(work), REPO)
     except harness.Unavailable as e:
-        _unavailable(str(e))
+        unavailable(str(e))
     console = (out / "console.log").read_text(errors="replace")
     assert rc == 0, console[-4000:]
     print(f"one boot and the whole batch: {seconds:.1f} s")
