@@ -493,7 +493,10 @@ def server(opts: Options, listen: str = "0.0.0.0", host: HostPaths | None = None
 def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | RdmaError], None],
           listen: str = "0.0.0.0", host: HostPaths | None = None, timeout: float = OOB_TIMEOUT) -> None:
     """The daemon's server: one client at a time until `stop`, each with fresh verbs objects, each
-    outcome handed to `on_result`. The preflight and the bind fail at once (RdmaError)."""
+    outcome handed to `on_result`. The preflight and the bind fail at once (RdmaError).
+
+    Anyone who reaches the port can ask for a test: after each session the server rests as long as
+    the session took, so peers (or a stranger) hold the rail and a core at most half the time."""
     _check_opts(opts)
     host = host or HostPaths("/")
     device = preflight(opts, host, max(opts.size, PAGE))
@@ -508,6 +511,7 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
                 conn, _ = lsock.accept()
             except socket.timeout:
                 continue
+            started = time.monotonic()
             try:
                 with contextlib.ExitStack() as stack:
                     stack.enter_context(conn)
@@ -519,6 +523,7 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
             except Exception as err:  # one client's session, whatever went wrong, must not stop the server
                 outcome = RdmaError(f"the test failed: {type(err).__name__}: {err}")
             on_result(outcome)
+            stop.wait(time.monotonic() - started)  # the next client waits in the backlog meanwhile
 
 
 def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, timeout: float) -> Result:

@@ -122,3 +122,45 @@ def test_cli_without_device_says_so_and_check_does_not_pay_for_it(tmp_path):
                        text=True)
     assert p.returncode == 1 and p.stderr.strip() == \
         "nodehealth rdma-bw: no RDMA device (/sys/class/infiniband is empty or absent)"
+
+
+def test_the_daemons_server_rests_as_long_as_each_session_took(monkeypatch):
+    """Whoever reaches the port may ask for a test: back-to-back clients hold the rail at most half
+    the time. Below the sessions (verbs objects, the exchange) is the hardware this machine lacks."""
+    import socket
+    import threading
+    import time
+
+    starts: list[float] = []
+
+    def session(conn, verbs, opts, device, timeout):
+        starts.append(time.monotonic())
+        time.sleep(0.4)  # a test in progress
+        return rdma.RdmaError("done")
+
+    monkeypatch.setattr(rdma, "preflight", lambda opts, host, length: "rxe0")
+    monkeypatch.setattr(rdma, "_Verbs", lambda stack, opts, device: None)
+    monkeypatch.setattr(rdma, "_session", session)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    stop, outcomes = threading.Event(), []
+    server = threading.Thread(target=rdma.serve, args=(rdma.Options(port=port), stop, outcomes.append, "127.0.0.1"))
+    server.start()
+    try:
+        deadline = time.monotonic() + 10
+        clients = []
+        while len(clients) < 3 and time.monotonic() < deadline:  # three clients at once, queued in the backlog
+            try:
+                clients.append(socket.create_connection(("127.0.0.1", port), timeout=1))
+            except ConnectionRefusedError:
+                time.sleep(0.05)
+        while len(starts) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        server.join(5)
+        for c in clients:
+            c.close()
+    assert len(starts) == 3 and len(outcomes) >= 3, (starts, outcomes)
+    assert all(b - a >= 0.75 for a, b in zip(starts, starts[1:])), starts  # 0.4 s of test, 0.4 s of rest
