@@ -8,6 +8,7 @@ snapshot. All shared state changes under one lock and is saved atomically after 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
@@ -41,6 +42,10 @@ NVML_EVENT_WAIT_SECONDS = 0.5
 MAX_CONCURRENT_REQUESTS = 16
 REQUEST_TIMEOUT_SECONDS = 5.0  # a request's whole time: reading its head and writing the answer
 STOP_GRACE_SECONDS = 1.5
+# A stop that hangs anyway (a thread or the interpreter's teardown stuck) prints every thread's stack
+# and exits 1: before the state is written within the DaemonSet's grace period of 10 s, after it at once.
+STUCK_STOP_SECONDS = 8.0
+STUCK_EXIT_SECONDS = 1.0
 
 
 @dataclass
@@ -590,6 +595,7 @@ class Daemon:
                  self.state.path)
         self.stop.wait()
         log.info("stopping")
+        faulthandler.dump_traceback_later(STUCK_STOP_SECONDS, exit=True)
         server.shutdown()
         for face in (self.publisher, self.drainer):
             if face is not None:
@@ -602,6 +608,7 @@ class Daemon:
         for t in threads[1:]:
             t.join(STOP_GRACE_SECONDS / len(threads))
         self.save_state()
+        faulthandler.dump_traceback_later(STUCK_EXIT_SECONDS, exit=True)
         return 0
 
 

@@ -84,6 +84,7 @@ class DaemonProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "nodehealth.cli", "daemon", "--root", root, "--state-dir", state_dir,
                "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra]
+        env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")  # stacks on SIGABRT
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
     def wait_ready(self, timeout: float = 15.0) -> dict:
@@ -112,9 +113,14 @@ class DaemonProcess:
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
+            self.proc.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            try:
+                self.proc.wait(5.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            raise AssertionError(f"daemon did not exit {timeout:g}s after SIGTERM; its output and "
+                                 f"stacks:\n{self.output()[-20000:]}") from None
         return time.monotonic() - t0
 
     def output(self) -> str:

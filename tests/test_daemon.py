@@ -4,13 +4,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from conftest import STOP_SECONDS, machine
+from conftest import STOP_SECONDS, free_port, http_get, machine
+
+from nodehealth import daemon
 
 XID79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
@@ -133,6 +136,40 @@ def test_a_stalled_client_does_not_block_others(plain, tmp_path, daemon_factory)
     for s in stalled:
         s.close()
     d.stop()
+
+
+def test_a_stop_that_cannot_finish_exits_anyway_with_every_stack(plain, tmp_path):
+    """A thread nobody ends (here a stray non-daemon one) would hold the process past its grace
+    period; the state is written first, then the daemon exits 1 and says where it was stuck."""
+    state = tmp_path / "state"
+    port = free_port()
+    stray = ("import threading, time\n"
+             "def stray_thread_that_never_ends():\n    time.sleep(3600)\n"
+             "threading.Thread(target=stray_thread_that_never_ends).start()\n"
+             "from nodehealth.cli import main\n"
+             f"main(['daemon', '--root', {str(plain)!r}, '--state-dir', {str(state)!r}, "
+             f"'--listen', '127.0.0.1:{port}', '--interval', '1.0'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", stray], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def served():
+            try:
+                return http_get(f"http://127.0.0.1:{port}/v1/report", timeout=1.0)[0] == 200
+            except OSError:
+                return proc.poll() is not None
+
+        assert wait_for(served, timeout=15.0) and proc.poll() is None
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(daemon.STUCK_EXIT_SECONDS + STOP_SECONDS)
+        assert time.monotonic() - t0 < daemon.STUCK_EXIT_SECONDS + STOP_SECONDS
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = proc.stdout.read()
+    assert code == 1, out
+    assert (state / "state.json").exists()
+    assert "most recent call first" in out and "stray_thread_that_never_ends" in out
 
 
 def test_unwritable_state_dir_does_not_stop_the_daemon(plain, tmp_path, daemon_factory):
