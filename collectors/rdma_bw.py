@@ -82,7 +82,7 @@ def metrics(facts: RdmaBw) -> list[Metric]:
     for device, port, stage, n in sorted(facts.counts):
         runs.add((device, port, stage), n)
     served = Metric("nodehealth_rdma_bw_served_total", "Tests this node served for its peers, by result "
-                    "(ok or error).", "counter", ("result",))
+                    "(ok, error, or refused: a client rdma_bw.serve_to does not admit).", "counter", ("result",))
     for outcome, n in sorted(facts.served):
         served.add((outcome,), n)
     return [bw, rate, size, when, success, runs, served]

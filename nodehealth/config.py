@@ -230,6 +230,9 @@ RDMA_BW_DEFAULTS: dict[str, Any] = {
     "peers": [],
     "rails": [],  # "device:port" or "device" (port 1); empty: every ACTIVE port, sorted. Rail i serves on port + i
     "serve": True,  # serve the test to peers, one client at a time per rail
+    # Whose clients the servers take: addresses, CIDR networks ("10.0.0.0/8"; "0.0.0.0/0" and "::/0"
+    # for anyone) or names. Empty: the peers above (or the leaf-mates). Others are refused and counted.
+    "serve_to": [],
     "listen": "0.0.0.0",
     "port": 18515,  # perftest's out-of-band port, for rail 0
     "interval_seconds": 3600.0,  # between rounds; a round tests every rail once, one test at a time
@@ -244,6 +247,7 @@ RDMA_BW_DEFAULTS: dict[str, Any] = {
 # The bounds a test may not exceed: a test holds its rail and a CPU core while it runs.
 RDMA_BW_MAX_DURATION_SECONDS = 60.0
 RDMA_BW_MAX_PEERS = 64  # per rail, the series of the newest run against each peer
+RDMA_BW_MAX_SERVE_TO = 256  # its names are resolved again every minute, when a client comes
 
 # `nodehealth netcheck` (nodehealth/net/netcheck.py, nodehealth/net/preflight.py): a job's network
 # preflight, run by every node of the job before it starts. Flags override each key.
@@ -410,6 +414,9 @@ def _check_rdma_bw(cfg: dict[str, Any]) -> None:
                           f"({judged['low_runs']!r})")
     if len(rb["peers"]) > RDMA_BW_MAX_PEERS or not all(isinstance(p, str) and p for p in rb["peers"]):
         raise ConfigError(f"rdma_bw.peers: at most {RDMA_BW_MAX_PEERS} non-empty names or addresses")
+    if len(rb["serve_to"]) > RDMA_BW_MAX_SERVE_TO or not all(isinstance(p, str) and p for p in rb["serve_to"]):
+        raise ConfigError(f"rdma_bw.serve_to: at most {RDMA_BW_MAX_SERVE_TO} non-empty names, addresses or "
+                          "networks")
     for rail in rb["rails"]:
         device, _, port = rail.partition(":") if isinstance(rail, str) else ("", "", "")
         if not device or (port and not port.isdigit()):

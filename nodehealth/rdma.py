@@ -49,7 +49,7 @@ class RdmaError(Exception):
     """A clear, one-line reason the test could not run or finish, and the client's stage it failed in:
     "preflight" (checked before any verbs call), "setup" (this host's verbs objects), "peer" (the
     server or the out-of-band exchange), "transfer" (connecting the queue pairs, the writes and their
-    verification: the RDMA path itself) or "cancelled"."""
+    verification: the RDMA path itself) or "cancelled"; a server's outcome may also be "refused"."""
 
     def __init__(self, message: str, stage: str | None = None):
         super().__init__(message)
@@ -491,12 +491,14 @@ def server(opts: Options, listen: str = "0.0.0.0", host: HostPaths | None = None
 
 
 def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | RdmaError], None],
-          listen: str = "0.0.0.0", host: HostPaths | None = None, timeout: float = OOB_TIMEOUT) -> None:
+          listen: str = "0.0.0.0", host: HostPaths | None = None, timeout: float = OOB_TIMEOUT,
+          admit: Callable[[str], bool] = lambda address: True) -> None:
     """The daemon's server: one client at a time until `stop`, each with fresh verbs objects, each
     outcome handed to `on_result`. The preflight and the bind fail at once (RdmaError).
 
-    Anyone who reaches the port can ask for a test: after each session the server rests as long as
-    the session took, so peers (or a stranger) hold the rail and a core at most half the time."""
+    A client whose address `admit` refuses is closed before any verbs object exists (outcome stage
+    "refused"). After each session the server rests as long as the session took, so admitted peers
+    hold the rail and a core at most half the time."""
     _check_opts(opts)
     host = host or HostPaths("/")
     device = preflight(opts, host, max(opts.size, PAGE))
@@ -508,8 +510,12 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
         lsock.settimeout(ACCEPT_POLL_SECONDS)  # so that `stop` is seen
         while not stop.is_set():
             try:
-                conn, _ = lsock.accept()
+                conn, client = lsock.accept()
             except socket.timeout:
+                continue
+            if not admit(client[0]):
+                conn.close()
+                on_result(RdmaError(f"refused a test for {client[0]}: not one of this node's peers", "refused"))
                 continue
             started = time.monotonic()
             try:

@@ -11,9 +11,12 @@ first test or server starts, never here.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import logging
 import os
+import socket
 import threading
+import time
 from typing import Any, Callable
 
 from nodehealth.collectors.rdma_bw import OK, RdmaBw, Run
@@ -23,6 +26,8 @@ log = logging.getLogger("nodehealth.rdma")
 
 SERVER_RETRY_SECONDS = 60.0  # a server whose rail could not be opened tries again this often
 IDLE_POLL_SECONDS = 0.5
+RESOLVE_SECONDS = 60.0  # how long the addresses of the names a server admits are trusted
+REFUSED_LOG_SECONDS = 60.0  # refused clients are logged at most this often, with their count
 
 
 class RdmaPeriodic:
@@ -44,6 +49,8 @@ class RdmaPeriodic:
         self.newest: dict[tuple[str, int, str], Run] = {}
         self.counts: collections.Counter = collections.Counter()
         self.served: collections.Counter = collections.Counter()
+        self.admission = Admission(cfg["serve_to"] or self.peers)
+        self.refused_logged, self.refused_since_log = 0.0, 0
 
     def start(self, stop: threading.Event, idle: threading.Event) -> list[threading.Thread]:
         """The threads to start: the rounds, and a server per rail when `serve` is on."""
@@ -57,6 +64,9 @@ class RdmaPeriodic:
         self.history = {r: collections.deque(maxlen=self.cfg["history"]) for r in self.rails}
         threads = [threading.Thread(target=self.rounds, args=(stop, idle), name="rdma-bw", daemon=True)]
         if self.cfg["serve"]:
+            if not self.admission.entries:
+                log.warning("serving RDMA bandwidth tests to no one: no rdma_bw.peers, no leaf-mates in the "
+                            "inventory and no rdma_bw.serve_to")
             threads += [threading.Thread(target=self.serve, args=(i, rail, stop), name=f"rdma-bw-server-{i}",
                                          daemon=True) for i, rail in enumerate(self.rails)]
         return threads
@@ -125,14 +135,23 @@ class RdmaPeriodic:
         while not stop.is_set():
             try:
                 self.backend.serve(self.options(index, rail), stop, self._served, self.cfg["listen"], self.host,
-                                   self.cfg["timeout_seconds"])
+                                   self.cfg["timeout_seconds"], admit=self.admission.admits)
             except self.backend.RdmaError as e:
                 log.warning("cannot serve RDMA bandwidth tests on %s:%d: %s", rail[0], rail[1], e)
                 stop.wait(SERVER_RETRY_SECONDS)
 
     def _served(self, outcome: Any) -> None:
+        refused = isinstance(outcome, Exception) and getattr(outcome, "stage", None) == "refused"
         with self.lock:
-            self.served["error" if isinstance(outcome, Exception) else "ok"] += 1
+            self.served["refused" if refused else "error" if isinstance(outcome, Exception) else "ok"] += 1
+            if not refused:
+                return
+            self.refused_since_log += 1
+            now = time.monotonic()
+            if now - self.refused_logged < REFUSED_LOG_SECONDS:
+                return
+            count, self.refused_since_log, self.refused_logged = self.refused_since_log, 0, now
+        log.warning("%s (%d refused since the last such line; rdma_bw.serve_to admits others)", outcome, count)
 
     # -- what the check and /metrics see -------------------------------------------------------
     def facts(self) -> RdmaBw:
@@ -142,6 +161,54 @@ class RdmaPeriodic:
                           runs=tuple(sorted(runs, key=lambda r: (r.time, r.rail, r.peer))),
                           counts=tuple((d, p, s, n) for (d, p, s), n in self.counts.items()),
                           served=tuple(self.served.items()), error=self.error)
+
+
+class Admission:
+    """Whose clients the servers take: addresses, networks (CIDR) and names, the names resolved again
+    at most every RESOLVE_SECONDS, so that a stranger who reaches the port cannot hold a rail."""
+
+    def __init__(self, entries: list[str], resolve: Callable[[str], set[str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.entries = list(entries)
+        self.networks, self.names = [], []
+        for entry in self.entries:
+            try:
+                self.networks.append(ipaddress.ip_network(entry, strict=False))
+            except ValueError:
+                self.names.append(entry)
+        self.resolve = resolve or _addresses
+        self.clock = clock
+        self.resolved: set = set()
+        self.resolved_at: float | None = None
+        self.lock = threading.Lock()
+
+    def admits(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address.partition("%")[0])
+        except ValueError:
+            return False
+        if ip.version == 6 and ip.ipv4_mapped is not None:  # a dual-stack listener's view of an IPv4 peer
+            ip = ip.ipv4_mapped
+        if any(ip in net for net in self.networks):
+            return True
+        return ip in self._names_addresses()
+
+    def _names_addresses(self) -> set:
+        with self.lock:
+            now = self.clock()
+            if self.names and (self.resolved_at is None or now - self.resolved_at >= RESOLVE_SECONDS):
+                self.resolved = {ipaddress.ip_address(a.partition("%")[0]) for name in self.names
+                                 for a in self.resolve(name)}
+                self.resolved_at = now
+            return self.resolved
+
+
+def _addresses(name: str) -> set[str]:
+    """What a name resolves to now; none when it does not resolve."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except OSError:
+        return set()
 
 
 def _wait_idle(idle: threading.Event, stop: threading.Event) -> bool:

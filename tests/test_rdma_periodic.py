@@ -5,6 +5,7 @@ between passes, shutdown, bounded series, and the daemon's /metrics and report."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,13 +16,13 @@ import types
 import pytest
 from conftest import machine
 
-from nodehealth import config, exporter, rdma, registry
+from nodehealth import config, exporter, rdma, rdma_periodic, registry
 from nodehealth.collectors import rdma_bw as facts_module
 from nodehealth.config import ConfigError
 from nodehealth.daemon import Daemon
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
-from nodehealth.rdma_periodic import RdmaPeriodic, find_rails, inventory_peers
+from nodehealth.rdma_periodic import Admission, RdmaPeriodic, find_rails, inventory_peers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "golden", "rdma-bw.metrics.txt")
@@ -50,8 +51,11 @@ def fake_rdma(answers=None, hold=0.0):
             with lock:
                 active.remove(peer)
 
-    def serve(opts, stop, on_result, listen, host, timeout):
+    def serve(opts, stop, on_result, listen, host, timeout, admit):
         served.append(opts)
+        for client in ("192.0.2.7", "::ffff:192.0.2.7", "198.51.100.9"):  # a peer twice, then a stranger
+            if not admit(client):
+                on_result(rdma.RdmaError(f"refused a test for {client}: not one of this node's peers", "refused"))
         on_result(rdma.Result(**VM["client_result"]))
         on_result(rdma.RdmaError(VM["errors"]["bogus"]))
         stop.wait()
@@ -63,7 +67,7 @@ def fake_rdma(answers=None, hold=0.0):
 def cfg(**over):
     c = config.defaults()
     c["rdma_bw"].update(enabled=True, start_delay_seconds=0.0, interval_seconds=0.05, duration_seconds=0.01,
-                        rails=["mlx5_0:1", "mlx5_1:1"], peers=["b", "c", "d"])
+                        rails=["mlx5_0:1", "mlx5_1:1"], peers=["b", "c", "d"], serve_to=["192.0.2.0/28"])
     c["rdma_bw"].update(over)
     return c
 
@@ -152,7 +156,7 @@ def test_outcomes_become_runs_with_their_stage_and_the_servers_count_what_they_s
     assert by[("mlx5_1", "c")].stage == "transfer" and by[("mlx5_1", "c")].error == VM["errors"]["killed"]
     assert by[("mlx5_1", "d")].stage == "peer"
     assert [o.port for o in backend.served] == [18515, 18516]
-    assert dict(facts.served) == {"ok": 2, "error": 2}
+    assert dict(facts.served) == {"ok": 2, "error": 2, "refused": 2}  # the stranger, at each rail
 
 
 def test_a_peer_that_does_not_take_the_test_hands_the_rail_to_the_next():
@@ -214,6 +218,7 @@ def test_metrics_golden():
     r.record(facts_module.Run("mlx5_1", 1, "b", 1011.0, "peer", VM["errors"]["unreachable"], res["size"]))
     r._served(rdma.Result(**res))
     r._served(rdma.RdmaError(VM["errors"]["bogus"]))
+    r._served(rdma.RdmaError("refused a test for 198.51.100.9: not one of this node's peers", "refused"))
     text = exporter.render(facts_module.metrics(r.facts())).decode()
     if os.environ.get("UPDATE_GOLDEN"):
         with open(GOLDEN, "w") as f:
@@ -244,6 +249,45 @@ def test_the_daemon_judges_a_run_at_once_and_shows_it(tmp_path):
     assert 'nodehealth_rdma_write_bw_gbps{device="mlx5_0",port="1",peer="b",stat="avg"} 130' in text
     assert 'nodehealth_finding{check="rdma_bw",severity="degraded",reason="RdmaBandwidthLow",device="mlx5_0:1"} 1' \
         in text
+
+
+def test_the_servers_admit_the_peers_only_unless_serve_to_says_whom():
+    now = [0.0]
+    names = {"gpu-002": {"10.1.0.2", "fe80::2%eth0"}, "gpu-003": {"10.1.0.3"}}
+    lookups = []
+
+    def resolve(name):
+        lookups.append(name)
+        return names.get(name, set())
+
+    peers = Admission(["gpu-002", "gpu-003", "10.9.0.1"], resolve, clock=lambda: now[0])
+    assert peers.admits("10.1.0.2") and peers.admits("::ffff:10.1.0.3") and peers.admits("10.9.0.1")
+    assert peers.admits("fe80::2")  # a scoped address is the same host
+    assert not peers.admits("10.1.0.4") and not peers.admits("10.9.0.2") and not peers.admits("garbage")
+    assert lookups == ["gpu-002", "gpu-003"]  # once for every client in the next minute
+    names["gpu-003"] = {"10.1.0.33"}  # the node moved: believed after RESOLVE_SECONDS, not before
+    assert peers.admits("10.1.0.3") and not peers.admits("10.1.0.33")
+    now[0] = rdma_periodic.RESOLVE_SECONDS
+    assert peers.admits("10.1.0.33") and not peers.admits("10.1.0.3")
+    assert len(lookups) == 4
+
+    anyone = Admission(["0.0.0.0/0", "::/0"], resolve)
+    assert anyone.admits("203.0.113.1") and anyone.admits("2001:db8::1")
+    nobody = Admission([], resolve)
+    assert not nobody.admits("127.0.0.1")
+    assert not Admission(["unknown-name"], resolve).admits("127.0.0.1")  # an unresolved name admits no one
+
+
+def test_serve_to_takes_the_place_of_the_peers_and_refusals_are_logged_once_a_minute(caplog):
+    r = runner(cfg(peers=["10.1.0.2"], serve_to=[]), fake_rdma())
+    assert r.admission.admits("10.1.0.2") and not r.admission.admits("10.2.0.1")
+    r = runner(cfg(peers=["10.1.0.2"], serve_to=["10.2.0.0/16"]), fake_rdma())
+    assert r.admission.admits("10.2.0.1") and not r.admission.admits("10.1.0.2")
+    with caplog.at_level(logging.WARNING, logger="nodehealth.rdma"):
+        for _ in range(5):
+            r._served(rdma.RdmaError("refused a test for 10.1.0.2: not one of this node's peers", "refused"))
+    assert dict(r.facts().served) == {"refused": 5}
+    assert len(caplog.records) == 1 and "refused a test for 10.1.0.2" in caplog.text
 
 
 def test_find_rails_and_pick_gid_on_a_fixture_sysfs(tmp_path):

@@ -120,7 +120,8 @@ cat $OUT/kmsg_raw.txt
 
 # 5. the daemon's periodic RDMA test: rail rxe0:1 against a peer at 127.0.0.1, which is this same
 # daemon serving rxe0 (one node plays both ends); rxe0 is held to 1000 Gb/s so the check has a
-# rate to judge (Soft-RoCE has no line rate of its own); /metrics and the report are kept
+# rate to judge (Soft-RoCE has no line rate of its own); a client from another address is refused;
+# /metrics and the report are kept
 cat > /tmp/nhrdma.json <<EOF
 {"rdma_bw": {"enabled": true, "peers": ["127.0.0.1"], "rails": ["rxe0:1"], "port": 18800, "interval_seconds": 5,
              "duration_seconds": 2, "start_delay_seconds": 0, "timeout_seconds": 30},
@@ -143,6 +144,11 @@ while time.time() < end:
     if ok and int(ok.group(1)) >= 2 and "RdmaBandwidthLow" in report:
         break
     time.sleep(1)
+# a stranger (127.0.0.2: not the peer 127.0.0.1) is closed without a test and counted as refused
+import socket
+with socket.create_connection(("127.0.0.1", 18800), timeout=60, source_address=("127.0.0.2", 0)) as s:
+    open(f"{out}/rdma_stranger.txt", "w").write(repr(s.recv(64)))
+time.sleep(1)
 open(f"{out}/rdma_metrics.txt", "w").write(get("/metrics"))
 open(f"{out}/rdma_report.json", "w").write(get("/v1/report"))
 EOF
