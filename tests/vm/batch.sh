@@ -148,7 +148,9 @@ while time.time() < end:
 import socket
 with socket.create_connection(("127.0.0.1", 18800), timeout=60, source_address=("127.0.0.2", 0)) as s:
     open(f"{out}/rdma_stranger.txt", "w").write(repr(s.recv(64)))
-time.sleep(1)
+end = time.time() + 30  # the count shows from the daemon's next pass
+while 'nodehealth_rdma_bw_served_total{result="refused"}' not in get("/metrics") and time.time() < end:
+    time.sleep(0.5)
 open(f"{out}/rdma_metrics.txt", "w").write(get("/metrics"))
 open(f"{out}/rdma_report.json", "w").write(get("/v1/report"))
 EOF
