@@ -37,6 +37,7 @@ DEFAULT_IB_PORT = 1
 QP_TIMEOUT, RETRY_CNT, RNR_RETRY, MIN_RNR_TIMER = 14, 7, 7, 12
 OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for the peer
 OOB_MAX = 512  # an out-of-band message is one line this long at most
+REFUSED = b"refused:"  # the line a server answers a client it does not admit with
 # An RC write to a vanished peer errors after timeout x retries (~0.5 s); a soft device may never
 # complete it: no completion for this long ends the test.
 STALL_SECONDS = 10.0
@@ -514,7 +515,7 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
             except socket.timeout:
                 continue
             if not admit(client[0]):
-                conn.close()
+                _refuse(conn)
                 on_result(RdmaError(f"refused a test for {client[0]}: not one of this node's peers", "refused"))
                 continue
             started = time.monotonic()
@@ -530,6 +531,17 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
                 outcome = RdmaError(f"the test failed: {type(err).__name__}: {err}")
             on_result(outcome)
             stop.wait(time.monotonic() - started)  # the next client waits in the backlog meanwhile
+
+
+def _refuse(conn: socket.socket) -> None:
+    """Say why in one line and close, without waiting on the client: what it already sent is read
+    first, so that the close does not reset the connection before the client reads the reason."""
+    with conn:
+        conn.setblocking(False)
+        with contextlib.suppress(OSError):  # nothing sent yet
+            conn.recv(OOB_MAX)
+        with contextlib.suppress(OSError):  # gone already
+            conn.send(REFUSED + b" this node is not one of the server's peers (rdma_bw.serve_to)\n")
 
 
 def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, timeout: float) -> Result:
@@ -575,7 +587,11 @@ def client(server_host: str, opts: Options, host: HostPaths | None = None, timeo
                 raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: "
                                 f"{err.strerror or err}") from None
             conn.sendall(verbs.local.encode())
-            remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+            line = _recv_line(conn, "endpoint")
+            if line.startswith(REFUSED):
+                raise RdmaError(f"the rdma-bw server at {server_host}:{opts.port} refused the test: "
+                                f"{line[len(REFUSED):].decode(errors='replace').strip()[:200]}")
+            remote = Endpoint.decode(line)
             if remote.size < opts.size:
                 raise RdmaError(f"the server's buffer ({remote.size} B) is smaller than a message")
             stage = "transfer"

@@ -126,8 +126,9 @@ def test_the_daemon_measures_a_rail_periodically_and_judges_it(guest):
     assert ok and float(ok[0].rsplit(" ", 1)[1]) >= 2, metrics
     served = [line for line in metrics.splitlines() if line.startswith('nodehealth_rdma_bw_served_total{result="ok"}')]
     assert served and float(served[0].rsplit(" ", 1)[1]) >= 2  # the same daemon served its own tests
-    # a client from 127.0.0.2, not a peer, was closed before any exchange and counted
-    assert read(guest, "rdma_stranger.txt") == "b''"
+    # a client from 127.0.0.2, not a peer, was told why and closed before any exchange, and counted
+    stranger = read(guest, "rdma_stranger.txt")
+    assert stranger == "refused: this node is not one of the server's peers (rdma_bw.serve_to)\n"
     assert 'nodehealth_rdma_bw_served_total{result="refused"} 1' in metrics
     report = json.loads(read(guest, "rdma_report.json"))
     found = [f for f in report["findings"] if f["check"] == "rdma_bw"]
