@@ -391,7 +391,7 @@ def test_the_since_parameter_is_validated(query, want):
 # -- the analysis itself ----------------------------------------------------------------------------
 
 def test_the_analyzer_gives_what_analyze_gives_judging_only_what_changed():
-    now = synthetic.now
+    now = synthetic.NOW
     topo = synthetic.topology(leaves=3, per_leaf=6)
     docs = synthetic.mesh(topo, windows=8, loss=synthetic.touching("gpu-b02", 0.3, windows={4, 5, 6, 7}))
     full = [stats.parse_summary(d) for d in docs]
@@ -415,7 +415,7 @@ def test_the_analyzer_gives_what_analyze_gives_judging_only_what_changed():
 
 
 def test_the_analyzer_forgets_names_no_longer_in_use():
-    now = synthetic.now
+    now = synthetic.NOW
     docs = synthetic.mesh(synthetic.topology(leaves=2, per_leaf=4), windows=3)
     noisy = json.loads(json.dumps(docs[0]))
     noisy["windows"][0]["peers"] += [dict(noisy["windows"][0]["peers"][0], node=f"ghost-{i}") for i in range(3000)]
