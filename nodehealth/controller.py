@@ -127,6 +127,8 @@ def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
         else:
             ready = pingmesh.prepare_window(w, summary.window_seconds, buckets, now)
             parsed += 1
+            if ready.folded is not None and keep:
+                ready.folded.share(keep[max(keep)].folded)
         if ready.folded is not None:
             keep[w.start] = ready
         out.append(ready)

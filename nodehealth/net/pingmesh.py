@@ -169,25 +169,38 @@ class Folded:
         self.id = next(_folded_ids)  # what a kept judgement is keyed by
         self.names = tuple(sys.intern(name) for name in edges)  # one string per name, however many windows
         self.leaves = tuple(sys.intern(e[3]) for e in edges.values())
-        self.sent, self.lost = array("q"), array("q")
-        self.top, self.p99 = array("b"), array("b")  # bucket indices (-1: no answer; NONE: no p99)
-        self.offsets, self.flat = array("q", [0]), array("q")  # edge j: flat[offsets[j]:offsets[j + 1]]
-        for sent, lost, counts, _, _ in edges.values():
-            self.sent.append(sent)
-            self.lost.append(lost)
-            top = max(counts) if counts else -1
-            self.top.append(top)
-            answered = sent - lost
+        sent, lost, top, p99, offsets, flat = [], [], [], [], [0], []
+        for n_sent, n_lost, counts, _, _ in edges.values():
+            sent.append(n_sent)
+            lost.append(n_lost)
+            t = max(counts) if counts else -1
+            top.append(t)
+            answered = n_sent - n_lost
             if answered == 0:
-                self.p99.append(NONE)
+                p99.append(NONE)
             elif answered < 100:  # the p99 of fewer than 100 probes is the slowest one
-                self.p99.append(top)
+                p99.append(t)
             else:
-                self.p99.append(_index(quantile(counts, 0.99)))
+                p99.append(_index(quantile(counts, 0.99)))
             for i, n in counts.items():
-                self.flat.append(i)
-                self.flat.append(n)
-            self.offsets.append(len(self.flat))
+                flat.append(i)
+                flat.append(n)
+            offsets.append(len(flat))
+        self.sent, self.lost, self.offsets, self.flat = _packed(sent), _packed(lost), _packed(offsets), _packed(flat)
+        self.top, self.p99 = array("b", top), array("b", p99)  # bucket indices (-1: no answer; NONE: no p99)
+        # edge j's histogram: flat[offsets[j]:offsets[j + 1]], bucket, count, bucket, count, ...
+
+    def share(self, other: Folded) -> None:
+        """Take `other`'s names and leaves where they are the same (an agent's windows mostly are)."""
+        if self.names == other.names:
+            self.names = other.names
+        if self.leaves == other.leaves:
+            self.leaves = other.leaves
+
+
+def _packed(values: list[int]) -> array:
+    """An exact-size array of 4-byte integers where they fit (counts of probes do), else 8-byte ones."""
+    return array("i" if all(-(1 << 31) <= v < 1 << 31 for v in values) else "q", values)
 
 
 @dataclass
