@@ -2,8 +2,9 @@
 
 The replicas of a Deployment elect a leader through a Lease (compare-and-swap on its
 resourceVersion). Every window the leader lists the managed Nodes, builds the inventory, fetches
-each agent's `/v1/pingmesh` (bounded in concurrency, time and size: the agents are untrusted),
-localizes faults (nodehealth/net/pingmesh.py) and writes the verdicts to one ConfigMap, read by
+each agent's `/v1/pingmesh` (bounded in concurrency, time and size: the agents are untrusted; only
+the windows it does not keep yet, see KeptWindows), localizes faults (nodehealth/net/pingmesh.py,
+judging again only the windows that changed) and writes the verdicts to one ConfigMap, read by
 every agent every window, and the inventory, when it changed, to another one, read every
 pingmesh.refresh_seconds. It writes nothing else: each agent turns a verdict about its own node
 into a finding, so every Node keeps one writer (docs/architecture.md). It serves /metrics and /healthz.
