@@ -2,8 +2,8 @@
 
 The cluster, its faults and its peer entries are benchmarks/pingmesh_analyze.py's. Each cycle one
 more window closes. Every agent answers what its `/v1/pingmesh?windows=6[&since=S]` would (the
-newest window open, with a third of its peers so far; with `since`, the windows up to S by their
-start alone), as bytes; the controller's own code takes it from there: stats.loads_summary,
+newest window open, with a third of its peers so far; with `since`, the windows up to S and the
+open one by their start alone), as bytes; the controller's own code takes it from there: stats.loads_summary,
 controller.keep_windows (fold the new windows, take the kept ones) and pingmesh.Analyzer.run, with
 the summaries streaming into it as the fetchers hand them on. No HTTP: fetching overlaps with this
 work in the controller, and its cost is the network's. Timed per cycle: parsing (JSON and
@@ -52,8 +52,8 @@ def answers(names, leaf, inter, leaf_size, rails, newest, since):
         ws = []
         for w in range(max(0, newest - FETCH + 1), newest + 1):
             start = T0 + w * WS
-            if name in since and start <= since[name]:
-                ws.append({"start": start, "closed": True})
+            if name in since and (start <= since[name] or w == newest):  # kept, or open: by its start alone
+                ws.append({"start": start, "closed": w < newest})
                 continue
             rng = random.Random(me * 100_003 + w)  # the same window is the same whenever it is asked for
             peers = list(base) if w < newest else base[:len(base) // 3]

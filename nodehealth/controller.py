@@ -115,13 +115,16 @@ def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
                  now: float) -> tuple[pingmesh.Prepared, KeptWindows, int]:
     """An answer to `?since=` made whole from what was kept, the windows to keep, and how many were parsed.
 
-    Raises FetchError("incomplete") for a window sent by its start alone that is not kept (kept under
-    another window length, or never): the caller asks for everything then."""
+    An open window sent by its start alone is listed without peers (the analysis checks its start, and
+    adds up closed windows only). Raises FetchError("incomplete") for a closed one that is not kept
+    (kept under another window length, or never): the caller asks for everything then."""
     have = kept.windows if kept is not None and kept.window_seconds == summary.window_seconds else {}
     buckets = tuple(summary.buckets)
     out, keep, parsed = [], {}, 0
     for w in summary.windows:
-        if w.peers is None:
+        if w.peers is None and not w.closed:
+            ready = pingmesh.PreparedWindow(w.start, False, 0, 0, None)
+        elif w.peers is None:
             ready = have.get(w.start)
             if ready is None:
                 raise FetchError("incomplete", f"window {w.start:.3f} came by its start alone, and is not kept")

@@ -223,10 +223,10 @@ def test_after_the_first_cycle_each_agent_sends_only_the_new_window_and_the_verd
         cycle(ctl, mesh)
         rebuilt.append(ctl.analyzer.rebuilt)
         parsed.append(ctl.parsed)
-        for name in NAMES:  # one request each, for the window that closed and the open one
+        for name in NAMES:  # one request each, answered with the window that closed alone in full
             ((path, full),) = asked(mesh, name)
-            assert "&since=" in path and full == 2
-    assert parsed == [2 * len(NAMES)] * 4  # the new closed window and the open one, per agent
+            assert "&since=" in path and full == 1
+    assert parsed == [len(NAMES)] * 4
     assert rebuilt == [1, 1, 1, 1]  # only the new window is added up and judged
     verdicts = ctl.runs[-1].verdicts
     assert [(v.kind, v.element, v.windows) for v in verdicts] == [("node", "gpu-b1", 4)]
@@ -240,7 +240,7 @@ def test_a_cycle_without_new_data_judges_nothing_again(ctl, mesh):
     now = mesh.clock.now
     assert ctl.cycle(now)  # the same window again (a retried cycle)
     same(ctl.runs[-1], scratch(mesh, now, NAMES))
-    assert ctl.analyzer.rebuilt == 0 and ctl.parsed == len(NAMES)  # only each agent's open window
+    assert ctl.analyzer.rebuilt == 0 and ctl.parsed == 0
 
 
 # -- agents that change under the controller ---------------------------------------------------------
@@ -252,7 +252,7 @@ def test_an_agent_restarted_mid_way_is_read_whole_and_not_mixed_with_its_old_win
     mesh.restart("gpu-c0")  # a new process: its old windows are gone
     cycle(ctl, mesh)
     ((path, full),) = asked(mesh, "gpu-c0")
-    assert "&since=" in path and full == 2  # it did not have the window it was asked after: all it has
+    assert "&since=" in path and full == 1  # it did not have the window it was asked after: all it has
     assert sorted(ctl.kept["gpu-c0"].windows) == [mesh.clock.now // W * W - W]
     for _ in range(3):
         cycle(ctl, mesh)
@@ -266,7 +266,7 @@ def test_an_agent_with_another_window_length_is_never_mixed_with_its_windows_of_
     assert since % 60 == 0  # a start of the new length too: the new process holds a 60 s window there
     mesh.restart("gpu-a1", window_seconds=60.0)
     analysis = cycle(ctl, mesh)
-    assert [("since" in path, full) for path, full in asked(mesh, "gpu-a1")] == [(True, 1), (False, 2)]
+    assert [("since" in path, full) for path, full in asked(mesh, "gpu-a1")] == [(True, 0), (False, 2)]
     for _ in range(3):
         analysis = cycle(ctl, mesh)
         kept_is_served(ctl, mesh, "gpu-a1")
@@ -372,11 +372,12 @@ def test_since_leaves_out_only_closed_windows_the_agent_holds(mesh):
     starts = [w["start"] for w in m.summary()["windows"]]
     assert len(starts) == 5
     doc = m.summary(since=starts[2])
-    assert [("peers" in w, w["closed"]) for w in doc["windows"]] == [(False, True)] * 3 + [(True, True), (True, False)]
-    for unknown in (starts[0] - W, starts[2] + 1, starts[-1], None):  # not held, not a start, open, absent
-        assert all("peers" in w for w in m.summary(since=unknown)["windows"])
+    assert [("peers" in w, w["closed"]) for w in doc["windows"]] == [(False, True)] * 3 + [(True, True), (False, False)]
+    for unknown in (starts[0] - W, starts[2] + 1, starts[-1]):  # not held, not a start, open: closed ones in full
+        assert [("peers" in w) for w in m.summary(since=unknown)["windows"]] == [True] * 4 + [False]
+    assert all("peers" in w for w in m.summary()["windows"])  # without `since`, as before
     parsed = stats.parse_summary(doc, stubs=True)
-    assert [w.peers is None for w in parsed.windows] == [True, True, True, False, False]
+    assert [w.peers is None for w in parsed.windows] == [True, True, True, False, True]
     with pytest.raises(stats.SummaryError):
         stats.parse_summary(doc)  # only an answer to `since` may leave peers out
 

@@ -139,7 +139,8 @@ class Pingmesh:
         `since`: the start of the newest window the asker has. When this agent holds that window and
         it is closed, it and the older windows go by their start alone (closed windows never change):
         the controller parses only what is new. Any other value (a window this process never had, as
-        after a restart) gives every window in full, so the asker's copy is never mixed with another's.
+        after a restart) gives every closed window in full, so the asker's copy is never mixed with
+        another's. With `since`, an open window goes by its start alone too: nobody analyses it yet.
         """
         now = self.clock()
         timeout = float(self.cfg["timeout_seconds"])
@@ -148,9 +149,14 @@ class Pingmesh:
             if windows is not None:
                 starts = starts[-windows:] if windows > 0 else []
             known = since if since in self.windows and since + self.window + timeout <= now else -math.inf
-            out = [{"start": s, "closed": True} if s <= known else
-                   {"start": s, "closed": s + self.window + timeout <= now,
-                    "peers": [p.to_dict() for _, p in sorted(self.windows[s].items())]} for s in starts]
+            out = []
+            for s in starts:
+                closed = s + self.window + timeout <= now
+                if s <= known or (since is not None and not closed):
+                    out.append({"start": s, "closed": closed})
+                else:
+                    out.append({"start": s, "closed": closed,
+                                "peers": [p.to_dict() for _, p in sorted(self.windows[s].items())]})
             me = self.me
         return {"schema_version": SCHEMA_VERSION, "node": self.node, "leaf": me.leaf if me else "",
                 "pod": me.pod if me else "", "time": now, "window_seconds": self.window,

@@ -111,7 +111,7 @@ class PeerStats:
 class Window:
     start: float
     closed: bool
-    peers: list[PeerStats] | None  # None: a closed window the asker said it has (`?since=`), sent by its start only
+    peers: list[PeerStats] | None  # None: sent by its start alone (`?since=`): one the asker has, or still open
 
 
 @dataclass
@@ -128,7 +128,7 @@ class Summary:
 def parse_summary(obj: Any, stubs: bool = False) -> Summary:
     """Validate one agent's summary (already decoded JSON). Raises SummaryError with the reason.
 
-    With `stubs`, a closed window may come without its peers (an answer to `?since=`); its peers are None."""
+    With `stubs`, a window may come without its peers (an answer to `?since=`); its peers are None."""
     if not isinstance(obj, dict):
         raise SummaryError(f"a summary is an object, not {type(obj).__name__}")
     if obj.get("schema_version") != SCHEMA_VERSION:
@@ -149,8 +149,8 @@ def parse_summary(obj: Any, stubs: bool = False) -> Summary:
         raise SummaryError(f"{len(windows)} windows, more than {MAX_WINDOWS}")
     out = []
     for w in windows:
-        if stubs and isinstance(w, dict) and "peers" not in w and w.get("closed") is True:
-            out.append(Window(_number(w.get("start"), "window start"), True, None))
+        if stubs and isinstance(w, dict) and "peers" not in w:
+            out.append(Window(_number(w.get("start"), "window start"), w.get("closed") is True, None))
             continue
         if not isinstance(w, dict) or not isinstance(w.get("peers"), list):
             raise SummaryError("a window must be an object with a peers list")
