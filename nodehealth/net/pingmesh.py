@@ -22,7 +22,7 @@ its own, in three steps, each explaining away what the one before could not:
    counts; a bad edge between two otherwise fine leaves is a path.
 3. Hysteresis over windows: a verdict opens after `open_windows` consecutive bad windows and closes
    after `close_windows` good ones; windows without data about an element neither open nor close
-   it. The agents keep ~20 windows, so each run sees enough history and keeps no state.
+   it. The agents keep ~20 windows, so each run sees enough history: verdicts carry no state from run to run.
 
 Each agent's window is first folded (Folded: one edge per peer node), then added up: per window,
 counters per node and per leaf pair in arrays, and only edges with a lost or slow probe are kept one
@@ -146,7 +146,7 @@ _folded_ids = itertools.count()
 class Folded:
     """One agent's window as the analysis adds it up: one edge per peer node (its TCP probes over all
     rails, its Pings only where it has none; see _Mesh._add_window), with each edge's top and p99
-    bucket worked out. Compact, about 60 bytes an edge: the controller keeps ~5 per agent between runs."""
+    bucket worked out. Compact, about 30 bytes an edge: the controller keeps ~5 per agent between runs."""
 
     __slots__ = ("id", "names", "leaves", "sent", "lost", "top", "p99", "offsets", "flat")
 
