@@ -8,6 +8,7 @@ with a from-scratch analyze() over what every answering agent serves in full at 
 from __future__ import annotations
 
 import json
+import math
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -168,10 +169,15 @@ def ctl(server, mesh, tmp_path):
     c = controller.Controller(cfg, "controller-a")
     assert c.elector.tick()
     c.runs = []
-    run = c.analyzer.run
-    c.analyzer.run = lambda summaries, now: c.runs.append(run(summaries, now)) or c.runs[-1]
+    spy(c)
     yield c
     c.stop.set()
+
+
+def spy(c: controller.Controller) -> None:
+    """Keep each analysis of the controller's Analyzer in c.runs."""
+    run = c.analyzer.run
+    c.analyzer.run = lambda summaries, now: c.runs.append(run(summaries, now)) or c.runs[-1]
 
 
 def scratch(mesh: Mesh, now: float, answering) -> pingmesh.Analysis:
@@ -361,6 +367,18 @@ def test_what_is_kept_is_bounded_and_forgotten(ctl, mesh, server):
     server.edit_node("gpu-c1", lambda n: n["metadata"]["labels"].pop("nvidia.com/gpu.present"))
     cycle(ctl, mesh, [n for n in NAMES if n != "gpu-c1"])
     assert "gpu-c1" not in ctl.kept  # a Node no longer managed is forgotten
+
+
+def test_a_standby_keeps_nothing_and_asks_for_everything_once_it_leads(ctl, mesh):
+    for _ in range(3):
+        cycle(ctl, mesh)
+    ctl.elector._valid_until = -math.inf  # it could not renew the Lease
+    assert not ctl.cycle(mesh.next_window())
+    assert ctl.kept == {} and ctl.analyzer._mesh.judged == {}
+    assert ctl.elector.tick()
+    spy(ctl)  # a new Analyzer
+    cycle(ctl, mesh)
+    assert not any("since" in path for _, path, _ in mesh.requests)
 
 
 # -- the agent's side -------------------------------------------------------------------------------
