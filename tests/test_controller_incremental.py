@@ -15,10 +15,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import test_pingmesh_analysis as synthetic
+from conftest import http_get, machine
 from fake_kube_apiserver import FakeApiServer
 
-from nodehealth import config, controller, daemon
+from nodehealth import config, controller, daemon, registry
 from nodehealth.config import PINGMESH_DEFAULTS
+from nodehealth.engine import Engine
+from nodehealth.host import HostPaths
 from nodehealth.net import pingmesh
 from nodehealth.probe import inventory, stats
 from nodehealth.probe.mesh import Pingmesh
@@ -398,6 +401,28 @@ def test_since_leaves_out_only_closed_windows_the_agent_holds(mesh):
     assert [w.peers is None for w in parsed.windows] == [True, True, True, False, True]
     with pytest.raises(stats.SummaryError):
         stats.parse_summary(doc)  # only an answer to `since` may leave peers out
+
+
+def test_the_daemons_endpoint_passes_since_on(mesh, tmp_path):
+    cfg = config.defaults()
+    cfg["daemon"]["state_dir"] = str(tmp_path / "state")
+    d = daemon.Daemon(Engine(registry.COLLECTORS, registry.CHECKS, HostPaths(machine("h100-8x-cx7")), cfg), cfg,
+                      "gpu-a0")
+    for _ in range(3):
+        mesh.next_window()
+    d.pingmesh = mesh.agents["gpu-a0"]
+    srv = daemon.make_server(d, "127.0.0.1:0")
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/v1/pingmesh?windows=6"
+        starts = [w["start"] for w in json.loads(http_get(url)[1])["windows"]]
+        doc = json.loads(http_get(f"{url}&since={starts[1]!r}")[1])
+        assert [("peers" in w) for w in doc["windows"]] == [False, False, True, False]
+        doc = json.loads(http_get(f"{url}&since=bogus")[1])
+        assert [("peers" in w) for w in doc["windows"]] == [True] * 4
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.mark.parametrize("query, want", [
