@@ -17,6 +17,8 @@ import pytest
 import test_pingmesh_analysis as synthetic
 from conftest import http_get, machine
 from fake_kube_apiserver import FakeApiServer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodehealth import config, controller, daemon, registry
 from nodehealth.config import PINGMESH_DEFAULTS
@@ -469,3 +471,23 @@ def test_the_analyzer_forgets_names_no_longer_in_use():
     analyzer.run(docs, now)  # the ghosts were in use in the last run: kept once more
     got = analyzer.run(docs, now)
     assert len(analyzer._mesh.names) == 8 and got.to_dict() == pingmesh.analyze(docs, {}, now).to_dict()
+
+
+_TOPO = synthetic.topology(leaves=3, per_leaf=6)
+_PREPARED = [pingmesh.prepare(stats.parse_summary(d), synthetic.NOW) for d in synthetic.mesh(
+    _TOPO, windows=8, loss=lambda s, d, w: (0.3 if "gpu-b02" in (s, d) and w >= 3 else 0.0)
+    + (0.2 if (s[4], d[4]) in {("a", "c"), ("c", "a")} and w >= 4 else 0.0))]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 8), st.sets(st.integers(0, len(_PREPARED) - 1), max_size=5),
+                          st.booleans()), min_size=2, max_size=5))
+def test_any_sequence_of_runs_gives_what_analyze_gives(steps):
+    """Windows that come and go, agents that leave and come back, a node relabelled back and forth."""
+    analyzer = pingmesh.Analyzer({})
+    for k, absent, moved in steps:
+        prepared = [pingmesh.Prepared(p.node, "leaf-c" if moved and p.node == "gpu-a01" else p.leaf,
+                                      p.window_seconds, p.buckets, p.windows[:k])
+                    for i, p in enumerate(_PREPARED) if i not in absent]
+        got, want = analyzer.run(prepared, synthetic.NOW), pingmesh.analyze(prepared, {}, synthetic.NOW)
+        assert got.to_dict() == want.to_dict() and got.window_starts == want.window_starts
