@@ -392,6 +392,7 @@ class Controller:
         def one(name: str, address: str) -> None:
             try:
                 if not address:
+                    self.kept.pop(name, None)
                     raise FetchError("no_address", "the Node has no InternalIP")
                 if deadline <= time.monotonic():  # not asked: what is kept of it stays
                     raise FetchError("deadline", "the analysis ran out of time before this agent")
