@@ -2,8 +2,9 @@
 
 The replicas of a Deployment elect a leader through a Lease (compare-and-swap on its
 resourceVersion). Every window the leader lists the managed Nodes, builds the inventory, fetches
-each agent's `/v1/pingmesh` (bounded in concurrency, time and size: the agents are untrusted),
-localizes faults (nodehealth/net/pingmesh.py) and writes the verdicts to one ConfigMap, read by
+each agent's `/v1/pingmesh` (bounded in concurrency, time and size: the agents are untrusted; only
+the windows it does not keep yet, see KeptWindows), localizes faults (nodehealth/net/pingmesh.py,
+judging again only the windows that changed) and writes the verdicts to one ConfigMap, read by
 every agent every window, and the inventory, when it changed, to another one, read every
 pingmesh.refresh_seconds. It writes nothing else: each agent turns a verdict about its own node
 into a finding, so every Node keeps one writer (docs/architecture.md). It serves /metrics and /healthz.
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, Callable
 
@@ -56,13 +58,15 @@ class FetchError(Exception):
         self.reason = reason
 
 
-def fetch_summary(address: str, port: int, windows: int, timeout: float) -> stats.Summary:
-    """One agent's summary from `GET /v1/pingmesh?windows=N`: at most stats.MAX_SUMMARY_BYTES, all of
-    it within `timeout` seconds (a slow drip is cut off too), validated by stats.loads_summary."""
+def fetch_summary(address: str, port: int, windows: int, timeout: float, since: float | None = None) -> stats.Summary:
+    """One agent's summary from `GET /v1/pingmesh?windows=N[&since=START]`: at most stats.MAX_SUMMARY_BYTES,
+    all of it within `timeout` seconds (a slow drip is cut off too), validated by stats.loads_summary.
+    With `since`, the windows up to that start may come without their peers (see Pingmesh.summary)."""
     deadline = time.monotonic() + timeout
     conn = http.client.HTTPConnection(address, port, timeout=timeout)
+    query = f"windows={windows}" if since is None else f"windows={windows}&since={since!r}"
     try:
-        conn.request("GET", f"/v1/pingmesh?windows={windows}", headers={"Accept": "application/json"})
+        conn.request("GET", f"/v1/pingmesh?{query}", headers={"Accept": "application/json"})
         sock = conn.sock  # the response reads from it even once the connection lets go of it
         response = conn.getresponse()
         if response.status != 200:
@@ -90,9 +94,50 @@ def fetch_summary(address: str, port: int, windows: int, timeout: float) -> stat
     finally:
         conn.close()
     try:
-        return stats.loads_summary(b"".join(chunks))
+        return stats.loads_summary(b"".join(chunks), stubs=since is not None)
     except stats.SummaryError as e:
         raise FetchError("invalid", str(e)) from None
+
+
+@dataclass
+class KeptWindows:
+    """What the controller has of one agent's windows: those the analysis adds up (closed, by now), made
+    ready once. Only the windows of the agent's last answer are kept: at most fetch_windows."""
+
+    window_seconds: float
+    windows: dict[float, pingmesh.PreparedWindow]  # start -> window
+
+    def since(self) -> float | None:
+        return max(self.windows) if self.windows else None
+
+
+def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
+                 now: float) -> tuple[pingmesh.Prepared, KeptWindows, int]:
+    """An answer to `?since=` made whole from what was kept, the windows to keep, and how many were parsed.
+
+    An open window sent by its start alone is listed without peers (the analysis checks its start, and
+    adds up closed windows only). Raises FetchError("incomplete") for a closed one that is not kept
+    (kept under another window length, or never): the caller asks for everything then."""
+    have = kept.windows if kept is not None and kept.window_seconds == summary.window_seconds else {}
+    buckets = tuple(summary.buckets)
+    out, keep, parsed = [], {}, 0
+    for w in summary.windows:
+        if w.peers is None and not w.closed:
+            ready = pingmesh.PreparedWindow(w.start, False, 0, 0, None)
+        elif w.peers is None:
+            ready = have.get(w.start)
+            if ready is None:
+                raise FetchError("incomplete", f"window {w.start:.3f} came by its start alone, and is not kept")
+        else:
+            ready = pingmesh.prepare_window(w, summary.window_seconds, buckets, now)
+            parsed += 1
+            if ready.folded is not None and keep:
+                ready.folded.share(keep[max(keep)].folded)
+        if ready.folded is not None:
+            keep[w.start] = ready
+        out.append(ready)
+    prepared = pingmesh.Prepared(summary.node, summary.leaf, summary.window_seconds, buckets, out)
+    return prepared, KeptWindows(summary.window_seconds, keep), parsed
 
 
 def internal_ip(node: dict[str, Any]) -> str:
@@ -223,6 +268,10 @@ class Controller:
         self.refused = {self.pm["configmap"]: 0, self.pm["inventory_configmap"]: 0}  # ConfigMap name -> count
         self.stored: dict[str, int] = {}  # ConfigMap name -> bytes of data it holds, as last written or found
         self.last: dict[str, Any] = {}  # the last analysis written: time, duration, counts, verdicts
+        # Kept between analyses, so that each fetches, parses and judges about one new window.
+        self.analyzer = pingmesh.Analyzer(self.pm["analysis"])
+        self.kept: dict[str, KeptWindows] = {}  # node name -> its agent's windows
+        self.parsed = 0  # windows parsed in the last analysis
 
     def _client(self) -> KubeApi:
         if self._api is None:
@@ -243,6 +292,7 @@ class Controller:
         now = time.time() if now is None else now
         started = time.monotonic()
         if not self.elector.is_leader():
+            self._forget()
             return False
         try:
             doc, inv_value = self._analyze(now, started)
@@ -269,6 +319,12 @@ class Controller:
                              nodes=doc["inventory_nodes"], verdicts=doc["verdicts"])
         return True
 
+    def _forget(self) -> None:
+        """A standby keeps no windows (hundreds of MiB at 10,000 nodes): when it leads, it asks for all."""
+        if self.kept:
+            self.kept = {}
+            self.analyzer = pingmesh.Analyzer(self.pm["analysis"])
+
     def _analyze(self, now: float, started: float) -> tuple[dict[str, Any], str]:
         api = self._client()
         nodes = api.list_nodes(self.kube_cfg["managed_node_selector"])
@@ -281,8 +337,12 @@ class Controller:
             k = self._rotation % len(targets)
             targets = targets[k:] + targets[:k]
         failed: dict[str, list[str]] = {}
-        stream = self._summaries(targets, started + FETCH_BUDGET_FRACTION * self.window, failed)
-        analysis = pingmesh.analyze(stream, self.pm["analysis"], now)
+        self.parsed = 0
+        stream = self._summaries(targets, started + FETCH_BUDGET_FRACTION * self.window, failed, now)
+        analysis = self.analyzer.run(stream, now)
+        listed = {name for name, _ in targets}
+        for name in [n for n in self.kept if n not in listed]:  # Nodes gone, or no longer managed
+            del self.kept[name]
         for name, why in analysis.rejected:
             failed.setdefault("rejected", []).append(name)
             log.debug("agent %s: the analysis did not use its summary: %s", name, why)
@@ -292,16 +352,19 @@ class Controller:
         self._rotation += len(targets) - len(failed.get("deadline", ()))
         doc = self._document(analysis.to_dict(), now, reporting, failed)
         doc["inventory_nodes"] = len(inv.nodes)
-        log.info("pingmesh analysis: %d of %d agents reported%s; %d verdicts", reporting, len(targets),
-                 _failures(failed), len(doc["verdicts"]))
+        log.info("pingmesh analysis: %d of %d agents reported%s; %d verdicts (%d windows parsed, %d of %d judged "
+                 "again)", reporting, len(targets), _failures(failed), len(doc["verdicts"]), self.parsed,
+                 self.analyzer.rebuilt, analysis.windows_seen)
         return doc, verdicts.encode_inventory(inv)
 
-    def _summaries(self, targets: list[tuple[str, str]], deadline: float,
-                   failed: dict[str, list[str]]) -> Iterator[stats.Summary]:
+    def _summaries(self, targets: list[tuple[str, str]], deadline: float, failed: dict[str, list[str]],
+                   now: float) -> Iterator[pingmesh.Prepared]:
         """Every agent's summary, fetched `fetch_concurrency` at a time and handed on as it arrives.
 
-        The analysis aggregates as they come, and a short queue holds the fetchers back while it
-        is busy, so memory holds a few summaries, not 10,000. `failed` gets reason -> node names.
+        Each agent is asked only for the windows after those kept from its last answer (`since`), and
+        the new ones are made ready (folded) here, once. An agent that fails loses what was kept of it:
+        its next answer comes whole. A short queue holds the fetchers back while the analysis is busy.
+        `failed` gets reason -> node names.
         """
         timeout = float(self.pm["fetch_timeout_seconds"])
         windows = int(self.pm["fetch_windows"])
@@ -317,17 +380,34 @@ class Controller:
                 except queue.Full:
                     continue
 
+        def fetch(name: str, address: str, since: float | None) -> stats.Summary:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise FetchError("deadline", "the analysis ran out of time before this agent")
+            summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since)
+            if summary.node != name:
+                raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
+            return summary
+
         def one(name: str, address: str) -> None:
             try:
                 if not address:
+                    self.kept.pop(name, None)
                     raise FetchError("no_address", "the Node has no InternalIP")
-                left = deadline - time.monotonic()
-                if left <= 0:
+                if deadline <= time.monotonic():  # not asked: what is kept of it stays
                     raise FetchError("deadline", "the analysis ran out of time before this agent")
-                summary = fetch_summary(address, self.agent_port, windows, min(timeout, left))
-                if summary.node != name:
-                    raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
-                hand_on((name, summary))
+                kept = self.kept.pop(name, None)
+                try:
+                    prepared, kept, parsed = keep_windows(kept, fetch(name, address, kept and kept.since()), now)
+                except FetchError as e:
+                    if e.reason != "incomplete":
+                        raise
+                    log.debug("agent %s: %s; asking for all of it", name, e)
+                    prepared, kept, parsed = keep_windows(None, fetch(name, address, None), now)
+                self.kept[name] = kept
+                with self._lock:
+                    self.parsed += parsed
+                hand_on((name, prepared))
             except FetchError as e:
                 hand_on((name, e))
             except Exception as e:  # one agent's answer must not stop the analysis of all the others
@@ -475,6 +555,7 @@ class Controller:
                 self.stop.wait(min(at - now, self.elector.renew_seconds))
                 continue
             if not self.elector.is_leader():
+                self._forget()
                 at = self.next_cycle(now)
                 continue
             if self.cycle(now):

@@ -11,6 +11,7 @@ import dataclasses
 import faulthandler
 import json
 import logging
+import math
 import os
 import shutil
 import signal
@@ -522,10 +523,10 @@ class Daemon:
             # Jittered, so that thousands of agents do not read the ConfigMap in the same second.
             self.stop.wait(cfg["window_seconds"] * (1 + 0.1 * random.random()))
 
-    def pingmesh_json(self, windows: int | None) -> str | None:
+    def pingmesh_json(self, windows: int | None, since: float | None = None) -> str | None:
         if self.pingmesh is None:
             return None
-        return json.dumps(self.pingmesh.summary(windows), separators=(",", ":"))
+        return json.dumps(self.pingmesh.summary(windows, since), separators=(",", ":"))
 
     def report_json(self) -> str | None:
         with self.lock:
@@ -667,6 +668,20 @@ def _windows_param(query: str) -> int | None:
     return None
 
 
+def _since_param(query: str) -> float | None:
+    """`?since=START`: the newest window start the asker has (Pingmesh.summary); anything but a finite
+    number of at most 32 characters is ignored (every window in full)."""
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == "since" and 0 < len(value) <= 32:
+            try:
+                since = float(value)
+            except ValueError:
+                return None
+            return since if math.isfinite(since) else None
+    return None
+
+
 def make_server(daemon: Daemon, listen: str) -> HTTPServer:
     host, _, port = listen.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
@@ -691,8 +706,8 @@ def make_server(daemon: Daemon, listen: str) -> HTTPServer:
                 else:
                     self._send(200, text.encode(), "application/json")
             elif path == "/v1/pingmesh" and daemon.pingmesh is not None:
-                windows = _windows_param(query)
-                self._send(200, daemon.pingmesh_json(windows).encode(), "application/json")
+                windows, since = _windows_param(query), _since_param(query)
+                self._send(200, daemon.pingmesh_json(windows, since).encode(), "application/json")
             else:
                 paths = ["/metrics", "/healthz", "/v1/report"] + (["/v1/pingmesh"] if daemon.pingmesh else [])
                 self._send(404, json.dumps({"error": "not found", "paths": paths}).encode() + b"\n",

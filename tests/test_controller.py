@@ -722,13 +722,13 @@ def test_a_flood_of_verdicts_is_cut_to_what_the_agents_accept_node_verdicts_firs
              "evidence": {"loss": 0.5, "examples": ["y" * 60] * 5}} for i in range(800) for kind in ("path", "node")]
 
     class Flood:
-        rejected, notes = [], []
+        rejected, notes, windows_seen = [], [], 0
 
         def to_dict(self):
             return {"schema_version": 1, "time": NOW, "window_seconds": W, "verdicts": many, "nodes": 8, "leaves": 2}
 
-    monkeypatch.setattr(controller.pingmesh, "analyze", lambda summaries, cfg, now: (list(summaries), Flood())[1])
     c = make()
+    monkeypatch.setattr(c.analyzer, "run", lambda summaries, now: (list(summaries), Flood())[1])
     assert c.elector.tick() and c.cycle(NOW)
     text = cluster.configmap("nodehealth", "nodehealth-pingmesh")["data"]["verdicts.json"]
     doc = verdicts.parse_verdicts(text)  # what every agent accepts

@@ -22,17 +22,22 @@ its own, in three steps, each explaining away what the one before could not:
    counts; a bad edge between two otherwise fine leaves is a path.
 3. Hysteresis over windows: a verdict opens after `open_windows` consecutive bad windows and closes
    after `close_windows` good ones; windows without data about an element neither open nor close
-   it. The agents keep ~20 windows, so each run sees enough history and keeps no state.
+   it. The agents keep ~20 windows, so each run sees enough history: verdicts carry no state from run to run.
 
-Everything is aggregated as the summaries stream in: per window, counters per node and per leaf
-pair in arrays, and only edges with a lost or slow probe are kept one by one (to explain them
-away), up to a cap. Work and memory are bounded: at most MAX_SUMMARIES summaries, MAX_NODES names,
-MAX_PEER_ENTRIES peer entries, `max_windows` windows per window size and MAX_WINDOW_SIZES sizes.
+Each agent's window is first folded (Folded: one edge per peer node), then added up: per window,
+counters per node and per leaf pair in arrays, and only edges with a lost or slow probe are kept one
+by one (to explain them away), up to a cap. analyze() adds up as the summaries stream in; an Analyzer
+(the controller's, one run a window) keeps each window's judgement and judges again only a window
+whose contributions changed, so a run costs about the new window. Work and memory are bounded: at
+most MAX_SUMMARIES summaries, MAX_NODES names, MAX_PEER_ENTRIES peer entries, `max_windows` windows
+per window size and MAX_WINDOW_SIZES sizes.
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
+import sys
 import time
 from array import array
 from collections.abc import Iterable
@@ -40,12 +45,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodehealth.config import PINGMESH_DEFAULTS
+from nodehealth.probe import stats
 from nodehealth.probe.stats import BUCKETS_SECONDS, MAX_WINDOWS, Summary, SummaryError, parse_summary, quantile
 
 MAX_SUMMARIES = 10_000  # one per agent; more is not a cluster we size for, and bounds the work
 MAX_NODES = 50_000  # distinct node names, reporters and the peers they name (dead ones included)
 MAX_PEER_ENTRIES = 50_000_000  # summed over summaries: ~2 minutes of work; 10,000 x 330 x 10 fits
-MAX_ANOMALOUS_EDGES = 300_000  # lossy or slow edges kept one by one (~100 bytes each); past it, fewer explained
+# Lossy or slow edges kept one by one in a window (~100 bytes each; 5 windows: ~30 MiB); past it, fewer explained.
+MAX_ANOMALOUS_EDGES = 60_000
 MAX_WINDOW_SIZES = 3  # distinct window_seconds kept apart; the one most agents use is analysed
 MAX_SENT = 1_000_000  # probes of one peer entry in one window: more is not an agent's count
 MAX_REJECTED = 1000  # reasons listed; the rest are counted
@@ -95,20 +102,144 @@ class Analysis:
 
 
 def analyze(summaries: Iterable[Any], cfg: dict[str, Any] | None = None, now: float | None = None) -> Analysis:
-    """Localize faults in the agents' summaries (stats.Summary objects or decoded JSON, mixed).
+    """Localize faults in the agents' summaries (stats.Summary, Prepared or decoded JSON, mixed).
 
     `cfg` is config `pingmesh.analysis` (missing keys take the defaults); `now` (default: the
     clock) is the time of the analysis: windows that end after it are not closed yet.
     """
+    return _Mesh(_settings(cfg), eager=True).run(summaries, time.time() if now is None else float(now))
+
+
+class Analyzer:
+    """analyze() again every window, keeping what did not change (the controller's).
+
+    A window whose contributions this run are the very Folded windows of the last run (same agents,
+    same data) keeps its judgement; the others are added up and judged again. The verdicts are
+    analyze()'s over the same summaries. Kept between runs: one judgement per analysed window (at most
+    max_windows) and the node and leaf names, forgotten (with the judgements) once they are more than
+    twice the nodes in use plus 1,000.
+    """
+
+    def __init__(self, cfg: dict[str, Any] | None = None) -> None:
+        self._mesh = _Mesh(_settings(cfg), eager=False)
+
+    def run(self, summaries: Iterable[Any], now: float) -> Analysis:
+        return self._mesh.run(summaries, float(now))
+
+    @property
+    def rebuilt(self) -> int:
+        """Windows added up and judged by the last run (the rest kept their judgement)."""
+        return self._mesh.rebuilt
+
+
+def _settings(cfg: dict[str, Any] | None) -> dict[str, Any]:
     c = dict(PINGMESH_DEFAULTS["analysis"])
     c.update(cfg or {})
-    mesh = _Mesh(c, time.time() if now is None else float(now))
-    for i, obj in enumerate(summaries):
-        if i >= MAX_SUMMARIES:
-            mesh.notes.append(f"more than {MAX_SUMMARIES} summaries: the rest were not read")
-            break
-        mesh.add(i, obj)
-    return mesh.finish()
+    return c
+
+
+# -- one agent's windows, made ready -----------------------------------------------------------
+
+_folded_ids = itertools.count()
+
+
+class Folded:
+    """One agent's window as the analysis adds it up: one edge per peer node (its TCP probes over all
+    rails, its Pings only where it has none; see _Mesh._add_window), with each edge's top and p99
+    bucket worked out. Compact, about 30 bytes an edge: the controller keeps ~5 per agent between runs."""
+
+    __slots__ = ("id", "names", "leaves", "sent", "lost", "top", "p99", "offsets", "flat")
+
+    def __init__(self, peers: list[stats.PeerStats]) -> None:
+        edges: dict[str, list] = {}
+        by_tcp = {p.node for p in peers if p.probe == "tcp" and p.sent > 0}
+        for p in peers:
+            if p.sent <= 0 or (p.probe != "tcp" and p.node in by_tcp):
+                continue
+            e = edges.get(p.node)
+            if e is None:
+                edges[p.node] = [p.sent, p.lost, p.counts, p.leaf, False]
+            else:
+                e[0] += p.sent
+                e[1] += p.lost
+                if not e[4]:  # the first entry's dict belongs to the caller: copy before adding to it
+                    e[2], e[4] = dict(e[2]), True
+                for i, n in p.counts.items():
+                    e[2][i] = e[2].get(i, 0) + n
+        self.id = next(_folded_ids)  # what a kept judgement is keyed by
+        self.names = tuple(sys.intern(name) for name in edges)  # one string per name, however many windows
+        self.leaves = tuple(sys.intern(e[3]) for e in edges.values())
+        sent, lost, top, p99, offsets, flat = [], [], [], [], [0], []
+        for n_sent, n_lost, counts, _, _ in edges.values():
+            sent.append(n_sent)
+            lost.append(n_lost)
+            t = max(counts) if counts else -1
+            top.append(t)
+            answered = n_sent - n_lost
+            if answered == 0:
+                p99.append(NONE)
+            elif answered < 100:  # the p99 of fewer than 100 probes is the slowest one
+                p99.append(t)
+            else:
+                p99.append(_index(quantile(counts, 0.99)))
+            for i, n in counts.items():
+                flat.append(i)
+                flat.append(n)
+            offsets.append(len(flat))
+        self.sent, self.lost, self.offsets, self.flat = _packed(sent), _packed(lost), _packed(offsets), _packed(flat)
+        self.top, self.p99 = array("b", top), array("b", p99)  # bucket indices (-1: no answer; NONE: no p99)
+        # edge j's histogram: flat[offsets[j]:offsets[j + 1]], bucket, count, bucket, count, ...
+
+    def share(self, other: Folded) -> None:
+        """Take `other`'s names and leaves where they are the same (an agent's windows mostly are)."""
+        if self.names == other.names:
+            self.names = other.names
+        if self.leaves == other.leaves:
+            self.leaves = other.leaves
+
+
+def _packed(values: list[int]) -> array:
+    """An exact-size array of 4-byte integers where they fit (counts of probes do), else 8-byte ones."""
+    return array("i" if all(-(1 << 31) <= v < 1 << 31 for v in values) else "q", values)
+
+
+@dataclass
+class PreparedWindow:
+    start: float
+    closed: bool
+    entries: int  # peer entries as the agent sent them
+    max_sent: int  # the most probes of one entry
+    folded: Folded | None  # None where the analysis does not use the window (open, ahead of `now`, alien buckets)
+
+
+@dataclass
+class Prepared:
+    """One agent's summary made ready for the analysis at one time: what _Mesh checks and adds up."""
+
+    node: str
+    leaf: str
+    window_seconds: float
+    buckets: tuple[float, ...]
+    windows: list[PreparedWindow]
+
+
+def usable(closed: bool, start: float, window_seconds: float, now: float) -> bool:
+    """Whether the analysis at `now` adds a window up: closed, by the agent's word and by our clock."""
+    return closed and start + window_seconds <= now + CLOCK_SKEW_SECONDS
+
+
+def prepare_window(w: stats.Window, window_seconds: float, buckets: tuple[float, ...], now: float) -> PreparedWindow:
+    if w.peers is None:
+        raise SummaryError(f"window {w.start:.3f} came without its peers")
+    fold = buckets == BUCKETS_SECONDS and usable(w.closed, w.start, window_seconds, now)
+    return PreparedWindow(w.start, w.closed, len(w.peers), max((p.sent for p in w.peers), default=0),
+                          Folded(w.peers) if fold else None)
+
+
+def prepare(s: Summary, now: float) -> Prepared:
+    buckets = tuple(s.buckets)
+    return Prepared(s.node, s.leaf, s.window_seconds, buckets,
+                    [prepare_window(w, s.window_seconds, buckets, now) for w in s.windows])
 
 
 # -- aggregation -------------------------------------------------------------------------------
@@ -129,6 +260,8 @@ class _Window:
         self.lp_hist = array("q")  # NB1 per slot
         self.anomalous: list[tuple[int, int, int, int, tuple[int, ...], int]] = []  # src, dst, sent, lost, counts, slot
         self.by_node: dict[int, list[int]] = {}
+        self.overflow = False  # more than MAX_ANOMALOUS_EDGES
+        self.ignored = 0  # peer entries naming nodes past MAX_NODES
 
     def grow(self, n: int) -> None:
         if n <= self.n:
@@ -142,15 +275,17 @@ class _Window:
 
 
 class _Group:
-    """The windows of the summaries that share one window size, newest `max_windows` kept."""
+    """The windows of the summaries that share one window size, newest `max_windows` kept: a _Window
+    each (analyze() adds up as the summaries come), or its contributions (src, Folded) (Analyzer)."""
 
-    def __init__(self, window_seconds: float, keep: int) -> None:
+    def __init__(self, window_seconds: float, keep: int, eager: bool) -> None:
         self.window_seconds = window_seconds
         self.keep = keep
-        self.windows: dict[float, _Window] = {}
+        self.eager = eager
+        self.windows: dict[float, Any] = {}
         self.summaries: list[str] = []  # node names of the summaries accepted into this group
 
-    def window(self, start: float) -> _Window | None:
+    def window(self, start: float) -> Any:
         w = self.windows.get(start)
         if w is not None:
             return w
@@ -159,29 +294,45 @@ class _Group:
             if start < oldest:
                 return None
             del self.windows[oldest]
-        w = self.windows[start] = _Window(start)
+        w = self.windows[start] = _Window(start) if self.eager else []
         return w
 
 
 class _Mesh:
-    def __init__(self, cfg: dict[str, Any], now: float) -> None:
+    def __init__(self, cfg: dict[str, Any], eager: bool) -> None:
         self.cfg = cfg
-        self.now = now
+        self.eager = eager
         self.keep = max(1, min(int(cfg["max_windows"]), MAX_WINDOWS))
+        self.slow = next((i for i, b in enumerate(BUCKETS_SECONDS) if b > float(cfg["p99_floor_seconds"])), NB)
+        self.in_use = 0  # nodes known to the last run
+        self.rebuilt = 0
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the names and the judgements that use their indices."""
         self.node_index: dict[str, int] = {}
         self.names: list[str] = []
         self.leaf_of: list[int] = []
         self.leaf_index: dict[str, int] = {"": 0}  # leaf 0 is "unknown": nothing is blamed on it
         self.leaves: list[str] = [""]
+        self.judged: dict[tuple[float, float], tuple[frozenset[int], _Judge]] = {}  # (ws, start) -> ids, judgement
+
+    def run(self, summaries: Iterable[Any], now: float) -> Analysis:
+        self.now = now
+        if len(self.names) > 2 * self.in_use + 1000:
+            self._forget()
         self.groups: dict[float, _Group] = {}
         self.reporting: set[str] = set()  # nodes whose summary was taken
         self.rejected: list[tuple[str, str]] = []
         self.rejected_more = 0
         self.notes: list[str] = []
         self.entries = 0
-        self.anomalous = 0
-        self.ignored_entries = 0
-        self.slow = next((i for i, b in enumerate(BUCKETS_SECONDS) if b > float(cfg["p99_floor_seconds"])), NB)
+        for i, obj in enumerate(summaries):
+            if i >= MAX_SUMMARIES:
+                self.notes.append(f"more than {MAX_SUMMARIES} summaries: the rest were not read")
+                break
+            self.add(i, obj)
+        return self.finish()
 
     # -- input ---------------------------------------------------------------------------------
     def reject(self, label: str, why: str) -> None:
@@ -195,10 +346,13 @@ class _Mesh:
         try:
             if isinstance(obj, dict) and isinstance(obj.get("node"), str) and 0 < len(obj["node"]) <= 253:
                 label = obj["node"]
-            summary = obj if isinstance(obj, Summary) else parse_summary(self._trim(obj))
-            label = summary.node
-            self._check(summary)
-            self._ingest(summary)
+            if not isinstance(obj, Prepared):
+                summary = obj if isinstance(obj, Summary) else parse_summary(self._trim(obj))
+                label = summary.node
+                obj = prepare(summary, self.now)
+            label = obj.node
+            self._check(obj)
+            self._ingest(obj)
         except SummaryError as e:
             self.reject(label, str(e))
 
@@ -209,7 +363,7 @@ class _Mesh:
             return dict(obj, windows=kept[-self.keep:])
         return obj
 
-    def _check(self, s: Summary) -> None:
+    def _check(self, s: Prepared) -> None:
         if tuple(s.buckets) != BUCKETS_SECONDS:
             raise SummaryError("buckets_seconds differ from this version's: histograms would not merge")
         if s.node in self.reporting:
@@ -223,10 +377,9 @@ class _Mesh:
             if w.start in starts:
                 raise SummaryError(f"window {w.start:.3f} is listed twice")
             starts.add(w.start)
-            for p in w.peers:
-                if p.sent > MAX_SENT:
-                    raise SummaryError(f"{p.sent} probes of one peer in one window: more than {MAX_SENT}")
-        entries = sum(len(w.peers) for w in s.windows if w.closed)
+            if w.max_sent > MAX_SENT:
+                raise SummaryError(f"{w.max_sent} probes of one peer in one window: more than {MAX_SENT}")
+        entries = sum(w.entries for w in s.windows if w.closed)
         if self.entries + entries > MAX_PEER_ENTRIES:
             raise SummaryError(f"the analysis already holds {self.entries} peer entries (at most {MAX_PEER_ENTRIES})")
         if ws not in self.groups and len(self.groups) >= MAX_WINDOW_SIZES:
@@ -257,60 +410,54 @@ class _Mesh:
                 self.leaf_index[name] = j
         return j
 
-    def _ingest(self, s: Summary) -> None:
+    def _ingest(self, s: Prepared) -> None:
         ws = s.window_seconds
         group = self.groups.get(ws)
         if group is None:
-            group = self.groups[ws] = _Group(ws, self.keep)
+            group = self.groups[ws] = _Group(ws, self.keep, self.eager)
         src = self._node(s.node, s.leaf)
         if src < 0:
             raise SummaryError(f"more than {MAX_NODES} node names")
-        self.leaf_of[src] = self._leaf(s.leaf)  # the agent knows its own leaf best
+        leaf = self._leaf(s.leaf)  # the agent knows its own leaf best
+        if self.leaf_of[src] != leaf:
+            self.leaf_of[src] = leaf
+            self.judged = {}  # judged with its old leaf
         group.summaries.append(s.node)
         for w in s.windows:
-            if not w.closed or w.start + ws > self.now + CLOCK_SKEW_SECONDS:
+            if w.folded is None:
                 continue
             win = group.window(w.start)
-            if win is not None:
-                self._add_window(win, src, w.peers)
-
-    def _add_window(self, win: _Window, src: int, peers: list) -> None:
-        """One agent's window: its probes folded per peer node, then into the window's counters.
-
-        A peer's Pings count only where it has no TCP probes: the kernel answers a SYN whatever the
-        load, while a Ping waits for the peer's agent, which a CPU-bound training job can starve; a
-        slow or silent agent is not a network fault (the agents' own metrics show it)."""
-        edges: dict[str, list] = {}
-        by_tcp = {p.node for p in peers if p.probe == "tcp" and p.sent > 0}
-        for p in peers:
-            if p.sent <= 0 or (p.probe != "tcp" and p.node in by_tcp):
+            if win is None:
                 continue
-            e = edges.get(p.node)
-            if e is None:
-                edges[p.node] = [p.sent, p.lost, p.counts, p.leaf, False]
+            if self.eager:
+                self._add_window(win, src, w.folded)
             else:
-                e[0] += p.sent
-                e[1] += p.lost
-                if not e[4]:  # the first entry's dict belongs to the caller: copy before adding to it
-                    e[2], e[4] = dict(e[2]), True
-                for i, n in p.counts.items():
-                    e[2][i] = e[2].get(i, 0) + n
-        for name, e in edges.items():  # new names first, so that the arrays are grown once
-            if name not in self.node_index and self._node(name, e[3]) < 0:
-                self.ignored_entries += 1
+                win.append((src, w.folded))
+
+    def _add_window(self, win: _Window, src: int, f: Folded) -> None:
+        """One agent's folded window into the window's counters.
+
+        A peer's Pings count only where it has no TCP probes (Folded): the kernel answers a SYN whatever
+        the load, while a Ping waits for the peer's agent, which a CPU-bound training job can starve; a
+        slow or silent agent is not a network fault (the agents' own metrics show it)."""
+        node_index, leaf_index = self.node_index, self.leaf_index
+        for name, leaf in zip(f.names, f.leaves):  # new names first, so that the arrays are grown once
+            if name not in node_index and self._node(name, leaf) < 0:
+                win.ignored += 1
         win.grow(len(self.names))
-        node_index, leaf_index, col = self.node_index, self.leaf_index, win.col
+        col = win.col
         in_sent, in_lost, in_edges, in_dead = col["in_sent"], col["in_lost"], col["in_edges"], col["in_dead"]
         i_sent, i_lost, i_edges, i_lossy = col["intra_sent"], col["intra_lost"], col["intra_edges"], col["intra_lossy"]
         x_sent, x_lost = col["inter_sent"], col["inter_lost"]
         p99, cluster, lp, lp_sent, lp_lost = win.p99, win.cluster, win.lp, win.lp_sent, win.lp_lost
-        lp_hist = win.lp_hist
+        lp_hist, flat = win.lp_hist, f.flat
         sl, slow = self.leaf_of[src], self.slow
         # This agent's own totals add up here and go into the arrays once.
         my_isent = my_ilost = my_iedges = my_ilossy = my_xsent = my_xlost = 0
         my_p99 = [0] * NB2
         touched = set()
-        for name, (sent, lost, counts, leaf, _) in edges.items():
+        for name, leaf, sent, lost, top, k, a, b in zip(f.names, f.leaves, f.sent, f.lost, f.top, f.p99, f.offsets,
+                                                         f.offsets[1:]):
             d = node_index.get(name, src)
             if d == src:
                 continue
@@ -322,7 +469,6 @@ class _Mesh:
             in_edges[d] += 1
             if lost == sent:
                 in_dead[d] += 1
-            top = max(counts) if counts else -1
             if dl == sl:
                 my_isent += sent
                 my_ilost += lost
@@ -333,13 +479,6 @@ class _Mesh:
                 if lost:
                     my_ilossy += 1
                     i_lossy[d] += 1
-                answered = sent - lost
-                if answered == 0:
-                    k = NONE
-                elif answered < 100:  # the p99 of fewer than 100 probes is the slowest one
-                    k = top
-                else:
-                    k = _index(quantile(counts, 0.99))
                 my_p99[k] += 1
                 p99[d * NB2 + k] += 1
                 cluster[k] += 1
@@ -361,11 +500,17 @@ class _Mesh:
                 lp_sent[slot] += sent
                 lp_lost[slot] += lost
                 base = slot * NB1
-                for i, n in counts.items():
-                    lp_hist[base + i] += n
+                for x in range(a, b, 2):
+                    lp_hist[base + flat[x]] += flat[x + 1]
                 touched.add(slot)
             if lost or top >= slow:
-                self._keep_anomalous(win, src, d, sent, lost, counts, slot)
+                if len(win.anomalous) < MAX_ANOMALOUS_EDGES:
+                    eid = len(win.anomalous)
+                    win.anomalous.append((src, d, sent, lost, tuple(flat[a:b]), slot))
+                    win.by_node.setdefault(src, []).append(eid)
+                    win.by_node.setdefault(d, []).append(eid)
+                else:
+                    win.overflow = True
         for slot in touched:
             win.lp_reporters[slot] += 1
         col["reported"][src] = 1
@@ -374,21 +519,6 @@ class _Mesh:
             col[column][src] += value
         for k, n in enumerate(my_p99):
             p99[src * NB2 + k] += n
-
-    def _keep_anomalous(self, win: _Window, src: int, d: int, sent: int, lost: int, counts: dict[int, int],
-                        slot: int) -> None:
-        if self.anomalous >= MAX_ANOMALOUS_EDGES:
-            if self.anomalous == MAX_ANOMALOUS_EDGES:
-                self.anomalous += 1
-                self.notes.append(f"more than {MAX_ANOMALOUS_EDGES} lossy or slow edges: the rest are not "
-                                  "explained away, so nodes next to bad ones may look bad too")
-            return
-        self.anomalous += 1
-        flat = tuple(x for item in counts.items() for x in item)
-        eid = len(win.anomalous)
-        win.anomalous.append((src, d, sent, lost, flat, slot))
-        win.by_node.setdefault(src, []).append(eid)
-        win.by_node.setdefault(d, []).append(eid)
 
     # -- output --------------------------------------------------------------------------------
     def finish(self) -> Analysis:
@@ -402,19 +532,40 @@ class _Mesh:
                                           f"{group.window_seconds:g} of {len(group.summaries)} agents")
         if self.rejected_more:
             self.notes.append(f"{self.rejected_more} more summaries rejected than the {MAX_REJECTED} listed")
-        if self.ignored_entries:
-            self.notes.append(f"{self.ignored_entries} peer entries named nodes past the first {MAX_NODES}: ignored")
-        windows = [group.windows[s] for s in sorted(group.windows)] if group else []
-        judged = [_Judge(self, w).run() for w in windows]
+        judged, kept = [], {}
+        self.rebuilt = 0
+        for start in sorted(group.windows) if group else []:
+            win = group.windows[start]
+            if self.eager:
+                judged.append(_Judge(self, win).run())
+                continue
+            key, ids = (group.window_seconds, start), frozenset(f.id for _, f in win)
+            last = self.judged.get(key)
+            if last is None or last[0] != ids:
+                built = _Window(start)
+                for src, f in win:
+                    self._add_window(built, src, f)
+                last = (ids, _Judge(self, built).run())
+                self.rebuilt += 1
+            kept[key] = last
+            judged.append(last[1])
+        self.judged = kept  # windows no longer analysed are forgotten
+        ignored = sum(j.ignored for j in judged)
+        if ignored:
+            self.notes.append(f"{ignored} peer entries named nodes past the first {MAX_NODES}: ignored")
+        overflowed = sum(j.overflow for j in judged)
+        if overflowed:
+            self.notes.append(f"more than {MAX_ANOMALOUS_EDGES} lossy or slow edges in {overflowed} windows: the rest "
+                              "are not explained away, so nodes next to bad ones may look bad too")
         known_nodes, known_leaves = set(), set()
         for j in judged:
             known_nodes.update(j.known_nodes)
             known_leaves.update(j.known_leaves)
         known_leaves.discard(0)
+        self.in_use = len(known_nodes)
         verdicts = _hysteresis(judged, int(self.cfg["open_windows"]), int(self.cfg["close_windows"]))
-        return Analysis(verdicts, len(known_nodes), len(known_leaves), len(windows), self.rejected,
-                        group.window_seconds if group else 0.0, self.now, self.notes, [w.start for w in windows])
-
+        return Analysis(verdicts, len(known_nodes), len(known_leaves), len(judged), self.rejected,
+                        group.window_seconds if group else 0.0, self.now, self.notes, [j.start for j in judged])
 
 # -- judging one window ------------------------------------------------------------------------
 
@@ -482,6 +633,7 @@ class _Judge:
         self.known_nodes: set[int] = set()
         self.known_leaves: set[int] = set()
         self.judged_pairs: set[int] = set()  # leaf pair keys with enough probes to judge
+        self.ignored, self.overflow = win.ignored, win.overflow
 
     def run(self) -> _Judge:
         win, col = self.w, self.w.col
@@ -495,6 +647,7 @@ class _Judge:
         self._between_leaves(bad_leaves, explained)
         # Free the window's bulk: only the judgement is needed from here on.
         win.col, win.p99, win.lp_hist, win.anomalous, win.by_node = {}, array("q"), array("q"), [], {}
+        del self.w  # an Analyzer keeps the judgement, not the window's counters
         return self
 
     # step 1 ----------------------------------------------------------------------------------
@@ -587,7 +740,7 @@ class _Judge:
         lossy = sum(1 for i in bad if "loss" in suspects[i])
         reports = sum(col["in_edges"][i] for i in bad)  # agents' reports on its bad nodes
         evidence = {"bad_nodes": len(bad), "nodes": len(nodes), "reporting": reporting, "reports": reports,
-                    "examples": [m.names[i] for i in bad[:5]]}
+                    "examples": sorted(m.names[i] for i in bad)[:5]}
         if unreachable >= len(bad) / 2 and not reporting:
             message = (f"Leaf {name} is cut off: {unreachable} of its {len(nodes)} nodes answer no prober and "
                        "none of its agents reports.")

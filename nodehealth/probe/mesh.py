@@ -133,16 +133,30 @@ class Pingmesh:
         with self.lock:
             return self.me.leaf if self.me is not None else ""
 
-    def summary(self, windows: int | None = None) -> dict[str, Any]:
-        """The `/v1/pingmesh` document (nodehealth/probe/stats.py describes and parses it)."""
+    def summary(self, windows: int | None = None, since: float | None = None) -> dict[str, Any]:
+        """The `/v1/pingmesh` document (nodehealth/probe/stats.py describes and parses it).
+
+        `since`: the start of the newest window the asker has. When this agent holds that window and
+        it is closed, it and the older windows go by their start alone (closed windows never change):
+        the controller parses only what is new. Any other value (a window this process never had, as
+        after a restart) gives every closed window in full, so the asker's copy is never mixed with
+        another's. With `since`, an open window goes by its start alone too: nobody analyses it yet.
+        """
         now = self.clock()
         timeout = float(self.cfg["timeout_seconds"])
         with self.lock:
             starts = sorted(self.windows)
             if windows is not None:
                 starts = starts[-windows:] if windows > 0 else []
-            out = [{"start": s, "closed": s + self.window + timeout <= now,
-                    "peers": [p.to_dict() for _, p in sorted(self.windows[s].items())]} for s in starts]
+            known = since if since in self.windows and since + self.window + timeout <= now else -math.inf
+            out = []
+            for s in starts:
+                closed = s + self.window + timeout <= now
+                if s <= known or (since is not None and not closed):
+                    out.append({"start": s, "closed": closed})
+                else:
+                    out.append({"start": s, "closed": closed,
+                                "peers": [p.to_dict() for _, p in sorted(self.windows[s].items())]})
             me = self.me
         return {"schema_version": SCHEMA_VERSION, "node": self.node, "leaf": me.leaf if me else "",
                 "pod": me.pod if me else "", "time": now, "window_seconds": self.window,

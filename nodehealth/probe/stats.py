@@ -111,7 +111,7 @@ class PeerStats:
 class Window:
     start: float
     closed: bool
-    peers: list[PeerStats]
+    peers: list[PeerStats] | None  # None: sent by its start alone (`?since=`): one the asker has, or still open
 
 
 @dataclass
@@ -125,8 +125,10 @@ class Summary:
     windows: list[Window]
 
 
-def parse_summary(obj: Any) -> Summary:
-    """Validate one agent's summary (already decoded JSON). Raises SummaryError with the reason."""
+def parse_summary(obj: Any, stubs: bool = False) -> Summary:
+    """Validate one agent's summary (already decoded JSON). Raises SummaryError with the reason.
+
+    With `stubs`, a window may come without its peers (an answer to `?since=`); its peers are None."""
     if not isinstance(obj, dict):
         raise SummaryError(f"a summary is an object, not {type(obj).__name__}")
     if obj.get("schema_version") != SCHEMA_VERSION:
@@ -147,6 +149,9 @@ def parse_summary(obj: Any) -> Summary:
         raise SummaryError(f"{len(windows)} windows, more than {MAX_WINDOWS}")
     out = []
     for w in windows:
+        if stubs and isinstance(w, dict) and "peers" not in w:
+            out.append(Window(_number(w.get("start"), "window start"), w.get("closed") is True, None))
+            continue
         if not isinstance(w, dict) or not isinstance(w.get("peers"), list):
             raise SummaryError("a window must be an object with a peers list")
         if len(w["peers"]) > MAX_PEERS_PER_WINDOW:
@@ -158,7 +163,7 @@ def parse_summary(obj: Any) -> Summary:
                    _number(obj.get("time"), "time"), window_seconds, tuple(float(b) for b in buckets), out)
 
 
-def loads_summary(data: bytes) -> Summary:
+def loads_summary(data: bytes, stubs: bool = False) -> Summary:
     """Parse the bytes of a summary, refusing more than MAX_SUMMARY_BYTES before decoding."""
     if len(data) > MAX_SUMMARY_BYTES:
         raise SummaryError(f"summary of {len(data)} bytes, more than {MAX_SUMMARY_BYTES}")
@@ -166,7 +171,7 @@ def loads_summary(data: bytes) -> Summary:
         obj = json.loads(data)
     except (ValueError, RecursionError) as e:
         raise SummaryError(f"not JSON: {e}") from None
-    return parse_summary(obj)
+    return parse_summary(obj, stubs)
 
 
 def _peer(p: Any, nbuckets: int) -> PeerStats:
