@@ -173,9 +173,10 @@ PINGMESH_DEFAULTS: dict[str, Any] = {
     # this time: a stalled agent costs one slot for 3 s, never the whole analysis.
     "fetch_concurrency": 64,
     "fetch_timeout_seconds": 3.0,
-    # Newest windows fetched from each agent, the newest still open: the analysis is stateless, so
-    # the closed ones must cover analysis.open_windows + close_windows (2 + 3). Each window costs
-    # the controller ~1 ms of CPU per agent at 330 peers (decoding), so no more than needed.
+    # Newest windows kept from each agent, the newest still open; the closed ones must cover
+    # analysis.open_windows + close_windows (2 + 3). The first cycle fetches them all; later cycles
+    # only what closed since (?since=), each decoded once (~1 ms of CPU per agent and window at 330
+    # peers) and kept folded (~30 bytes per peer node and window), so no more than needed.
     "fetch_windows": 6,
     # Localization over the agents' summaries (nodehealth/net/pingmesh.py), judged per closed window.
     "analysis": {

@@ -12,6 +12,7 @@ into a finding, so every Node keeps one writer (docs/architecture.md). It serves
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import http.client
 import json
 import logging
@@ -48,6 +49,10 @@ MAX_VERDICT_SERIES = 50  # nodehealth_pingmesh_verdict series; nodehealth_pingme
 KIND_ORDER = {"node": 0, "leaf": 1, "path": 2, "inconclusive": 3}  # what the cap keeps first: taints
 FAILURE_EXAMPLES = 5  # failed agents named in the analysis's log line
 REQUEST_TIMEOUT_SECONDS = 5.0  # a scraper that stalls mid-request is dropped
+# A stop that hangs anyway prints every thread's stack and exits 1: within the Deployment's grace
+# period of 10 s, and once the Lease is given up, at once.
+STUCK_STOP_SECONDS = 9.0
+STUCK_EXIT_SECONDS = 1.0
 
 
 class FetchError(Exception):
@@ -588,11 +593,13 @@ class Controller:
             log.info("pingmesh.enabled is false: the controller idles (serving /metrics and /healthz)")
         self.stop.wait()
         log.info("stopping")
+        faulthandler.dump_traceback_later(STUCK_STOP_SECONDS, exit=True)
         for t in threads:
             t.join(2.0)
         self.elector.release()
         server.shutdown()
         server.server_close()
+        faulthandler.dump_traceback_later(STUCK_EXIT_SECONDS, exit=True)
         return 0
 
     # -- faces ---------------------------------------------------------------------------------

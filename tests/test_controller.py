@@ -793,6 +793,35 @@ def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, a
     assert "controller-7f9c leads the pingmesh controller now" in output
 
 
+def test_a_stop_that_cannot_finish_exits_anyway_with_every_stack(tmp_path):
+    """A thread nobody ends would hold the controller past its grace period: it exits 1 and says
+    where it was stuck."""
+    port = free_port()
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"pingmesh": {"enabled": False, "controller_listen": f"127.0.0.1:{port}"}}))
+    code = ("import argparse, sys, threading, time\n"
+            "def stray_thread_that_never_ends():\n    time.sleep(3600)\n"
+            "threading.Thread(target=stray_thread_that_never_ends).start()\n"
+            "from nodehealth import controller\n"
+            "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None)))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz") or proc.poll() is not None, 15.0)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(controller.STUCK_EXIT_SECONDS + 5) == 1
+    finally:
+        proc.kill()
+        output = proc.communicate()[0].decode()
+    assert "most recent call first" in output and "stray_thread_that_never_ends" in output, output
+
+
+def _answers(url: str) -> bool:
+    try:
+        return http_get(url)[0] == 200
+    except OSError:
+        return False
+
+
 def test_a_disabled_pingmesh_leaves_the_controller_idle(make):
     c = make(enabled=False)
     assert c.health() == (True, "idle: pingmesh.enabled is false")
