@@ -48,41 +48,49 @@ def cluster(nodes: int, leaf_size: int, pairs: int,
     return names, leaf, inter
 
 
+INTRA_COUNTS, INTER_COUNTS = [[2, 5], [3, 1]], [[3, 6]]  # latency histograms of a healthy probe
+
+
+def peer_entries(names, leaf, inter, leaf_size, rails, me):
+    """Node `me`'s peer entries with nothing lost: its leaf-mates on every rail, its inter-leaf pairs."""
+    mates = range(leaf[me] * leaf_size, min(len(names), (leaf[me] + 1) * leaf_size))
+    targets = [(p, r) for p in mates if p != me for r in range(rails)] + inter[me]
+    return [{"node": names[p], "leaf": f"leaf-{leaf[p]}", "rail": rail, "probe": probe, "sent": 6, "lost": 0,
+             "counts": INTRA_COUNTS if leaf[p] == leaf[me] else INTER_COUNTS}
+            for p, rail in targets for probe in ("ping", "tcp")]
+
+
+def lose(peers, names, leaf, me, rng):
+    """The faults, in `peers` (a copy: entries are shared between windows): the dead node, a node at
+    3 % loss and a leaf at 20 % uplink loss, and 0.01 % loss everywhere else."""
+    lossy, bad_leaf = len(names) * 2 // 5 + 3, leaf[len(names) // 2]
+    dead_name, lossy_name, bad_name = names[DEAD], names[lossy], f"leaf-{bad_leaf}"
+    for k, e in enumerate(peers):
+        p = e["node"]
+        loss = 1e-4
+        if p == dead_name:
+            loss = 1.0
+        elif me == lossy or p == lossy_name:
+            loss = 0.03
+        elif (leaf[me] == bad_leaf) != (e["leaf"] == bad_name):
+            loss = 0.2
+        if loss >= 1.0 or rng.random() < 6 * loss:
+            lost = 6 if loss >= 1.0 else min(6, 1 + int(rng.random() < 0.2 + loss))
+            counts = [[2 if e["counts"] is INTRA_COUNTS else 3, 6 - lost]] if lost < 6 else []
+            peers[k] = dict(e, lost=lost, counts=counts)
+    return peers
+
+
 def summaries(names, leaf, inter, leaf_size, rails, windows, seed=1):
     """Each node's summary, built when asked for. Most entries are shared between windows (the
     analysis never mutates its input); lost probes are sprinkled in per window."""
     rng = random.Random(seed)
-    dead, lossy, bad_leaf = DEAD, len(names) * 2 // 5 + 3, leaf[len(names) // 2]
-    dead_name, lossy_name, bad_name = names[dead], names[lossy], f"leaf-{bad_leaf}"
-    intra_counts, inter_counts = [[2, 5], [3, 1]], [[3, 6]]
     for me, name in enumerate(names):
-        if me == dead:
+        if me == DEAD:
             continue
-        mates = range(leaf[me] * leaf_size, min(len(names), (leaf[me] + 1) * leaf_size))
-        targets = [(p, r) for p in mates if p != me for r in range(rails)] + inter[me]
-        base = []
-        for p, rail in targets:
-            same = leaf[p] == leaf[me]
-            for probe in ("ping", "tcp"):
-                base.append({"node": names[p], "leaf": f"leaf-{leaf[p]}", "rail": rail, "probe": probe, "sent": 6,
-                             "lost": 0, "counts": intra_counts if same else inter_counts})
-        ws = []
-        for w in range(windows):
-            peers = list(base)
-            for k, e in enumerate(peers):
-                p = e["node"]
-                loss = 1e-4
-                if p == dead_name:
-                    loss = 1.0
-                elif me == lossy or p == lossy_name:
-                    loss = 0.03
-                elif (leaf[me] == bad_leaf) != (e["leaf"] == bad_name):
-                    loss = 0.2
-                if loss >= 1.0 or rng.random() < 6 * loss:
-                    lost = 6 if loss >= 1.0 else min(6, 1 + int(rng.random() < 0.2 + loss))
-                    counts = [[2 if e["counts"] is intra_counts else 3, 6 - lost]] if lost < 6 else []
-                    peers[k] = dict(e, lost=lost, counts=counts)
-            ws.append({"start": T0 + w * WS, "closed": True, "peers": peers})
+        base = peer_entries(names, leaf, inter, leaf_size, rails, me)
+        ws = [{"start": T0 + w * WS, "closed": True, "peers": lose(list(base), names, leaf, me, rng)}
+              for w in range(windows)]
         yield {"schema_version": 1, "node": name, "leaf": f"leaf-{leaf[me]}", "pod": "", "time": T0 + windows * WS,
                "window_seconds": WS, "buckets_seconds": list(BUCKETS_SECONDS), "windows": ws}
 
@@ -101,12 +109,18 @@ def timed(items, spent: list[float]):
         yield item
 
 
-def main() -> None:
+def mesh_arguments() -> argparse.ArgumentParser:
+    """The simulated cluster's options, the same for the controller's benchmark."""
     p = argparse.ArgumentParser()
     p.add_argument("--nodes", type=int, default=10000)
     p.add_argument("--leaf-size", type=int, default=32)
     p.add_argument("--pairs", type=int, default=5, help="representative pairs per leaf pair and rail")
     p.add_argument("--rails", type=int, default=2)
+    return p
+
+
+def main() -> None:
+    p = mesh_arguments()
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--input", choices=("json", "parsed"), default="json",
                    help="json: decoded JSON, parse_summary inside analyze (the CLI's case); parsed: stats.Summary "

@@ -12,7 +12,6 @@ Usage: python benchmarks/pingmesh_controller.py [--nodes 10000] [--rails 2 --pai
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -21,7 +20,7 @@ import sys
 import time
 
 from common import ROOT, rss_bytes
-from pingmesh_analyze import DEAD, T0, WS, cluster
+from pingmesh_analyze import DEAD, T0, WS, cluster, lose, mesh_arguments, peer_entries
 
 sys.path.insert(0, ROOT)
 
@@ -35,20 +34,10 @@ FETCH = 6  # pingmesh.fetch_windows
 def answers(names, leaf, inter, leaf_size, rails, newest, since):
     """(name, bytes) of every agent's answer when window `newest` is the open one; `since` maps a name
     to the start it is asked after (absent: everything in full)."""
-    dead, lossy, bad_leaf = DEAD, len(names) * 2 // 5 + 3, leaf[len(names) // 2]
-    dead_name, lossy_name, bad_name = names[dead], names[lossy], f"leaf-{bad_leaf}"
-    intra_counts, inter_counts = [[2, 5], [3, 1]], [[3, 6]]
     for me, name in enumerate(names):
-        if me == dead:
+        if me == DEAD:
             continue
-        mates = range(leaf[me] * leaf_size, min(len(names), (leaf[me] + 1) * leaf_size))
-        targets = [(p, r) for p in mates if p != me for r in range(rails)] + inter[me]
-        base = []
-        for p, rail in targets:
-            same = leaf[p] == leaf[me]
-            for probe in ("ping", "tcp"):
-                base.append({"node": names[p], "leaf": f"leaf-{leaf[p]}", "rail": rail, "probe": probe, "sent": 6,
-                             "lost": 0, "counts": intra_counts if same else inter_counts})
+        base = peer_entries(names, leaf, inter, leaf_size, rails, me)
         ws = []
         for w in range(max(0, newest - FETCH + 1), newest + 1):
             start = T0 + w * WS
@@ -57,20 +46,7 @@ def answers(names, leaf, inter, leaf_size, rails, newest, since):
                 continue
             rng = random.Random(me * 100_003 + w)  # the same window is the same whenever it is asked for
             peers = list(base) if w < newest else base[:len(base) // 3]
-            for k, e in enumerate(peers):
-                p = e["node"]
-                loss = 1e-4
-                if p == dead_name:
-                    loss = 1.0
-                elif me == lossy or p == lossy_name:
-                    loss = 0.03
-                elif (leaf[me] == bad_leaf) != (e["leaf"] == bad_name):
-                    loss = 0.2
-                if loss >= 1.0 or rng.random() < 6 * loss:
-                    lost = 6 if loss >= 1.0 else min(6, 1 + int(rng.random() < 0.2 + loss))
-                    counts = [[2 if e["counts"] is intra_counts else 3, 6 - lost]] if lost < 6 else []
-                    peers[k] = dict(e, lost=lost, counts=counts)
-            ws.append({"start": start, "closed": w < newest, "peers": peers})
+            ws.append({"start": start, "closed": w < newest, "peers": lose(peers, names, leaf, me, rng)})
         yield name, json.dumps({"schema_version": 1, "node": name, "leaf": f"leaf-{leaf[me]}", "pod": "",
                                 "time": T0 + newest * WS + 3, "window_seconds": WS,
                                 "buckets_seconds": list(BUCKETS_SECONDS), "windows": ws}).encode()
@@ -115,11 +91,7 @@ def stream(items, kept, since, now, spent, counts):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--nodes", type=int, default=10000)
-    p.add_argument("--leaf-size", type=int, default=32)
-    p.add_argument("--pairs", type=int, default=5, help="representative pairs per leaf pair and rail")
-    p.add_argument("--rails", type=int, default=2)
+    p = mesh_arguments()
     p.add_argument("--cycles", type=int, default=4)
     args = p.parse_args()
     names, leaf, inter = cluster(args.nodes, args.leaf_size, args.pairs, args.rails)
