@@ -306,6 +306,32 @@ def test_native_frames_and_child_processes_in_every_output():
     assert "gloo::AllreduceOp::run" in merge.to_folded(tree) and "gloo::AllreduceOp::run" in merge.to_svg(job, tree, [])
 
 
+def test_flight_recorder_views_read_at_one_moment_decide_over_the_records_polls():
+    """Each timer reads the Flight Recorder every few seconds: rank 1 was read inside all_reduce #9,
+    rank 0 after both finished it and entered #10, where rank 1 never came (its data loader hangs).
+    The records alone make rank 1 look stuck in #9; the dumps asked for the bundle, read at one
+    moment, say what happened. With a dump missing, the records still decide."""
+    def record(r, enqueued, completed):
+        x = rec(r, 0, 0, world=2)
+        x["groups"] = {"fr/0": {"enqueued": enqueued, "completed": completed, "recent": [],
+                                "pending": [{"seq": s, "op": "all_reduce", "sizes": [[4]], "dtype": "float32",
+                                             "enqueued_at": 0.0} for s in range(completed + 1, enqueued + 1)]}}
+        return x
+
+    def dump(enqueued, completed):
+        return {"dump": {"pg_status": {"0": {"last_enqueued_collective": enqueued,
+                                             "last_completed_collective": completed}}}}
+
+    records = {"0": record(0, 10, 9), "1": record(1, 9, 8)}
+    (v,) = merge.verdicts({"records": records})
+    assert (v["kind"], v["culprits"], v["seq"]) == ("not_finished", [1], 9)
+    (v,) = merge.verdicts({"records": records, "flight_recorder": {"0": dump(10, 9), "1": dump(9, 9)}})
+    assert (v["kind"], v["culprits"], v["seq"], v["op"]) == ("never_joined", [1], 10, "all_reduce")
+    assert v["summary"] == "rank 1 never entered all_reduce #10 of group fr/0; ranks 0 wait in it"
+    (v,) = merge.verdicts({"records": records, "flight_recorder": {"0": dump(10, 9), "1": {"error": "no dump"}}})
+    assert (v["kind"], v["seq"]) == ("not_finished", 9)
+
+
 def test_flight_recorder_groups_speak_only_when_ours_are_silent():
     ours = {str(r): rec(r, 5, 4) for r in range(3)} | {"3": rec(3, 4, 4)}
     for r, x in ours.items():

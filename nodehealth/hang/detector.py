@@ -341,6 +341,7 @@ class Detector:
         log.warning("hang bundle for job %s written to %s in %.3f s", job, path, bundle["durations"]["python_stacks"])
         if not self.stop.is_set():
             self._slow_pass(bundle, live, fr_asked, path)
+            state.verdicts = bundle["verdicts"]  # judged again from the Flight Recorder's dumps, if any
         return path
 
     def _children(self, stacks: dict[str, Any], live: dict[int, int], owner: int) -> None:

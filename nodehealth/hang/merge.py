@@ -155,12 +155,20 @@ def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, 
     members = next((rec["groups"][name].get("ranks") for rec in records.values()
                     if name in rec["groups"] and isinstance(rec["groups"][name].get("ranks"), list)), None)
     members = sorted(members) if members else list(range(world)) or sorted(records)
+    # A group seen through the Flight Recorder ("fr/NAME") is in each record as that rank's timer last
+    # read it, seconds apart between ranks: a rank read mid-op looks stuck in an op its peers finished.
+    # The dumps asked for the bundle are read at one moment: when every member has one, they decide.
+    pg = name[3:] if name.startswith("fr/") else None
+    dumped = pg is not None and bool(members) and all(pg in fr.get(r, {}) for r in members)
     seqs, ops, missing = {}, {}, []
     for r in members:
         group = records[r]["groups"].get(name) if r in records else None
         if group is not None:
-            seqs[r] = (group["enqueued"], group["completed"])
+            seqs[r] = fr[r][pg] if dumped else (group["enqueued"], group["completed"])
             ops[r] = {op["seq"]: op for op in group.get("recent", []) + group.get("pending", [])}
+        elif dumped:
+            seqs[r] = fr[r][pg]
+            ops[r] = {}
         elif r in records:
             seqs[r] = (0, 0)  # its record has no op in this group at all: it never entered one
             ops[r] = {}
