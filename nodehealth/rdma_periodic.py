@@ -14,7 +14,6 @@ import collections
 import ipaddress
 import logging
 import os
-import socket
 import threading
 import time
 from typing import Any, Callable
@@ -176,7 +175,9 @@ class Admission:
                 self.networks.append(ipaddress.ip_network(entry, strict=False))
             except ValueError:
                 self.names.append(entry)
-        self.resolve = resolve or _addresses
+        if resolve is None:
+            from nodehealth.net.preflight import addresses as resolve  # what a name resolves to now
+        self.resolve = resolve
         self.clock = clock
         self.resolved: set = set()
         self.resolved_at: float | None = None
@@ -201,14 +202,6 @@ class Admission:
                                  for a in self.resolve(name)}
                 self.resolved_at = now
             return self.resolved
-
-
-def _addresses(name: str) -> set[str]:
-    """What a name resolves to now; none when it does not resolve."""
-    try:
-        return {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
-    except OSError:
-        return set()
 
 
 def _wait_idle(idle: threading.Event, stop: threading.Event) -> bool:
