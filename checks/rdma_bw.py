@@ -66,6 +66,9 @@ def _rail(rail: str, runs: list[Run], ib, cfg: dict) -> list[Finding]:
         return [Finding(NAME, Severity.UNKNOWN, "RdmaBwPeerUnavailable",
                         f"{rail} was not measured: its peer {last.peer} did not take the test ({last.error}); "
                         "check that the peer's daemon serves rdma_bw.", device=rail, evidence=evidence)]
+    # A peer that did not take the test measured nothing: the streaks skip it rather than end at it
+    # (a busy peer is tried and passed over in the same round as the peer that measured the rail).
+    runs = [r for r in runs if r.stage != "peer"]
     if last.stage != OK:
         failed = _streak(runs, lambda r: r.stage == last.stage)
         peers = sorted({r.peer for r in failed})

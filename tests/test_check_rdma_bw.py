@@ -119,6 +119,17 @@ def test_failed_writes_are_degraded_against_one_peer_and_fatal_against_two():
     assert summary(recovered) == [("RdmaWriteFailed", DEGRADED, "mlx5_0:1")]  # not in a row
 
 
+def test_a_peer_that_did_not_take_the_test_does_not_break_a_streak():
+    """rounds() records a busy peer's refusal and tests the next peer in the same round: the rail's
+    runs in a row are the measured ones around it."""
+    busy = failed("peer", VM["errors"]["unreachable"], peer="x", t=2)
+    slow = judge([ok(120.0, peer="b", t=1), busy, ok(118.0, peer="c", t=3)], devices=(hca(),))
+    assert summary(slow) == [("RdmaBandwidthLow", DEGRADED, "mlx5_0:1")]
+    error = VM["errors"]["killed"]
+    broken = judge([failed("transfer", error, peer="b", t=1), busy, failed("transfer", error, peer="c", t=3)])
+    assert summary(broken) == [("RdmaWriteFailed", FATAL, "mlx5_0:1")]
+
+
 def test_each_rail_is_judged_on_its_own_runs():
     devices = (hca("mlx5_0"), hca("mlx5_1"))
     runs = [ok(300.0, "mlx5_0", t=1), ok(392.0, "mlx5_1", t=2), ok(301.0, "mlx5_0", t=3), ok(393.0, "mlx5_1", t=4)]
