@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import socket
 import time
 from collections.abc import Iterator
 
@@ -237,3 +238,12 @@ def hostname(host: HostPaths) -> str:
     if name:
         return name
     return os.uname().nodename if host.is_live else os.path.basename(host.root)
+
+
+def addresses(name: str) -> set[str]:
+    """The addresses a name resolves to now; none when it does not (a name too long for DNS raises
+    UnicodeError, not OSError)."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except (OSError, UnicodeError):
+        return set()

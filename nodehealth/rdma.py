@@ -583,9 +583,9 @@ def client(server_host: str, opts: Options, host: HostPaths | None = None, timeo
             stage = "peer"
             try:
                 conn = stack.enter_context(socket.create_connection((server_host, opts.port), timeout=timeout))
-            except OSError as err:
+            except (OSError, UnicodeError) as err:  # UnicodeError: a name too long for DNS
                 raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: "
-                                f"{err.strerror or err}") from None
+                                f"{getattr(err, 'strerror', None) or err}") from None
             conn.sendall(verbs.local.encode())
             line = _recv_line(conn, "endpoint")
             if line.startswith(REFUSED):

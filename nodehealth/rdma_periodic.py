@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from nodehealth.collectors.rdma_bw import OK, RdmaBw, Run
-from nodehealth.host import HostPaths, read_attr
+from nodehealth.host import HostPaths, addresses, read_attr
 
 log = logging.getLogger("nodehealth.rdma")
 
@@ -175,9 +175,7 @@ class Admission:
                 self.networks.append(ipaddress.ip_network(entry, strict=False))
             except ValueError:
                 self.names.append(entry)
-        if resolve is None:
-            from nodehealth.net.preflight import addresses as resolve  # what a name resolves to now
-        self.resolve = resolve
+        self.resolve = resolve or addresses
         self.clock = clock
         self.resolved: set = set()
         self.resolved_at: float | None = None
@@ -195,13 +193,16 @@ class Admission:
         return ip in self._names_addresses()
 
     def _names_addresses(self) -> set:
+        """Resolved outside the lock, so that a slow resolver holds up only the server that asked."""
         with self.lock:
             now = self.clock()
-            if self.names and (self.resolved_at is None or now - self.resolved_at >= RESOLVE_SECONDS):
-                self.resolved = {ipaddress.ip_address(a.partition("%")[0]) for name in self.names
-                                 for a in self.resolve(name)}
-                self.resolved_at = now
-            return self.resolved
+            if not self.names or (self.resolved_at is not None and now - self.resolved_at < RESOLVE_SECONDS):
+                return self.resolved
+            self.resolved_at = now  # the other rails' servers keep the old set meanwhile
+        resolved = {ipaddress.ip_address(a.partition("%")[0]) for name in self.names for a in self.resolve(name)}
+        with self.lock:
+            self.resolved = resolved
+        return resolved
 
 
 def _wait_idle(idle: threading.Event, stop: threading.Event) -> bool:

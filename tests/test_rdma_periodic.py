@@ -276,6 +276,7 @@ def test_the_servers_admit_the_peers_only_unless_serve_to_says_whom():
     nobody = Admission([], resolve)
     assert not nobody.admits("127.0.0.1")
     assert not Admission(["unknown-name"], resolve).admits("127.0.0.1")  # an unresolved name admits no one
+    assert not Admission(["x" * 64 + ".invalid"]).admits("127.0.0.1")  # too long for DNS: UnicodeError, no crash
 
 
 def test_serve_to_takes_the_place_of_the_peers_and_refusals_are_logged_once_a_minute(caplog):

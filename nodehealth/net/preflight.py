@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from nodehealth import config
-from nodehealth.host import HostPaths
+from nodehealth.host import HostPaths, addresses
 from nodehealth.net import discover, netcheck
 from nodehealth.probe import stream
 
@@ -225,14 +225,6 @@ def is_local_address(host: str) -> bool:
                 continue
             return not ipaddress.ip_address(addr[0]).is_unspecified
     return False
-
-
-def addresses(host: str) -> set[str]:
-    """The addresses a name resolves to (none when it does not)."""
-    try:
-        return {info[4][0] for info in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)}
-    except OSError:
-        return set()
 
 
 def source_address(host: str, port: int) -> str:
