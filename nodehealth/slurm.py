@@ -93,10 +93,12 @@ class Scontrol:
             if attempt:
                 self.sleep(cfg["retry_delay_seconds"])
             try:
-                done = subprocess.run([cfg["scontrol"], *args], capture_output=True, text=True,
+                done = subprocess.run([cfg["scontrol"], *args], capture_output=True, text=True, errors="replace",
                                       timeout=cfg["timeout_seconds"], stdin=subprocess.DEVNULL)
             except FileNotFoundError:
                 raise SlurmError(f"{cfg['scontrol']} not found: install slurm-client or set slurm.scontrol") from None
+            except OSError as e:  # not executable, say
+                raise SlurmError(f"cannot run {cfg['scontrol']}: {e.strerror or e}") from None
             except subprocess.TimeoutExpired as e:
                 said = " ".join(_text(e.stderr).split())[:300]
                 if said and not _UNREACHABLE.search(said):  # e.g. no slurm.conf: scontrol waits 60 s for it
@@ -206,11 +208,14 @@ class Drainer(Worker):
         key = (report.status.value, worst_reason(report, self.cfg["reason_max_chars"]))
         try:
             outcome = act(report, self.node, self.ctl, self.cfg["reason_max_chars"])
-        except SlurmError as e:
+        except Exception as e:  # slurmctld's refusal, or a bug: the thread lives on, counted and retried
             with self._lock:
                 self.errors += 1
                 self._due = time.monotonic() + self.cfg["retry_delay_seconds"] * self.cfg["attempts"]
-            log.warning("slurm: node %s is %s, but %s", self.node, report.status.value, e)
+            if isinstance(e, SlurmError):
+                log.warning("slurm: node %s is %s, but %s", self.node, report.status.value, e)
+            else:
+                log.exception("slurm: acting on node %s failed; retrying", self.node)
             return
         with self._lock:
             changed = self.outcome is None or outcome.line != self.outcome.line

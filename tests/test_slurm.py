@@ -54,6 +54,30 @@ def test_a_missing_slurm_conf_is_one_line_without_retries(tmp_path):
     assert time.monotonic() - started < 5  # scontrol itself would wait a minute; three tries would take 8 s
 
 
+def test_an_scontrol_that_cannot_run_or_prints_garbage_never_ends_the_drainer(tmp_path):
+    """Not executable is a clear SlurmError; bytes that are not UTF-8 are read, replaced; anything else
+    that goes wrong is counted and retried: the drainer's thread lives on."""
+    from nodehealth import config
+    from nodehealth.model import Report, Status
+    from nodehealth.slurm import Drainer, Scontrol
+
+    cfg = dict(config.defaults()["slurm"], attempts=1, retry_delay_seconds=0.0)
+    unrunnable = tmp_path / "scontrol"
+    unrunnable.write_text("#!/bin/sh\n")
+    with pytest.raises(SlurmError, match="cannot run .*scontrol: Permission denied"):
+        Scontrol(dict(cfg, scontrol=str(unrunnable))).run("show", "node", NODE)
+    garbled = tmp_path / "garbled"
+    garbled.write_bytes(b"#!/bin/sh\nprintf 'NodeName=x Reason=\\377\\376\\n'\n")
+    garbled.chmod(0o755)
+    assert "Reason=\ufffd\ufffd" in Scontrol(dict(cfg, scontrol=str(garbled))).run("show", "node", NODE)
+
+    drainer = Drainer(NODE, dict(cfg, scontrol=str(garbled)))
+    drainer.ctl.node = lambda name: 1 / 0  # a bug anywhere below the thread
+    report = Report("h", Status.UNHEALTHY, [Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "msg")], [])
+    drainer.sync_once(report)
+    assert drainer.errors == 1 and drainer.outcome is None
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     for tool in TOOLS:
