@@ -281,9 +281,7 @@ class Daemon:
             report = self._rejudge(self.kernel_checks)
         log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
                     len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
-        self.save_state()
-        if report is not None:
-            self._send(report)
+        self._save_and_send(report)
 
     def _rejudge(self, checks: list[Any]) -> Report | None:
         """Judge `checks` again on news between passes (kernel records, a bandwidth test, a clear);
@@ -330,14 +328,17 @@ class Daemon:
         with self.lock:
             self.kernel.add(batch)
             report = self._rejudge(self.kernel_checks)
-        self.save_state()
-        if report is not None:
-            self._send(report)
+        self._save_and_send(report)
 
     def on_rdma(self) -> None:
         """A bandwidth test ended: judge it now rather than at the next pass."""
         with self.lock:
             report = self._rejudge(self.rdma_checks)
+        self._save_and_send(report)
+
+    def _save_and_send(self, report: Report | None) -> None:
+        """News judged between passes is saved first (a sticky fault it raised survives a restart)."""
+        self.save_state()
         if report is not None:
             self._send(report)
 

@@ -249,6 +249,10 @@ def test_the_daemon_judges_a_run_at_once_and_shows_it(tmp_path):
     assert 'nodehealth_rdma_write_bw_gbps{device="mlx5_0",port="1",peer="b",stat="avg"} 130' in text
     assert 'nodehealth_finding{check="rdma_bw",severity="degraded",reason="RdmaBandwidthLow",device="mlx5_0:1"} 1' \
         in text
+    for t, peer in ((3.0, "b"), (4.0, "c")):  # writes fail against two peers: fatal, sticky, saved at once
+        d.rdma.record(facts_module.Run("mlx5_0", 1, peer, t, "transfer", VM["errors"]["killed"], 65536))
+    d.on_rdma()
+    assert "RdmaWriteFailed" in json.dumps(json.loads((tmp_path / "state" / "state.json").read_text())["sticky"])
 
 
 def test_the_servers_admit_the_peers_only_unless_serve_to_says_whom():
