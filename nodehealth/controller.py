@@ -344,7 +344,10 @@ class Controller:
         failed: dict[str, list[str]] = {}
         self.parsed = 0
         stream = self._summaries(targets, started + FETCH_BUDGET_FRACTION * self.window, failed, now)
-        analysis = self.analyzer.run(stream, now)
+        try:
+            analysis = self.analyzer.run(stream, now)
+        finally:  # the analysis may stop reading early (MAX_SUMMARIES): its fetchers stop before self.kept is read
+            stream.close()
         listed = {name for name, _ in targets}
         for name in [n for n in self.kept if n not in listed]:  # Nodes gone, or no longer managed
             del self.kept[name]

@@ -480,6 +480,9 @@ class Daemon:
             except InventoryError as e:
                 server.server_close()
                 raise ConfigError(f"rdma_bw: cannot take peers from the pingmesh inventory: {e}") from None
+        if not peers:  # no finding says so: a rail never tested has none
+            log.warning("rdma_bw: no peer to test against (no rdma_bw.peers, and no leaf-mates of %s in "
+                        "pingmesh.inventory_file): this node's rails are not tested, only served", self.node)
         self.rdma = RdmaPeriodic(cfg, self.host, self.node, self.on_rdma, self.engine.clock, peers=peers)
         return self.rdma.start(self.stop, self.pass_idle)
 

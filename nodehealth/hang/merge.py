@@ -163,12 +163,10 @@ def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, 
     seqs, ops, missing = {}, {}, []
     for r in members:
         group = records[r]["groups"].get(name) if r in records else None
-        if group is not None:
+        if dumped or group is not None:
             seqs[r] = fr[r][pg] if dumped else (group["enqueued"], group["completed"])
-            ops[r] = {op["seq"]: op for op in group.get("recent", []) + group.get("pending", [])}
-        elif dumped:
-            seqs[r] = fr[r][pg]
-            ops[r] = {}
+            listed = group.get("recent", []) + group.get("pending", []) if group is not None else []
+            ops[r] = {op["seq"]: op for op in listed}
         elif r in records:
             seqs[r] = (0, 0)  # its record has no op in this group at all: it never entered one
             ops[r] = {}
