@@ -13,8 +13,6 @@ from nodehealth.model import Metric
 
 NAME = "rdma_bw"
 OK = "ok"
-# A failed run's stage (nodehealth.rdma.RdmaError.stage): what it says about this node's rail.
-FAILED_STAGES = ("preflight", "setup", "peer", "transfer")
 
 
 @dataclass(frozen=True)
