@@ -264,3 +264,17 @@ def test_as_a_torchrun_pre_step_with_torchruns_own_rendezvous(tmp_path):
     docs = [json.loads((tmp_path / f"out{r}.json").read_text()) for r in (0, 1)]
     assert docs[0] == docs[1] and docs[0]["source"] == "torchrun" and docs[0]["coordinator"] == "127.0.0.61"
     assert sorted(docs[0]["nodes"]) == ["node0", "node1"] and docs[0]["faulty"] == [] and docs[0]["missing"] == []
+
+
+def test_a_job_of_addresses_takes_only_those_addresses():
+    """With a host list of addresses, a node whose name is another address of the same /8 is not one
+    of them (the first label of "10.0.0.5" is no short name)."""
+    from nodehealth.net import discover
+    from nodehealth.net.preflight import JobNodes
+    from nodehealth.probe.stream import Member
+
+    nodes = JobNodes(discover.from_hosts(["10.0.0.5", "10.0.0.6", "gpu-7.cluster"], lambda host: False))
+    assert nodes.accept(Member("10.9.9.9", "10.9.9.9:9460")) == "10.9.9.9 (10.9.9.9) is not one of the job's nodes"
+    assert nodes.accept(Member("10.0.0.6", "10.0.0.6:9460")) is None
+    assert nodes.accept(Member("gpu-7", "192.0.2.7:9460")) is None  # a host name's short form still counts
+

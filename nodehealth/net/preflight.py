@@ -311,7 +311,7 @@ class JobNodes:
         self.known: dict[str, str] = {}  # a name or address -> the host it stands for
         for h in plan.hosts:
             host = discover.host_of(h)
-            for key in (host, host.split(".")[0], plan.addresses.get(h, ""), *addresses(host)):
+            for key in (host, _short(host), plan.addresses.get(h, ""), *addresses(host)):
                 if key:
                     self.known.setdefault(key, h)
         self.taken: dict[str, str] = {}  # host -> the name it joined as
@@ -321,7 +321,7 @@ class JobNodes:
         if not self.plan.hosts:
             return None
         address = discover.host_of(m.agent)
-        host = self.known.get(m.name) or self.known.get(m.name.split(".")[0]) or self.known.get(address)
+        host = self.known.get(m.name) or self.known.get(_short(m.name)) or self.known.get(address)
         if host is None:
             return f"{m.name} ({address}) is not one of the job's nodes"
         with self._lock:
@@ -336,6 +336,16 @@ class JobNodes:
         if len(members) < self.plan.min_count:  # an elastic job (torchrun MIN:MAX) may start with MIN
             return [{"node": f"{self.plan.count - len(members)} of {self.plan.count} nodes", "error": why}]
         return []
+
+
+def _short(name: str) -> str:
+    """A host name's first label ("gpu-1" of "gpu-1.cluster"); an address stays whole ("10" of
+    "10.0.0.5" would stand for every address in 10/8)."""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return name.split(".")[0]
+    return name
 
 
 def _endpoint(host: str, port: int) -> str:
