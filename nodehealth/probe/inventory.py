@@ -101,7 +101,21 @@ def _load_yaml(text: str, source: str) -> Any:
                 depth -= 1
         return yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
+        # PyYAML 6.0.4 and later refuse deep flow nesting in their scanner, which reads ahead of the
+        # events above: when the text up to where it stopped nests deeper than ours, ours is the reason.
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None and _flow_depth(text[: mark.index + 1]) > MAX_DEPTH:
+            raise InventoryError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
         raise InventoryError(f"{source}: not valid YAML: {e}") from None
+
+
+def _flow_depth(text: str) -> int:
+    """The deepest nesting of flow brackets ([ and {) in `text`, counting every bracket."""
+    depth = deepest = 0
+    for match in re.finditer(r"[][{}]", text):
+        depth = depth + 1 if match.group() in "[{" else max(depth - 1, 0)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def from_nodes(node_objects: list[Any], cfg: dict[str, Any]) -> Inventory:
