@@ -21,9 +21,9 @@ from common import median, percentile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from nodehealth.config import PINGMESH_DEFAULTS  # noqa: E402
-from nodehealth.probe.inventory import from_data, to_data  # noqa: E402
-from nodehealth.probe.pinglist import pinglist  # noqa: E402
+from nodehealth.inventory import from_data, to_data  # noqa: E402
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS  # noqa: E402
+from nodehealth.pingmesh.pinglist import pinglist  # noqa: E402
 
 EPOCH = 480_000  # about 2024-10-03 with one-hour epochs
 

@@ -35,7 +35,7 @@ def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_address: str, 
 
     import grpc
 
-    from nodehealth.probe import agent, probe_pb2, probe_pb2_grpc
+    from nodehealth.pingmesh import agent, probe_pb2, probe_pb2_grpc
 
     servers = [agent.serve(f"{peer_address(n * rails + r)}:{port}", f"peer{n:04d}")
                for n in range(nodes) for r in range(rails)]

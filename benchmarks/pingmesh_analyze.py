@@ -21,8 +21,8 @@ from common import ROOT, rss_bytes
 
 sys.path.insert(0, ROOT)
 
-from nodehealth.net.pingmesh import analyze  # noqa: E402
-from nodehealth.probe.stats import BUCKETS_SECONDS, parse_summary  # noqa: E402
+from nodehealth.pingmesh.analysis import analyze  # noqa: E402
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, parse_summary  # noqa: E402
 
 WS = 30.0
 T0 = 1_800_000_000.0

@@ -24,9 +24,9 @@ from pingmesh_analyze import DEAD, T0, WS, cluster, lose, mesh_arguments, peer_e
 
 sys.path.insert(0, ROOT)
 
-from nodehealth import controller  # noqa: E402
-from nodehealth.net.pingmesh import Analyzer  # noqa: E402
-from nodehealth.probe.stats import BUCKETS_SECONDS, loads_summary  # noqa: E402
+from nodehealth.pingmesh import controller  # noqa: E402
+from nodehealth.pingmesh.analysis import Analyzer  # noqa: E402
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, loads_summary  # noqa: E402
 
 FETCH = 6  # pingmesh.fetch_windows
 

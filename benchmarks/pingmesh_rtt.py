@@ -23,9 +23,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 
 def probe_side(peer: str, address: str, port: int, tcp_port: int, seconds: float, interval: float) -> None:
     """Inside the probing namespace: every round trip of both probe kinds, as JSON on stdout."""
-    from nodehealth.config import PINGMESH_DEFAULTS
-    from nodehealth.probe.pinglist import Target
-    from nodehealth.probe.prober import Prober
+    from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+    from nodehealth.pingmesh.pinglist import Target
+    from nodehealth.pingmesh.prober import Prober
 
     rtts: dict[str, list[float]] = {"ping": [], "tcp": []}
     lost = {"ping": 0, "tcp": 0}

@@ -22,6 +22,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "clocks"
 NEEDS = ("nvml",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = True
 DEFAULTS: dict = {
     # Share of the time since the last pass a slowdown must have been active to count, where the driver

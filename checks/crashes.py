@@ -8,6 +8,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "crashes"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "kernel"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # RCU stalls older than this no longer count; crashes count all boot (the kernel's state stays suspect).

@@ -6,6 +6,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "edac"
 NEEDS = ("edac",)
+SUBSYSTEM = "memory"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Corrected errors on one DIMM since boot that make it suspect: mcelog's default

@@ -12,6 +12,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "gpu_driver"
 NEEDS = ("nvml",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # PCI addresses (0000:19:00.0) of NVIDIA GPUs that NVML is not meant to see, e.g. GPUs bound to

@@ -11,6 +11,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "gpu_memory"
 NEEDS = ("nvml",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Corrected (single-bit) ECC errors per second that make a warning. At 10 per second a GPU reaches

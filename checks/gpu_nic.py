@@ -6,6 +6,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "gpu_nic"
 NEEDS = ("topology",)
+SUBSYSTEM = "network"  # a GPU far from its RDMA NIC slows GPUDirect RDMA, i.e. the network
 DEBOUNCE = False  # the tree does not change while the node runs
 
 DEFAULTS: dict = {

@@ -16,6 +16,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "gpu_pcie"
 NEEDS = ("nvml",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = True
 DEFAULTS: dict = {
     # GPU utilization (percent) from which the link must run at its maximum generation.

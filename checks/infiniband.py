@@ -30,6 +30,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "infiniband"
 NEEDS = ("infiniband",)
+SUBSYSTEM = "network"
 DEBOUNCE = True
 
 DEFAULTS: dict = {

@@ -21,6 +21,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "kernel"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "kernel"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Hung tasks and soft lockups older than this no longer count; hard lockups count all boot.

@@ -27,6 +27,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "link_events"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "network"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Downs older than this no longer count.

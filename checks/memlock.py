@@ -11,6 +11,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "memlock"
 NEEDS = ("limits",)
+SUBSYSTEM = "memory"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Below this a limit is too small for RDMA (the AWS GPU health-check suite warns under 16 GiB).

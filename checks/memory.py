@@ -28,6 +28,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "memory"
 NEEDS = ("buddyinfo",)
+SUBSYSTEM = "memory"
 DEBOUNCE = True
 
 # GCM rates the Normal zone only; DMA and DMA32 cover just the lowest 4 GiB of physical memory.

@@ -8,6 +8,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "memory_errors"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "memory"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Corrected errors and throttling older than this no longer count; uncorrected ones count all boot.

@@ -5,6 +5,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "modules"
 NEEDS = ("modules",)
+SUBSYSTEM = "kernel"
 DEFAULTS: dict = {}
 DEBOUNCE = False
 

@@ -12,6 +12,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "mounts"
 NEEDS = ("mounts",)
+SUBSYSTEM = "storage"
 DEFAULTS: dict = {}
 DEBOUNCE = True
 

@@ -12,6 +12,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "nic_health"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "network"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Transmit timeouts and unregister waits older than this no longer count; NIC firmware faults count all boot.

@@ -14,6 +14,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "nvlink"
 NEEDS = ("nvml",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Active links every GPU must have; 0 takes the count from the SKU table (checks/gpu_sku.py). Set it

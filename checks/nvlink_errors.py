@@ -14,6 +14,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "nvlink_errors"
 NEEDS = ("nvml",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = True
 DEFAULTS: dict = {
     # CRC (flit or data) errors per second on one link that make the GPU fatal: DCGM's MAX_NVLINK_CRC_ERROR.

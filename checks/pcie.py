@@ -8,6 +8,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "pcie"
 NEEDS = ("pcie",)
+SUBSYSTEM = "kernel"  # a device of no known kind; see finding_subsystem
 DEBOUNCE = True
 
 DEFAULTS: dict = {
@@ -19,6 +20,14 @@ DEFAULTS: dict = {
     # ceil(0.06 x GT/s x lanes) per minute: 31/min at x16 32 GT/s (Gen5), 16/min at x16 Gen4.
     "correctable_error_ber": 1e-12,
 }
+
+
+# A finding taints the subsystem of its device's kind.
+KIND_SUBSYSTEMS = {"gpu": "gpu", "nvswitch": "gpu", "nic": "network", "nvme": "storage"}
+
+
+def finding_subsystem(f: Finding) -> str:
+    return KIND_SUBSYSTEMS.get(str(f.evidence.get("kind", "")), SUBSYSTEM)
 
 
 # Non-fatal AER errors are judged by their increase: one increase is the whole event, raised at once

@@ -24,6 +24,8 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "rdma_bw"
 NEEDS = ("rdma_bw",)
+SUBSYSTEM = "network"
+DEBOUNCE = False  # each test is a run of its own; the check counts runs in a row
 
 DEFAULTS: dict = {
     # A healthy rail reaches 96-98 % of its line rate in ib_write_bw at 64 KiB (EDR 96.6, HDR 196.5,

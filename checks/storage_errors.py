@@ -11,6 +11,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "storage_errors"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "storage"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Errors older than this no longer count; a read-only or shut-down filesystem counts all boot.

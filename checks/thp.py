@@ -15,6 +15,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "thp"
 NEEDS = ("vm",)
+SUBSYSTEM = "memory"
 DEBOUNCE = True
 
 DEFAULTS = {

@@ -27,6 +27,7 @@ from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "xid"
 NEEDS = ("kmsg",)
+SUBSYSTEM = "gpu"
 DEBOUNCE = False
 DEFAULTS: dict = {
     # Warning and info events older than this no longer count; fatal hardware events count all boot.

@@ -329,15 +329,13 @@ def exported_families() -> set[str]:
 def fixture_families() -> set[str]:
     """The families with samples in the exporter's output for each fixture machine, as `nodehealth check
     --root` would judge it (the daemon's own, Kubernetes', hang and pingmesh families are literals)."""
-    from nodehealth import config, exporter, registry
-    from nodehealth.cli import one_pass
+    from nodehealth import config, exporter, node_pass, registry
 
     machines = os.path.join(ROOT, "tests", "fixtures", "machines")
     names: set[str] = set()
     for machine in sorted(os.listdir(machines)):
-        args = argparse.Namespace(root=os.path.join(machines, machine), only=None, skip=None, state_dir=None,
-                                  node_name="fixture", kernel_log=None, fail_on="degraded")
-        report = one_pass(args, config.load(None))
+        cfg = config.load(None)
+        report = node_pass.run(node_pass.build_engine(cfg, os.path.join(machines, machine)), cfg, "fixture")
         names |= {m.name for m in exporter.report_metrics(report, registry.COLLECTORS) if m.samples}
     return names
 

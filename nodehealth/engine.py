@@ -188,18 +188,6 @@ def _supported(module: Any, host: HostPaths, cfg: dict[str, Any]) -> str | None:
         return f"support probe failed: {_describe(e)}"
 
 
-def nothing_checked(checks: Sequence[Any], results: dict[str, CollectorResult]) -> Finding | None:
-    """An `unknown` finding when no selected check had its sources here: "no findings" would read as healthy."""
-    if any(all(results.get(n) is not None and results[n].supported for n in c.NEEDS) for c in checks):
-        return None
-    missing = sorted({n for c in checks for n in c.NEEDS if results.get(n) is not None})
-    daemon_only = sorted({n for c in checks for n in c.NEEDS if results.get(n) is None})  # e.g. rdma_bw's tests
-    why = "; ".join([f"{n}: {results[n].error}" for n in missing]
-                    + [f"{n}: only the daemon runs it" for n in daemon_only]) or "no check was selected"
-    return Finding("nodehealth", Severity.UNKNOWN, "NothingChecked",
-                   f"Nothing was checked: no selected check has its source on this host ({why}).")
-
-
 def run_check(check: Any, results: dict[str, CollectorResult], obs: Observed,
               cfg: dict[str, Any]) -> list[Finding]:
     """One check, isolated: a failed input or a crash is an `unknown` finding, never an exception."""

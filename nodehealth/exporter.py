@@ -1,9 +1,11 @@
-"""Prometheus exposition of a report: which families a report becomes, and their text."""
+"""Prometheus exposition of a report: which families a report becomes, and their text; and the
+daemon's /metrics face (Exporter), which keeps the latest report for the next scrape."""
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from nodehealth import __version__
@@ -63,6 +65,32 @@ def report_metrics(report: Report, modules: Sequence[Any],
         except Exception:  # one collector's bad facts must not take /metrics down
             log.exception("collector %s could not describe its metrics", module.NAME)
     return out
+
+
+class Exporter:
+    """The /metrics face: the latest report's families (core, and each collector's facts and rates).
+    `modules` gives the collectors whose families to describe, at each scrape (the daemon's change
+    when a bandwidth test starts)."""
+
+    def __init__(self, modules: Callable[[], Sequence[Any]]):
+        self.modules = modules
+        self._lock = threading.Lock()
+        self._report: Report | None = None
+
+    def start(self) -> None:
+        pass  # no thread: a scrape reads the report
+
+    def publish(self, report: Report) -> None:
+        with self._lock:
+            self._report = report
+
+    def metrics(self) -> list[Metric]:
+        with self._lock:
+            report = self._report
+        return [] if report is None else report_metrics(report, self.modules(), report.rates)
+
+    def stop(self, timeout: float) -> None:
+        pass
 
 
 def render(metrics: Iterable[Metric]) -> bytes:

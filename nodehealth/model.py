@@ -176,11 +176,14 @@ class CollectorResult:
 
 @dataclass
 class Report:
+    """One verdict and what it rests on: what every face shows (its own way), never judges again."""
+
     node: str
     status: Status
     findings: list[Finding]
     collectors: list[CollectorResult]
     time: float = 0.0
+    rates: dict[str, dict[str, float]] = field(default_factory=dict)  # per collector, for the exporter only
 
     def to_dict(self) -> dict[str, Any]:
         return {

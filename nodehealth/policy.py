@@ -5,6 +5,7 @@
 - Fatal hardware findings are sticky: they stay until the boot id changes (the node rebooted)
   or an operator clears them, even if the evidence scrolls out of the kernel ring buffer.
 - The state lives in one JSON file written atomically (write, fsync, rename).
+- An operator clears sticky faults after a repair with a request file beside it (`nodehealth clear`).
 """
 from __future__ import annotations
 
@@ -281,3 +282,29 @@ class Policy:
             elif track.get("finding"):
                 # Still raised while it proves it is gone for good: keep showing it.
                 out.append(Finding.from_dict(track["finding"]))
+
+
+# -- an operator's clear, asked for by `nodehealth clear` and applied by the daemon's next pass ---------
+
+CLEAR_REQUEST = "clear-request.json"
+MAX_REASON = 500
+
+
+def request_clear(state_dir: str, reason: str) -> str:
+    """Ask the daemon to clear sticky faults (`nodehealth clear`); it acts at its next pass."""
+    os.makedirs(state_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir, CLEAR_REQUEST)
+    write_atomic(path, json.dumps({"reason": reason[:MAX_REASON], "time": time.time()}).encode(), mode=0o600)
+    return path
+
+
+def take_clear_request(state_dir: str) -> str | None:
+    """The reason of a pending clear request, removing it; None when there is none (or it is garbage)."""
+    path = os.path.join(state_dir, CLEAR_REQUEST)
+    try:
+        data = json.loads(read_regular(path, 4096))  # a FIFO put there must not block the passes
+        os.unlink(path)
+    except (OSError, ValueError):
+        return None
+    reason = data.get("reason") if isinstance(data, dict) else None
+    return str(reason)[:MAX_REASON] if reason else "no reason given"

@@ -1,4 +1,9 @@
-"""The one explicit list of collectors and checks. Read it to see everything nodehealth does."""
+"""The one explicit list of collectors and checks. Read it to see everything nodehealth does.
+
+Collectors and checks follow the contracts in nodehealth/collectors/__init__.py and
+nodehealth/checks/__init__.py. Two checks judge what the daemon alone gathers, outside the polled
+collectors: rdma_bw (its bandwidth tests) and pingmesh (the controller's verdicts).
+"""
 from __future__ import annotations
 
 from nodehealth.checks import (
@@ -16,6 +21,7 @@ from nodehealth.checks import (
     nic_health,
     nvlink,
     nvlink_errors,
+    pingmesh,
     rdma_bw,
     storage_errors,
     thp,
@@ -66,4 +72,5 @@ CHECKS = (
     clocks,
     gpu_nic,
     rdma_bw,
+    pingmesh,
 )

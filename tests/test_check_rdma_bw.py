@@ -152,7 +152,7 @@ def test_module_contract():
 
 
 def test_check_with_only_this_check_says_the_daemon_runs_it():
-    from nodehealth.engine import nothing_checked
+    from nodehealth.node_pass import nothing_checked
 
     found = nothing_checked([check], {})
     assert found.reason == "NothingChecked" and "rdma_bw: only the daemon runs it" in found.message

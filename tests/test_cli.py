@@ -3,21 +3,21 @@ import os
 
 import pytest
 
-from nodehealth import cli, registry
+from nodehealth import cli, config, node_pass, registry
 
 
 def test_select_by_check_and_collector_names():
-    collectors, checks = cli.select(["modules"], [])
+    collectors, checks = node_pass.select(["modules"], [])
     assert [m.NAME for m in collectors] == ["modules"] and [c.NAME for c in checks] == ["modules"]
-    collectors, checks = cli.select([], ["modules"])
+    collectors, checks = node_pass.select([], ["modules"])
     assert "modules" not in [m.NAME for m in collectors] and "modules" not in [c.NAME for c in checks]
-    all_collectors, all_checks = cli.select([], [])
+    all_collectors, all_checks = node_pass.select([], [])
     assert len(all_collectors) == len(registry.COLLECTORS) and len(all_checks) == len(registry.CHECKS)
 
 
 def test_unknown_name_is_a_usage_error_with_exit_2(capsys):
-    with pytest.raises(cli.UsageError, match="unknown check or collector: nope"):
-        cli.select(["nope"], [])
+    with pytest.raises(config.UsageError, match="unknown check or collector: nope"):
+        node_pass.select(["nope"], [])
     assert cli.main(["check", "--root", "/nonexistent", "--only", "nope"]) == 2
     assert "known:" in capsys.readouterr().err
 

@@ -23,9 +23,15 @@ import pytest
 from conftest import free_port, http_get
 from fake_kube_apiserver import FakeApiServer
 
-from nodehealth import config, controller, kube
+from nodehealth import config, inventory
+from nodehealth.checks.pingmesh import verdict_findings
+from nodehealth.kube import api as kube_api
+from nodehealth.kube import publisher as kube_publisher
+from nodehealth.kube import taints as kube_taints
+from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.model import Action, Report, Severity, verdict
-from nodehealth.probe import inventory, stats, verdicts
+from nodehealth.pingmesh import controller, stats, verdicts
+from nodehealth.server import STUCK_EXIT_SECONDS
 
 W = 30.0  # window seconds
 GPU = {"nvidia.com/gpu.present": "true"}
@@ -423,10 +429,10 @@ def test_the_faulty_nodes_own_agent_taints_its_node_from_the_verdict(cluster, ma
     pm = config.defaults()["pingmesh"]
     publishers = {}
     for name in ("gpu-01", FAULTY, "gpu-05"):
-        api = kube.ClientApi(kubeconfig)
-        doc = kube.read_verdicts(api, pm)
-        findings = verdicts.verdict_findings(doc, name, LEAF_OF[name], NOW + 1)
-        p = publishers[name] = kube.Publisher(name, dict(FAST_KUBE, kubeconfig=kubeconfig), api=api)
+        api = kube_api.ClientApi(kubeconfig)
+        doc = verdicts.read_verdicts(api, pm)
+        findings = verdict_findings(doc, name, LEAF_OF[name], NOW + 1)
+        p = publishers[name] = kube_publisher.Publisher(name, dict(FAST_KUBE, kubeconfig=kubeconfig), api=api)
         p.publish(Report(name, verdict(findings), findings, [], NOW))
         assert p.sync_once()
         if name == FAULTY:
@@ -443,7 +449,7 @@ def test_the_faulty_nodes_own_agent_taints_its_node_from_the_verdict(cluster, ma
 
     # The controller stops: once its verdicts are 3 windows old, the agent lets the taint go.
     p = publishers[FAULTY]
-    stale = verdicts.verdict_findings(kube.read_verdicts(kube.ClientApi(kubeconfig), pm), FAULTY, "leaf-a",
+    stale = verdict_findings(verdicts.read_verdicts(kube_api.ClientApi(kubeconfig), pm), FAULTY, "leaf-a",
                                       NOW + 3 * W + 1)
     assert [(f.severity, f.reason) for f in stale] == [(Severity.INFO, "PingmeshVerdictsStale")]
     p.publish(Report(FAULTY, verdict(stale), stale, [], NOW))
@@ -452,11 +458,11 @@ def test_the_faulty_nodes_own_agent_taints_its_node_from_the_verdict(cluster, ma
 
 
 def test_no_configmap_yet_is_no_verdicts(server, tmp_path):
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     pm = config.defaults()["pingmesh"]
-    assert kube.read_verdicts(api, pm) is None
-    assert kube.read_inventory(api, pm) is None
-    assert verdicts.verdict_findings(None, "gpu-01", "leaf-a", NOW) == []
+    assert verdicts.read_verdicts(api, pm) is None
+    assert verdicts.read_inventory(api, pm) is None
+    assert verdict_findings(None, "gpu-01", "leaf-a", NOW) == []
 
 
 def doc_with(*vs, time_=NOW, window=W) -> dict:
@@ -482,27 +488,27 @@ def v(kind: str, element: str, **kw) -> dict:
     (v("inconclusive", "gpu-03"), "gpu-03", "leaf-a", []),
 ])
 def test_verdict_findings(verdict_, node, leaf, want):
-    findings = verdicts.verdict_findings(doc_with(verdict_), node, leaf, NOW)
+    findings = verdict_findings(doc_with(verdict_), node, leaf, NOW)
     assert [(f.reason, f.severity, f.action) for f in findings] == want
     for f in findings:
-        assert f.check == "pingmesh" and kube.subsystem_of(f) == "network"
+        assert f.check == "pingmesh" and kube_taints.subsystem_of(f) == "network"
         assert f.device == verdict_["element"] and f.message == verdict_["message"]
         assert f.evidence == {"loss": 0.5, "since": NOW - 90, "windows": 3} and f.first_seen == NOW - 90
 
 
 def test_a_node_and_its_leaf_both_faulty_give_two_findings_and_one_degraded_taint():
-    findings = verdicts.verdict_findings(doc_with(v("node", "gpu-03"), v("leaf", "leaf-a")), "gpu-03", "leaf-a", NOW)
+    findings = verdict_findings(doc_with(v("node", "gpu-03"), v("leaf", "leaf-a")), "gpu-03", "leaf-a", NOW)
     assert sorted(f.reason for f in findings) == ["PingmeshLeafFaulty", "PingmeshNodeFaulty"]
-    state = kube.desired_state(Report("gpu-03", verdict(findings), findings, []), kube.DEFAULTS)["network"]
+    state = kube_taints.desired_state(Report("gpu-03", verdict(findings), findings, []), KUBE_DEFAULTS)["network"]
     assert (state.status, state.effect) == ("True", "PreferNoSchedule")
 
 
 @pytest.mark.parametrize("age, stale", [(3 * W - 1, False), (3 * W + 1, True), (-3 * W - 1, True)])
 def test_stale_verdicts_never_taint(age, stale):
-    findings = verdicts.verdict_findings(doc_with(v("node", "gpu-03")), "gpu-03", "leaf-a", NOW + age)
+    findings = verdict_findings(doc_with(v("node", "gpu-03")), "gpu-03", "leaf-a", NOW + age)
     if stale:
         assert [(f.severity, f.reason) for f in findings] == [(Severity.INFO, "PingmeshVerdictsStale")]
-        assert kube.desired_state(Report("gpu-03", verdict(findings), findings, []), kube.DEFAULTS)[
+        assert kube_taints.desired_state(Report("gpu-03", verdict(findings), findings, []), KUBE_DEFAULTS)[
             "network"].effect is None
     else:
         assert [f.reason for f in findings] == ["PingmeshNodeFaulty"]
@@ -547,30 +553,30 @@ def test_unknown_kinds_are_skipped_long_fields_bounded():
 
 
 def test_an_invalid_configmap_is_an_error_not_a_verdict(server, tmp_path):
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     pm = config.defaults()["pingmesh"]
     server.put_configmap("nodehealth", VERDICTS_CM, data={"verdicts.json": '{"schema_version": 9}'})
     server.put_configmap("nodehealth", INVENTORY_CM, binary_data={"inventory.json.gz": "not base64!"})
-    with pytest.raises(kube.KubeError) as e:
-        kube.read_verdicts(api, pm)
+    with pytest.raises(kube_api.KubeError) as e:
+        verdicts.read_verdicts(api, pm)
     assert e.value.kind == "invalid" and "schema_version" in str(e.value)
-    with pytest.raises(kube.KubeError) as e:
-        kube.read_inventory(api, pm)
+    with pytest.raises(kube_api.KubeError) as e:
+        verdicts.read_inventory(api, pm)
     assert e.value.kind == "invalid" and f"ConfigMap nodehealth/{INVENTORY_CM}: " in str(e.value)
 
 
 def test_read_inventory_reads_the_inventory_configmap_only(server, tmp_path):
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     pm = config.defaults()["pingmesh"]
     old = inventory.from_data({"nodes": [{"name": "gpu-01", "leaf": "leaf-a", "address": "10.0.0.1"}]})
     new = inventory.from_data({"nodes": [{"name": "gpu-02", "leaf": "leaf-b", "address": "10.0.0.2"}]})
     # Where an older controller kept it, beside the verdicts: not read.
     server.put_configmap("nodehealth", VERDICTS_CM, binary_data={"inventory.json.gz": verdicts.encode_inventory(old)})
-    assert kube.read_inventory(api, pm) is None
+    assert verdicts.read_inventory(api, pm) is None
     server.put_configmap("nodehealth", INVENTORY_CM, binary_data={"inventory.json.gz": verdicts.encode_inventory(new)})
-    assert kube.read_inventory(api, pm) == new
+    assert verdicts.read_inventory(api, pm) == new
     server.put_configmap("nodehealth", "elsewhere", binary_data={"inventory.json.gz": verdicts.encode_inventory(old)})
-    assert kube.read_inventory(api, dict(pm, inventory_configmap="elsewhere")) == old
+    assert verdicts.read_inventory(api, dict(pm, inventory_configmap="elsewhere")) == old
     gets = [path for method, path in server.requests if method == "GET"]
     assert gets == [f"{CONFIGMAPS}/{INVENTORY_CM}"] * 2 + [f"{CONFIGMAPS}/elsewhere"]
 
@@ -687,7 +693,7 @@ def test_the_loops_ride_out_a_refused_lease_and_then_analyze(cluster, agents, ma
 
 
 def test_an_oversized_configmap_is_refused_not_written(cluster, make, monkeypatch, caplog):
-    monkeypatch.setattr(controller, "MAX_CONFIGMAP_BYTES", 200)
+    monkeypatch.setattr(verdicts, "MAX_CONFIGMAP_BYTES", 200)
     c = make()
     assert c.elector.tick()
     assert not c.cycle(NOW)
@@ -708,7 +714,7 @@ def test_the_size_cap_applies_to_each_configmap_on_its_own(cluster, agents, make
     assert c.elector.tick() and c.cycle(NOW)
     sizes = samples(c, "nodehealth_controller_configmap_bytes")
     assert sizes[(VERDICTS_CM,)] < sizes[(INVENTORY_CM,)] - 1
-    monkeypatch.setattr(controller, "MAX_CONFIGMAP_BYTES", sizes[(INVENTORY_CM,)] - 1)
+    monkeypatch.setattr(verdicts, "MAX_CONFIGMAP_BYTES", sizes[(INVENTORY_CM,)] - 1)
     cluster.add_node("gpu-09", labels=dict(GPU, **{"nodehealth.io/leaf": "leaf-b"}), internal_ip="127.0.0.98")
     assert c.cycle(NOW + W)
     assert stored_doc(cluster)["time"] == NOW + W
@@ -739,9 +745,9 @@ def test_a_flood_of_verdicts_is_cut_to_what_the_agents_accept_node_verdicts_firs
 
 
 def test_the_fake_server_refuses_a_configmap_over_one_mib_as_the_real_one_does(server, tmp_path):
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     body = {"metadata": {"name": "big"}, "data": {"a": "x" * (1 << 20)}, "binaryData": {"b": "eHh4"}}
-    with pytest.raises(kube.KubeError) as e:
+    with pytest.raises(kube_api.KubeError) as e:
         api.create_configmap("nodehealth", body)
     assert e.value.kind == "client_error" and "Too long" in str(e.value)
 
@@ -776,7 +782,7 @@ def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, a
         "daemon": {"listen": f"0.0.0.0:{agents.port}"},
         "pingmesh": {"enabled": True, "window_seconds": 1.0, "fetch_timeout_seconds": 0.5,
                      "controller_listen": f"127.0.0.1:{port}"}}))
-    code = ("import argparse, sys; from nodehealth import controller; "
+    code = ("import argparse, sys; from nodehealth.pingmesh import controller; "
             "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None)))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cfg)], env=dict(os.environ, POD_NAME="controller-7f9c"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -802,13 +808,13 @@ def test_a_stop_that_cannot_finish_exits_anyway_with_every_stack(tmp_path):
     code = ("import argparse, sys, threading, time\n"
             "def stray_thread_that_never_ends():\n    time.sleep(3600)\n"
             "threading.Thread(target=stray_thread_that_never_ends).start()\n"
-            "from nodehealth import controller\n"
+            "from nodehealth.pingmesh import controller\n"
             "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None)))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz") or proc.poll() is not None, 15.0)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(controller.STUCK_EXIT_SECONDS + 5) == 1
+        assert proc.wait(STUCK_EXIT_SECONDS + 5) == 1
     finally:
         proc.kill()
         output = proc.communicate()[0].decode()
@@ -829,10 +835,11 @@ def test_a_disabled_pingmesh_leaves_the_controller_idle(make):
 
 def test_the_command_line():
     from nodehealth import cli
+    from nodehealth.pingmesh import cli as pingmesh_cli
 
     args = cli.parser().parse_args(["controller", "--config", "c.yaml", "--listen", "127.0.0.1:9999",
                                     "--identity", "me"])
-    assert (args.func, args.config, args.listen, args.identity) == (cli.cmd_controller, "c.yaml",
+    assert (args.func, args.config, args.listen, args.identity) == (pingmesh_cli.cmd_controller, "c.yaml",
                                                                     "127.0.0.1:9999", "me")
 
 

@@ -20,13 +20,13 @@ from fake_kube_apiserver import FakeApiServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodehealth import config, controller, daemon, registry
-from nodehealth.config import PINGMESH_DEFAULTS
+from nodehealth import config, daemon, inventory, registry
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
-from nodehealth.net import pingmesh
-from nodehealth.probe import inventory, stats
-from nodehealth.probe.mesh import Pingmesh
+from nodehealth.pingmesh import analysis as pingmesh
+from nodehealth.pingmesh import controller, stats
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.mesh import Pingmesh
 
 W = 30.0
 T0 = 1_800_000_000.0  # a window boundary

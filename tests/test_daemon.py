@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import STOP_SECONDS, free_port, http_get, machine
 
-from nodehealth import daemon
+from nodehealth.server import STUCK_EXIT_SECONDS
 
 XID79 = "NVRM: Xid (PCI:0000:1b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
 
@@ -160,8 +160,8 @@ def test_a_stop_that_cannot_finish_exits_anyway_with_every_stack(plain, tmp_path
         assert wait_for(served, timeout=15.0) and proc.poll() is None
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(daemon.STUCK_EXIT_SECONDS + STOP_SECONDS)
-        assert time.monotonic() - t0 < daemon.STUCK_EXIT_SECONDS + STOP_SECONDS
+        code = proc.wait(STUCK_EXIT_SECONDS + STOP_SECONDS)
+        assert time.monotonic() - t0 < STUCK_EXIT_SECONDS + STOP_SECONDS
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -200,7 +200,7 @@ def test_a_state_file_with_wrong_types_is_set_aside_and_the_daemon_starts_afresh
 
 def test_slow_clients_never_hold_metrics_and_are_dropped_at_their_deadline(plain, tmp_path, daemon_factory):
     """Slowloris: as many clients as there are workers, each sending a byte a second."""
-    from nodehealth.daemon import MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT_SECONDS
+    from nodehealth.server import MAX_CONCURRENT_REQUESTS, REQUEST_TIMEOUT_SECONDS
     d = daemon_factory(str(plain), str(tmp_path / "state"))
     d.wait_ready()
     slow = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(MAX_CONCURRENT_REQUESTS)]
@@ -302,7 +302,7 @@ def _xid(source, device="0000:5d:00.0", code=79, t=1000.0):
     (_xid("kmsg"), _xid("kmsg", t=1000.1), ["from kmsg", "from kmsg"]),  # the log repeats itself: two
 ])
 def test_an_xid_from_nvml_and_the_kernel_log_counts_once(first, second, kept):
-    from nodehealth.daemon import Batch, KernelEvents
+    from nodehealth.kernel_stream import Batch, KernelEvents
     store = KernelEvents("boot", "/dev/kmsg")
     store.add(Batch(0, 0, None, [first]))
     store.add(Batch(0, 0, None, [second]))

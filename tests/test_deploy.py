@@ -13,7 +13,9 @@ import yaml
 from conftest import require_tool
 from fake_kube_apiserver import FakeApiServer
 
-from nodehealth import config, kube
+from nodehealth import config
+from nodehealth.kube import publisher as kube_publisher
+from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.model import Action, Finding, Report, Severity, Status
 
 DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
@@ -168,7 +170,7 @@ def test_admission_policy_admits_every_write_the_publisher_makes(policy, tmp_pat
         server.add_node("gpu-1", labels={"nvidia.com/gpu.present": "true"},
                         taints=[{"key": "dedicated", "value": "training", "effect": "NoSchedule"}],
                         annotations={"nodehealth.io/clear": "GPU reseated"})
-        publisher = kube.Publisher("gpu-1", {"kubeconfig": server.kubeconfig(str(tmp_path / "kc")),
+        publisher = kube_publisher.Publisher("gpu-1", {"kubeconfig": server.kubeconfig(str(tmp_path / "kc")),
                                              "heartbeat_seconds": 0.0}, on_clear=lambda reason: None)
         xid = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "GPU fell off the bus.", "0000:3b:00.0",
                       Action.REBOOT)
@@ -238,7 +240,7 @@ def test_daemonset_is_the_unprivileged_agent_the_issue_asks_for():
     effects = {t["effect"] for t in spec["tolerations"] if t["operator"] == "Exists" and "key" not in t}
     assert effects == {"NoSchedule", "PreferNoSchedule", "NoExecute"}  # its own taints never evict it
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert kube.DEFAULTS["managed_node_selector"] == "nvidia.com/gpu.present=true"  # the breaker counts the same
+    assert KUBE_DEFAULTS["managed_node_selector"] == "nvidia.com/gpu.present=true"  # the breaker counts the same
 
 
 def test_rbac_is_least_privilege():
@@ -249,9 +251,9 @@ def test_rbac_is_least_privilege():
         (("events",), ("create",)),
     }
     role = of_kind("Role", "nodehealth-breaker")
-    assert role["metadata"]["namespace"] == kube.DEFAULTS["breaker_namespace"]
+    assert role["metadata"]["namespace"] == KUBE_DEFAULTS["breaker_namespace"]
     assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
-    assert [r.get("resourceNames") for r in role["rules"] if "get" in r["verbs"]] == [[kube.DEFAULTS["breaker_name"]]]
+    assert [r.get("resourceNames") for r in role["rules"] if "get" in r["verbs"]] == [[KUBE_DEFAULTS["breaker_name"]]]
     # Pingmesh: the agents read the controller's two ConfigMaps (verdicts, inventory), nothing more.
     reader = of_kind("Role", "nodehealth-pingmesh-reader")
     assert reader["metadata"]["namespace"] == PINGMESH["controller_namespace"]
@@ -408,4 +410,4 @@ def test_service_selects_the_agent_pods():
 def test_shipped_config_starts_in_dry_run():
     config = yaml.safe_load(of_kind("ConfigMap")["data"]["config.yaml"])
     assert config["kube"]["enabled"] is True and config["kube"]["dry_run"] is True
-    assert set(config["kube"]) <= set(kube.DEFAULTS)
+    assert set(config["kube"]) <= set(KUBE_DEFAULTS)

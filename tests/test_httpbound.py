@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from nodehealth import httpbound
+from nodehealth import server as httpbound
 
 
 class Slow(httpbound.BoundedHandler):

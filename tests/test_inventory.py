@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodehealth.config import PINGMESH_DEFAULTS
-from nodehealth.probe import inventory
-from nodehealth.probe.inventory import Inventory, InventoryError, Node, from_data, from_nodes, load_file, parse, to_data
+from nodehealth import inventory
+from nodehealth.inventory import Inventory, InventoryError, Node, from_data, from_nodes, load_file, parse, to_data
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 
 YAML = """\
 nodes:
@@ -140,7 +140,7 @@ def test_malformed_files_are_clear_errors(tmp_path, name, data, fragment):
 
 def test_deep_yaml_is_refused_before_libyaml_composes_it():
     """libyaml's composer recurses in C with no limit: this document used to kill the process."""
-    code = ("from nodehealth.probe.inventory import parse, InventoryError\n"
+    code = ("from nodehealth.inventory import parse, InventoryError\n"
             "try:\n    parse('[' * 200000, 'deep.yaml', 'yaml')\n"
             "except InventoryError as e:\n    print(e)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -7,7 +7,11 @@ import time
 import pytest
 from fake_kube_apiserver import FakeApiServer
 
-from nodehealth import kube
+from nodehealth.kube import api as kube_api
+from nodehealth.kube import breaker as kube_breaker
+from nodehealth.kube import publisher as kube_publisher
+from nodehealth.kube import taints as kube_taints
+from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.model import Action, Finding, Report, Severity, verdict
 
 GPU_LABELS = {"nvidia.com/gpu.present": "true"}
@@ -51,10 +55,10 @@ def make(server, tmp_path):
     made = []
     config = server.kubeconfig(str(tmp_path / "kubeconfig"))
 
-    def _make(node: str = "gpu-1", on_clear=None, **cfg) -> kube.Publisher:
+    def _make(node: str = "gpu-1", on_clear=None, **cfg) -> kube_publisher.Publisher:
         if node not in server.nodes:
             server.add_node(node, labels=GPU_LABELS, taints=[dict(FOREIGN)])
-        p = kube.Publisher(node, dict(FAST, kubeconfig=config, **cfg), on_clear=on_clear)
+        p = kube_publisher.Publisher(node, dict(FAST, kubeconfig=config, **cfg), on_clear=on_clear)
         made.append(p)
         return p
 
@@ -91,22 +95,22 @@ def samples(publisher, name):
      {"memory": ("True", "ZoneExhausted", "NoSchedule")}),
 ])
 def test_desired_state_per_subsystem(findings, cfg, want):
-    state = kube.desired_state(report(*findings), dict(kube.DEFAULTS, **cfg))
-    assert set(state) == set(kube.SUBSYSTEMS)
-    for subsystem in kube.SUBSYSTEMS:
+    state = kube_taints.desired_state(report(*findings), dict(KUBE_DEFAULTS, **cfg))
+    assert set(state) == set(kube_taints.SUBSYSTEMS)
+    for subsystem in kube_taints.SUBSYSTEMS:
         got = state[subsystem]
         assert (got.status, got.reason, got.effect) == want.get(subsystem, ("False", "NoProblem", None))
 
 
 def test_condition_message_counts_the_other_findings():
-    state = kube.desired_state(report(XID79, finding("nvlink", Severity.DEGRADED, "NvlinkDown")), kube.DEFAULTS)
+    state = kube_taints.desired_state(report(XID79, finding("nvlink", Severity.DEGRADED, "NvlinkDown")), KUBE_DEFAULTS)
     assert state["gpu"].message == "Xid79FallenOffBus happened. (1 more GPU findings in the nodehealth report.)"
 
 
 @pytest.mark.parametrize("reason, value", [("Xid79FallenOffBus", "Xid79FallenOffBus"),
                                            ("Bad reason!/x", "Badreasonx"), ("A" * 80, "A" * 63)])
 def test_taint_value_is_a_valid_label_value(reason, value):
-    assert kube.taint_value(reason) == value
+    assert kube_taints.taint_value(reason) == value
 
 
 def test_nothing_is_written_before_the_first_publish(server, make):
@@ -275,8 +279,8 @@ def test_a_corrupt_record_keeps_a_wanted_quarantine_counted_as_ours(server, make
 ])
 def test_the_fake_server_refuses_taints_the_real_one_refuses(server, tmp_path, taint):
     server.add_node("gpu-1")
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")), 1.0)
-    with pytest.raises(kube.KubeError) as refused:
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")), 1.0)
+    with pytest.raises(kube_api.KubeError) as refused:
         api.patch_node("gpu-1", {"spec": {"taints": [taint]}})
     assert refused.value.kind == "client_error" and str(refused.value).startswith("422")
     assert server.node("gpu-1")["spec"]["taints"] == []
@@ -321,14 +325,14 @@ def test_no_api_server_at_all_never_raises(tmp_path):
     s = FakeApiServer()
     config = s.kubeconfig(str(tmp_path / "kubeconfig"))
     s.httpd.server_close()  # nothing listens on that port
-    p = kube.Publisher("gpu-1", dict(FAST, kubeconfig=config))
+    p = kube_publisher.Publisher("gpu-1", dict(FAST, kubeconfig=config))
     p.publish(report(XID79))
     assert not p.sync_once()
     assert p.errors == {"unreachable": 1}
 
 
 def test_a_missing_client_configuration_is_a_config_error(tmp_path):
-    p = kube.Publisher("gpu-1", dict(FAST, kubeconfig=str(tmp_path / "absent")))
+    p = kube_publisher.Publisher("gpu-1", dict(FAST, kubeconfig=str(tmp_path / "absent")))
     p.publish(report(XID79))
     assert not p.sync_once()
     assert p.errors == {"config": 1}
@@ -442,8 +446,8 @@ def test_breaker_reset_helper(server, make, tmp_path):
         p.sync_once()
     annotations = server.lease("nodehealth", "nodehealth-quarantine")["metadata"]["annotations"]
     assert annotations["nodehealth.io/breaker-tripped"]
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")), 1.0)
-    assert kube.reset_breaker({}, api) == "breaker reset; 1 node(s) still hold quarantine slots: gpu-1"
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")), 1.0)
+    assert kube_breaker.reset_breaker({}, api) == "breaker reset; 1 node(s) still hold quarantine slots: gpu-1"
     assert "nodehealth.io/breaker-tripped" not in server.lease("nodehealth", "nodehealth-quarantine")["metadata"][
         "annotations"]
 
@@ -531,7 +535,7 @@ def test_list_nodes_reads_page_by_page_and_keeps_what_the_inventory_needs(server
                         annotations={"nodehealth.io/probe-addresses": f"10.0.{i // 256}.{i % 256}"},
                         internal_ip=f"192.168.{i // 256}.{i % 256}")
     server.add_node("cpu-1", labels={"nodehealth.io/leaf": "leaf-x"})
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     nodes = api.list_nodes("nvidia.com/gpu.present=true")
     assert len(nodes) == 1201 and len({n["metadata"]["name"] for n in nodes}) == 1201
     assert [r for r in server.requests if r == ("GET", "/api/v1/nodes")] == [("GET", "/api/v1/nodes")] * 3
@@ -552,44 +556,44 @@ def test_a_paginated_list_is_one_snapshot(server, tmp_path):
     rest = server.route("GET", "/api/v1/nodes", {"limit": ["500"], "continue": [first["metadata"]["continue"]]},
                         "", None)[1]
     assert len(first["items"]) + len(rest["items"]) == 600 and "continue" not in rest["metadata"]
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     assert len(api.list_nodes("")) == 601
 
 
 def test_configmaps_create_get_and_compare_and_swap(server, tmp_path):
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     assert api.get_configmap("nodehealth", "cm") is None
     created = api.create_configmap("nodehealth", {"metadata": {"name": "cm"}, "data": {"a": "1"},
                                                   "binaryData": {"b.gz": "AAEC"}})
-    with pytest.raises(kube.KubeError) as e:
+    with pytest.raises(kube_api.KubeError) as e:
         api.create_configmap("nodehealth", {"metadata": {"name": "cm"}, "data": {}})
     assert e.value.kind == "conflict"
     got = api.get_configmap("nodehealth", "cm")
     assert (got["data"], got["binaryData"]) == ({"a": "1"}, {"b.gz": "AAEC"})
     stale = dict(created, data={"a": "2"})
     api.replace_configmap("nodehealth", dict(got, data={"a": "3"}))
-    with pytest.raises(kube.KubeError) as e:
+    with pytest.raises(kube_api.KubeError) as e:
         api.replace_configmap("nodehealth", stale)  # the resourceVersion it carries is gone
     assert e.value.kind == "conflict"
     assert api.get_configmap("nodehealth", "cm")["data"] == {"a": "3"}
 
 
 def test_a_configmap_answer_over_the_bound_is_not_read(server, tmp_path, monkeypatch):
-    api = kube.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
     server.put_configmap("nodehealth", "cm", data={"verdicts.json": "x" * 5000})
-    monkeypatch.setattr(kube, "MAX_CONFIGMAP_RESPONSE_BYTES", 4096)
-    with pytest.raises(kube.KubeError) as e:
+    monkeypatch.setattr(kube_api, "MAX_CONFIGMAP_RESPONSE_BYTES", 4096)
+    with pytest.raises(kube_api.KubeError) as e:
         api.get_configmap("nodehealth", "cm")
     assert e.value.kind == "too_large"
-    monkeypatch.setattr(kube, "MAX_CONFIGMAP_RESPONSE_BYTES", 8192)
+    monkeypatch.setattr(kube_api, "MAX_CONFIGMAP_RESPONSE_BYTES", 8192)
     assert api.get_configmap("nodehealth", "cm")["data"]["verdicts.json"] == "x" * 5000
     assert api.get_configmap("nodehealth", "cm") is not None  # the connection went back to the pool intact
 
 
 def test_pingmesh_findings_taint_the_network_subsystem():
     f = finding("pingmesh", Severity.DEGRADED, "PingmeshNodeFaulty", action=Action.HW_INSPECTION)
-    assert kube.subsystem_of(f) == "network"
-    state = kube.desired_state(report(f), kube.DEFAULTS)["network"]
+    assert kube_taints.subsystem_of(f) == "network"
+    state = kube_taints.desired_state(report(f), KUBE_DEFAULTS)["network"]
     assert (state.status, state.reason, state.effect) == ("True", "PingmeshNodeFaulty", "PreferNoSchedule")
 
 
@@ -599,12 +603,16 @@ def test_pingmesh_findings_taint_the_network_subsystem():
 ])
 def test_host_fault_checks_taint_their_subsystem(check, subsystem):
     f = finding(check, Severity.FATAL, "SomeFault", action=Action.HW_INSPECTION)
-    assert kube.subsystem_of(f) == subsystem
-    state = kube.desired_state(report(f), kube.DEFAULTS)[subsystem]
+    assert kube_taints.subsystem_of(f) == subsystem
+    state = kube_taints.desired_state(report(f), KUBE_DEFAULTS)[subsystem]
     assert (state.status, state.reason, state.effect) == ("True", "SomeFault", "NoSchedule")
 
 
 def test_every_registered_check_has_a_subsystem():
+    # Each check declares its SUBSYSTEM (the side list kube.CHECK_SUBSYSTEMS that a new check had to
+    # remember is gone); pcie's findings follow their device's kind.
     from nodehealth.registry import CHECKS
 
-    assert {c.NAME for c in CHECKS} - {"pcie"} <= set(kube.CHECK_SUBSYSTEMS)  # pcie follows the device kind
+    assert {c.NAME: c.SUBSYSTEM for c in CHECKS if c.SUBSYSTEM not in kube_taints.SUBSYSTEMS} == {}
+    assert all(kube_taints.subsystem_of(finding(c.NAME, Severity.FATAL, "SomeFault")) == c.SUBSYSTEM
+               for c in CHECKS if c.NAME != "pcie")

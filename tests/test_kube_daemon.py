@@ -7,7 +7,8 @@ import time
 from conftest import free_port, machine
 from fake_kube_apiserver import FakeApiServer
 
-from nodehealth.probe import inventory, verdicts
+from nodehealth import inventory
+from nodehealth.pingmesh import verdicts
 
 FOREIGN = {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
 
@@ -101,7 +102,7 @@ def test_a_pingmesh_verdict_about_the_node_taints_network_through_its_own_daemon
             "pingmesh": {"window_seconds": 2.0, "port": port, "tcp_port": free_port(), "refresh_seconds": 1.0,
                          "probe_interval_seconds": 0.5}}))
         d = daemon_factory(machine("plain-host"), str(tmp_path / "state"), "--kube", "--config", str(cfg),
-                           "--node-name", "gpu-a", "--only", "modules", "--probe-listen", f"127.0.0.2:{port}",
+                           "--node-name", "gpu-a", "--only", "modules,pingmesh", "--probe-listen", f"127.0.0.2:{port}",
                            interval=1.0)
         d.wait_ready()
 

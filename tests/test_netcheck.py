@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 
-from nodehealth.net import netcheck
-from nodehealth.net.netcheck import FAULTY, SOUND, STRAGGLER, UNRESOLVED, Netcheck, PairResult
+from nodehealth.netcheck import rounds as netcheck
+from nodehealth.netcheck.rounds import FAULTY, SOUND, STRAGGLER, UNRESOLVED, Netcheck, PairResult
 
 FAST, SLOW_BW = 100.0, 20.0
 

@@ -10,11 +10,11 @@ import sys
 import pytest
 from conftest import require_tool
 
-from nodehealth import rdma
 from nodehealth.host import HostPaths
-from nodehealth.net import discover
-from nodehealth.net.discover import DiscoveryError
-from nodehealth.probe import rdmapair
+from nodehealth.netcheck import discovery as discover
+from nodehealth.netcheck.discovery import DiscoveryError
+from nodehealth.rdma import bw as rdma
+from nodehealth.rdma import pair as rdmapair
 
 HOSTLISTS = ["node[01-04,07]", "gpu7", "rack[1-2]-n[1-2]", "x[8-11],y", "n[009-011],m[1,3-4]",
              "a-b[0-2],c[10-9999]"]
@@ -144,7 +144,7 @@ def test_hostfile_and_host_list(tmp_path):
 
 
 def test_this_machine_is_recognised():
-    from nodehealth.net import preflight
+    from nodehealth.netcheck import preflight
 
     assert preflight.is_local_address("127.0.0.1") and not preflight.is_local_address("192.0.2.77")
     assert not preflight.is_local_address("0.0.0.0")  # every address, so nobody's in particular

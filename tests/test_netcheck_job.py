@@ -113,7 +113,7 @@ def test_no_way_to_find_the_job_is_usage():
 
 
 def test_method_is_rdma_only_where_every_node_has_a_device():
-    from nodehealth.probe.stream import RDMA, TCP, Host, choose_method
+    from nodehealth.netcheck.agent import RDMA, TCP, Host, choose_method
 
     both = [Host(f"10.0.0.{i}:1", f"n{i}", f"10.0.0.{i}:1", (TCP, RDMA), "mlx5_0 port 1") for i in range(3)]
     assert choose_method(both, "auto") == RDMA and choose_method(both, "tcp") == TCP
@@ -126,7 +126,7 @@ def test_method_is_rdma_only_where_every_node_has_a_device():
 def test_rendezvous_takes_the_job_and_no_more():
     import threading
 
-    from nodehealth.probe.stream import Member, Rendezvous
+    from nodehealth.netcheck.agent import Member, Rendezvous
 
     rv = Rendezvous(2, answer_timeout=5, accept=lambda m: None if m.name != "evil" else "not one of the job's nodes")
     assert rv.add(Member("a", "10.0.0.1:9460")) is None
@@ -146,7 +146,7 @@ def test_rendezvous_takes_the_job_and_no_more():
 
 
 def test_an_agent_without_a_device_refuses_rdma_in_one_line():
-    from nodehealth.probe import stream
+    from nodehealth.netcheck import agent as stream
 
     agent = stream.Agent(("127.0.0.1", 0), stream.AgentConfig("n1", "127.0.0.1:1"))
     ep = f"127.0.0.1:{agent.server_address[1]}"
@@ -182,7 +182,7 @@ def test_netcheck_config_is_checked(tmp_path, setting, fragment):
 def test_flags_override_the_config(tmp_path):
     import argparse
 
-    from nodehealth.net import preflight
+    from nodehealth.netcheck import preflight
 
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"netcheck": {"seconds": 5.0, "slow_fraction": 0.7}}))
@@ -269,9 +269,9 @@ def test_as_a_torchrun_pre_step_with_torchruns_own_rendezvous(tmp_path):
 def test_a_job_of_addresses_takes_only_those_addresses():
     """With a host list of addresses, a node whose name is another address of the same /8 is not one
     of them (the first label of "10.0.0.5" is no short name)."""
-    from nodehealth.net import discover
-    from nodehealth.net.preflight import JobNodes
-    from nodehealth.probe.stream import Member
+    from nodehealth.netcheck import discovery as discover
+    from nodehealth.netcheck.agent import Member
+    from nodehealth.netcheck.preflight import JobNodes
 
     nodes = JobNodes(discover.from_hosts(["10.0.0.5", "10.0.0.6", "gpu-7.cluster"], lambda host: False))
     assert nodes.accept(Member("10.9.9.9", "10.9.9.9:9460")) == "10.9.9.9 (10.9.9.9) is not one of the job's nodes"

@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from nodehealth.config import PINGMESH_DEFAULTS
-from nodehealth.probe.inventory import from_data
-from nodehealth.probe.pinglist import Target, peer_group, pinglist
+from nodehealth.inventory import from_data
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.pinglist import Target, peer_group, pinglist
 
 
 def config(**overrides):
@@ -125,9 +125,9 @@ def test_who_pairs_with_whom_changes_between_cycles():
 
 def test_same_inventory_same_lists_in_any_process():
     """Both ends must agree: nothing may depend on Python's per-process string hash."""
-    code = ("from nodehealth.config import PINGMESH_DEFAULTS as c\n"
-            "from nodehealth.probe.inventory import from_data\n"
-            "from nodehealth.probe.pinglist import pinglist\n"
+    code = ("from nodehealth.pingmesh.defaults import DEFAULTS as c\n"
+            "from nodehealth.inventory import from_data\n"
+            "from nodehealth.pingmesh.pinglist import pinglist\n"
             "inv = from_data({'nodes': [{'name': f'n{i}', 'leaf': f'l{i % 9}', 'address': f'10.0.0.{i + 1}'}"
             " for i in range(90)]})\n"
             "print(sorted((n.name, t.node) for n in inv.nodes for t in pinglist(inv, n.name, 12345, c)))\n")

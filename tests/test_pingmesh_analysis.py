@@ -1,4 +1,4 @@
-"""Pingmesh localization (nodehealth/net/pingmesh.py) on synthetic meshes with injected faults, its
+"""Pingmesh localization (nodehealth/pingmesh/analysis.py) on synthetic meshes with injected faults, its
 hysteresis, bad input, and `nodehealth pingmesh analyze` (bundles, saving, agents over HTTP)."""
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodehealth import config
-from nodehealth.net import cli, pingmesh
-from nodehealth.net.pingmesh import Analysis, analyze
-from nodehealth.probe.stats import BUCKETS_SECONDS, bucket_index, parse_summary
-from nodehealth.probe.verdicts import parse_verdicts
+from nodehealth.pingmesh import analysis as pingmesh
+from nodehealth.pingmesh import cli
+from nodehealth.pingmesh.analysis import Analysis, analyze
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, bucket_index, parse_summary
+from nodehealth.pingmesh.verdicts import parse_verdicts
 
 WS = 30.0
 T0 = 1_700_000_040.0  # a window boundary, in the past (the command analyses as of now)
@@ -631,7 +633,7 @@ def test_cli_fetches_agents_over_http_and_lists_the_unreachable(tmp_path, capsys
            for u in doc["unreadable"] if u["source"].startswith("http")}
     assert why["gone"] == "HTTP 404 Not Found" and "more than 1048576 bytes" in why["huge"] and "closed" in why
     assert any(u["source"] == "file:///etc/passwd" and "only http" in u["reason"] for u in doc["unreadable"])
-    windows = config.PINGMESH_DEFAULTS["fetch_windows"]
+    windows = PINGMESH_DEFAULTS["fetch_windows"]
     assert server.paths and all(p.endswith(f"?windows={windows}") for p in server.paths)
     saved = json.loads((tmp_path / "s.json").read_text())
     assert len(saved["summaries"]) == len(summaries) and len(saved["unreadable"]) == 4

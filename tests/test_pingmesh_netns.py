@@ -16,8 +16,8 @@ import time
 import pytest
 from conftest import require_netns, unavailable
 
-from nodehealth.config import PINGMESH_DEFAULTS
-from nodehealth.net.pingmesh import analyze
+from nodehealth.pingmesh.analysis import analyze
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 
 pytest.importorskip("grpc")
 from netns.mesh import Mesh  # noqa: E402 (after the skip: it needs grpc in the daemons)

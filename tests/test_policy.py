@@ -142,7 +142,7 @@ KMSG_OK = {"boot_id": "b", "records": 1, "last_seq": 3, "events": [{"kind": "xid
     {"boot_id": 7},
 ])
 def test_valid_json_with_wrong_types_is_set_aside_and_the_daemon_starts_afresh(tmp_path, bad, caplog):
-    from nodehealth.daemon import KernelEvents
+    from nodehealth.kernel_stream import KernelEvents
 
     good = {"version": 1, "boot_id": "b", "sticky": [LOST.to_dict()], "debounce": {}, "kmsg": KMSG_OK}
     (tmp_path / "state.json").write_text(json.dumps(good))
@@ -162,7 +162,8 @@ def test_a_fifo_in_place_of_the_state_file_does_not_block(tmp_path):
 
 
 def test_a_huge_state_file_is_not_read_whole(tmp_path, monkeypatch):
-    from nodehealth import daemon, policy
+    from nodehealth import kernel_stream as daemon
+    from nodehealth import policy
 
     event = {"kind": "xid", "device": "0000:3b:00.0", "code": 13, "text": "x" * 40, "seq": 1, "detail": {}}
     (tmp_path / "state.json").write_text(json.dumps({"version": 1, "boot_id": "b",
@@ -192,7 +193,7 @@ def test_a_crashed_writers_temporaries_are_removed_at_start(tmp_path):
 
 
 def test_a_fifo_in_place_of_a_clear_request_does_not_block_the_pass(tmp_path):
-    from nodehealth.daemon import take_clear_request
+    from nodehealth.policy import take_clear_request
 
     os.mkfifo(tmp_path / "clear-request.json")
     assert take_clear_request(str(tmp_path)) is None

@@ -13,10 +13,10 @@ import time
 import pytest
 from conftest import HERE, free_port, http_get, machine, require_netns, require_tool
 
-from nodehealth.config import PINGMESH_DEFAULTS
-from nodehealth.probe import agent
-from nodehealth.probe.pinglist import Target
-from nodehealth.probe.prober import Prober
+from nodehealth.pingmesh import agent
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.pinglist import Target
+from nodehealth.pingmesh.prober import Prober
 
 pytest.importorskip("grpc")
 
@@ -189,7 +189,7 @@ def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_facto
                                                "timeout_seconds": 2.0}}))
     daemons = {}
     for name, address in (("a", "127.0.0.2"), ("b", "127.0.0.3")):
-        daemons[name] = daemon_factory(machine("plain-host"), str(tmp_path / name), "--only", "modules",
+        daemons[name] = daemon_factory(machine("plain-host"), str(tmp_path / name), "--only", "modules,pingmesh",
                                        "--config", str(config), "--node-name", name,
                                        "--probe-listen", f"{address}:{port}", "--probe-inventory", str(inventory),
                                        interval=5.0)
@@ -275,10 +275,10 @@ def test_a_starved_prober_reports_the_kernels_round_trip_not_its_own_delay(port)
 
 TCP_PROBE_SCRIPT = """
 import json, selectors, sys, time
-from nodehealth.config import PINGMESH_DEFAULTS
-from nodehealth.probe import agent
-from nodehealth.probe.pinglist import Target
-from nodehealth.probe.prober import Prober
+from nodehealth.pingmesh import agent
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.pinglist import Target
+from nodehealth.pingmesh.prober import Prober
 port = int(sys.argv[1])
 listener = agent.listen_tcp("127.0.0.1", port)
 out = []

@@ -6,11 +6,11 @@ import os
 import pytest
 from conftest import HERE
 
-from nodehealth.config import PINGMESH_DEFAULTS
 from nodehealth.exporter import render
-from nodehealth.probe import stats
-from nodehealth.probe.inventory import InventoryError, from_data
-from nodehealth.probe.mesh import Pingmesh
+from nodehealth.inventory import InventoryError, from_data
+from nodehealth.pingmesh import stats
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.mesh import Pingmesh
 
 GOLDEN = os.path.join(HERE, "golden", "pingmesh.metrics.txt")
 

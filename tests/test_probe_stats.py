@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from nodehealth.exporter import render
 from nodehealth.model import Metric
-from nodehealth.probe import stats
-from nodehealth.probe.stats import BUCKETS_SECONDS, PeerStats, SummaryError, bucket_index, merge, quantile
+from nodehealth.pingmesh import stats
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, PeerStats, SummaryError, bucket_index, merge, quantile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -148,10 +148,10 @@ def test_generated_stubs_are_current(tmp_path):
     """The committed probe_pb2*.py come from probe.proto with the command in its header."""
     pytest.importorskip("grpc_tools")
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I.", f"--python_out={tmp_path}",
-                    f"--grpc_python_out={tmp_path}", "nodehealth/probe/probe.proto"], cwd=REPO, check=True)
+                    f"--grpc_python_out={tmp_path}", "nodehealth/pingmesh/probe.proto"], cwd=REPO, check=True)
     for name in ("probe_pb2.py", "probe_pb2_grpc.py"):
-        with open(os.path.join(REPO, "nodehealth", "probe", name)) as committed, \
-                open(tmp_path / "nodehealth" / "probe" / name) as fresh:
+        with open(os.path.join(REPO, "nodehealth", "pingmesh", name)) as committed, \
+                open(tmp_path / "nodehealth" / "pingmesh" / name) as fresh:
             assert committed.read() == fresh.read(), f"{name} is stale: regenerate it (see probe.proto)"
 
 

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from nodehealth import rdma
 from nodehealth.host import HostPaths
+from nodehealth.rdma import bw as rdma
 
 GID_LO = "0000:0000:0000:0000:0000:ffff:7f00:0001"
 
@@ -111,7 +111,7 @@ def test_cq_moderation_as_perftest():
 
 
 def test_cli_without_device_says_so_and_check_does_not_pay_for_it(tmp_path):
-    heavy = ('pyverbs', 'nodehealth.rdma', 'nodehealth.probe.stream', 'nodehealth.net.netcheck')
+    heavy = ('pyverbs', 'nodehealth.rdma.bw', 'nodehealth.netcheck.agent', 'nodehealth.netcheck.rounds')
     code = (f"import sys, nodehealth.cli as c; c.parser(); "
             f"print(sorted(m for m in sys.modules if m.startswith({heavy})))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -16,13 +16,15 @@ import types
 import pytest
 from conftest import machine
 
-from nodehealth import config, exporter, rdma, rdma_periodic, registry
+from nodehealth import config, exporter, registry
 from nodehealth.collectors import rdma_bw as facts_module
 from nodehealth.config import ConfigError
 from nodehealth.daemon import Daemon
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
-from nodehealth.rdma_periodic import Admission, RdmaPeriodic, find_rails, inventory_peers
+from nodehealth.rdma import bw as rdma
+from nodehealth.rdma import periodic as rdma_periodic
+from nodehealth.rdma.periodic import Admission, RdmaPeriodic, find_rails, inventory_peers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "golden", "rdma-bw.metrics.txt")
@@ -356,10 +358,11 @@ def test_off_by_default_and_pyverbs_stays_unloaded():
     import subprocess
     import sys
 
-    code = ("import sys, nodehealth.daemon, nodehealth.rdma_periodic; "
-            "print([m for m in sys.modules if m.startswith(('pyverbs', 'nodehealth.rdma'))])")
+    code = ("import sys, nodehealth.daemon, nodehealth.rdma.periodic; "
+            "print([m for m in sys.modules if m.startswith(('pyverbs', 'nodehealth.rdma.bw', "
+            "'nodehealth.rdma.periodic'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['nodehealth.rdma_periodic']"
+    assert out.strip() == "['nodehealth.rdma.periodic']"
 
 
 def test_a_bug_in_one_test_does_not_end_the_rounds():

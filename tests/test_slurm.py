@@ -12,7 +12,8 @@ from conftest import IN_CI, DaemonProcess, machine, require_tool
 from slurm_cluster import NODE, TOOLS, SlurmCluster
 
 from nodehealth.model import Finding, Severity
-from nodehealth.slurm import PREFIX, NodeState, SlurmError, drain_reason, parse_node
+from nodehealth.slurm.drainer import drain_reason
+from nodehealth.slurm.scontrol import PREFIX, NodeState, SlurmError, parse_node
 
 UNHEALTHY = machine("nvml-h100-xid79-lost")  # GPU 3 lost: GpuLost is its worst finding
 HEALTHY = machine("plain-host")
@@ -59,7 +60,8 @@ def test_an_scontrol_that_cannot_run_or_prints_garbage_never_ends_the_drainer(tm
     that goes wrong is counted and retried: the drainer's thread lives on."""
     from nodehealth import config
     from nodehealth.model import Report, Status
-    from nodehealth.slurm import Drainer, Scontrol
+    from nodehealth.slurm.drainer import Drainer
+    from nodehealth.slurm.scontrol import Scontrol
 
     cfg = dict(config.defaults()["slurm"], attempts=1, retry_delay_seconds=0.0)
     unrunnable = tmp_path / "scontrol"

@@ -28,8 +28,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodehealth.config import HANG_DEFAULTS
 from nodehealth.hang import merge, record
+from nodehealth.hang.defaults import DEFAULTS
 from nodehealth.hang.exits import ExitWatcher
 from nodehealth.hang.stacks import StackCollector
 from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
@@ -37,7 +37,6 @@ from nodehealth.model import Action, Finding, Metric, Severity
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = HANG_DEFAULTS  # kept in config.py with the other settings
 FR_DUMP_LIMIT = 64 << 20
 
 

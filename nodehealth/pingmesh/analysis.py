@@ -1,0 +1,989 @@
+"""Pingmesh localization: which node, leaf or leaf-to-leaf path explains the lost and slow probes.
+
+Pure: agents' summaries (stats.Summary or the decoded JSON of `/v1/pingmesh`) in, an Analysis out.
+Evidence is the TCP probes (answered by the peer's kernel); a peer's Pings count only without them.
+Windows of all agents are aligned by their start; only closed ones count. Each window is judged on
+its own, in three steps, each explaining away what the one before could not:
+
+1. Inside each leaf (its full mesh): a node is suspect when its probes with its leaf-mates lose
+   (pooled, so that 1% loss on one link stands out over a few hundred peers, and beyond what the
+   median node's loss explains) or when the median of its edges' p99 is over the intra-leaf
+   baseline. Suspects are taken greedily, worst first, and each one's lossy edges are taken off its
+   leaf-mates' totals, so that one dead node does not make its whole leaf look lossy. A node that
+   answers (almost) none of its probers is suspect too, even when its own agent reports nothing.
+   When most of a leaf is suspect, the leaf is at fault; otherwise a suspect is a node verdict if
+   enough healthy leaf-mates and reporters back it, else inconclusive (a two-node leaf cannot tell
+   a node from its leaf).
+2. Between leaves (R-Pingmesh's fold): every probe between two leaves adds to the directed
+   leaf->leaf edge (loss = lost / sent, one merged histogram for p99), minus the lossy or slow edges
+   of step 1's suspects. A leaf whose bad fraction of edges out or in reaches `leaf_fraction`, or
+   whose loss pooled over all its edges is over `loss_fraction` and spread over most partner leaves,
+   is at fault (its uplinks, or the leaf cut off), worst first, each one taken off its partners'
+   counts; a bad edge between two otherwise fine leaves is a path.
+3. Hysteresis over windows: a verdict opens after `open_windows` consecutive bad windows and closes
+   after `close_windows` good ones; windows without data about an element neither open nor close
+   it. The agents keep ~20 windows, so each run sees enough history: verdicts carry no state from run to run.
+
+Each agent's window is first folded (Folded: one edge per peer node), then added up: per window,
+counters per node and per leaf pair in arrays, and only edges with a lost or slow probe are kept one
+by one (to explain them away), up to a cap. analyze() adds up as the summaries stream in; an Analyzer
+(the controller's, one run a window) keeps each window's judgement and judges again only a window
+whose contributions changed, so a run costs about the new window. Work and memory are bounded: at
+most MAX_SUMMARIES summaries, MAX_NODES names, MAX_PEER_ENTRIES peer entries, `max_windows` windows
+per window size and MAX_WINDOW_SIZES sizes.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import sys
+import time
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodehealth.pingmesh import stats
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, MAX_WINDOWS, Summary, SummaryError, parse_summary, quantile
+
+MAX_SUMMARIES = 10_000  # one per agent; more is not a cluster we size for, and bounds the work
+MAX_NODES = 50_000  # distinct node names, reporters and the peers they name (dead ones included)
+MAX_PEER_ENTRIES = 50_000_000  # summed over summaries: ~2 minutes of work; 10,000 x 330 x 10 fits
+# Lossy or slow edges kept one by one in a window (~100 bytes each; 5 windows: ~30 MiB); past it, fewer explained.
+MAX_ANOMALOUS_EDGES = 60_000
+MAX_WINDOW_SIZES = 3  # distinct window_seconds kept apart; the one most agents use is analysed
+MAX_SENT = 1_000_000  # probes of one peer entry in one window: more is not an agent's count
+MAX_REJECTED = 1000  # reasons listed; the rest are counted
+CLOCK_SKEW_SECONDS = 2.0  # a window that ends later than now by more than this is not closed yet
+MAX_LEAF_NAME = 63  # a Kubernetes label value, which is where leaves come from
+
+KINDS = ("leaf", "node", "path", "inconclusive")
+NB = len(BUCKETS_SECONDS)  # bucket NB is the overflow bucket
+NB1 = NB + 1  # buckets in a histogram
+NONE = NB1  # p99 slot of an edge with no answered probe
+NB2 = NB1 + 1
+_LEAF_KEY = 1 << 17  # leaf pair key = source leaf * _LEAF_KEY + target leaf (leaves < MAX_NODES < 2**17)
+_NODE_COLUMNS = ("reported", "in_sent", "in_lost", "in_edges", "in_dead",
+                 "intra_sent", "intra_lost", "intra_edges", "intra_lossy", "inter_sent", "inter_lost")
+
+
+@dataclass
+class Verdict:
+    kind: str  # node, leaf, path or inconclusive
+    element: str  # node name, leaf name, "leafA->leafB", or what could not be separated
+    since: float  # start of the window in which the bad streak that opened it began
+    windows: int  # bad windows since then
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "element": self.element, "since": self.since, "windows": self.windows,
+                "message": self.message, "evidence": self.evidence}
+
+
+@dataclass
+class Analysis:
+    verdicts: list[Verdict]
+    nodes: int  # distinct nodes in the analysed windows (reporting or probed)
+    leaves: int  # distinct known leaves among them
+    windows_seen: int  # closed windows analysed
+    rejected: list[tuple[str, str]]  # (summary, why) for summaries that were not used
+    window_seconds: float
+    time: float
+    notes: list[str] = field(default_factory=list)  # limits reached (the analysis went on without)
+    window_starts: list[float] = field(default_factory=list)  # of the analysed windows, oldest first
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict ConfigMap's `verdicts.json` shape."""
+        return {"schema_version": 1, "time": self.time, "window_seconds": self.window_seconds,
+                "verdicts": [v.to_dict() for v in self.verdicts], "nodes": self.nodes, "leaves": self.leaves}
+
+
+def analyze(summaries: Iterable[Any], cfg: dict[str, Any] | None = None, now: float | None = None) -> Analysis:
+    """Localize faults in the agents' summaries (stats.Summary, Prepared or decoded JSON, mixed).
+
+    `cfg` is config `pingmesh.analysis` (missing keys take the defaults); `now` (default: the
+    clock) is the time of the analysis: windows that end after it are not closed yet.
+    """
+    return _Mesh(_settings(cfg), eager=True).run(summaries, time.time() if now is None else float(now))
+
+
+class Analyzer:
+    """analyze() again every window, keeping what did not change (the controller's).
+
+    A window whose contributions this run are the very Folded windows of the last run (same agents,
+    same data) keeps its judgement; the others are added up and judged again. The verdicts are
+    analyze()'s over the same summaries. Kept between runs: one judgement per analysed window (at most
+    max_windows) and the node and leaf names, forgotten (with the judgements) once they are more than
+    twice the nodes in use plus 1,000.
+    """
+
+    def __init__(self, cfg: dict[str, Any] | None = None) -> None:
+        self._mesh = _Mesh(_settings(cfg), eager=False)
+
+    def run(self, summaries: Iterable[Any], now: float) -> Analysis:
+        return self._mesh.run(summaries, float(now))
+
+    @property
+    def rebuilt(self) -> int:
+        """Windows added up and judged by the last run (the rest kept their judgement)."""
+        return self._mesh.rebuilt
+
+
+def _settings(cfg: dict[str, Any] | None) -> dict[str, Any]:
+    c = dict(PINGMESH_DEFAULTS["analysis"])
+    c.update(cfg or {})
+    return c
+
+
+# -- one agent's windows, made ready -----------------------------------------------------------
+
+_folded_ids = itertools.count()
+
+
+class Folded:
+    """One agent's window as the analysis adds it up: one edge per peer node (its TCP probes over all
+    rails, its Pings only where it has none; see _Mesh._add_window), with each edge's top and p99
+    bucket worked out. Compact, about 30 bytes an edge: the controller keeps ~5 per agent between runs."""
+
+    __slots__ = ("id", "names", "leaves", "sent", "lost", "top", "p99", "offsets", "flat")
+
+    def __init__(self, peers: list[stats.PeerStats]) -> None:
+        edges: dict[str, list] = {}
+        by_tcp = {p.node for p in peers if p.probe == "tcp" and p.sent > 0}
+        for p in peers:
+            if p.sent <= 0 or (p.probe != "tcp" and p.node in by_tcp):
+                continue
+            e = edges.get(p.node)
+            if e is None:
+                edges[p.node] = [p.sent, p.lost, p.counts, p.leaf, False]
+            else:
+                e[0] += p.sent
+                e[1] += p.lost
+                if not e[4]:  # the first entry's dict belongs to the caller: copy before adding to it
+                    e[2], e[4] = dict(e[2]), True
+                for i, n in p.counts.items():
+                    e[2][i] = e[2].get(i, 0) + n
+        self.id = next(_folded_ids)  # what a kept judgement is keyed by
+        self.names = tuple(sys.intern(name) for name in edges)  # one string per name, however many windows
+        self.leaves = tuple(sys.intern(e[3]) for e in edges.values())
+        sent, lost, top, p99, offsets, flat = [], [], [], [], [0], []
+        for n_sent, n_lost, counts, _, _ in edges.values():
+            sent.append(n_sent)
+            lost.append(n_lost)
+            t = max(counts) if counts else -1
+            top.append(t)
+            answered = n_sent - n_lost
+            if answered == 0:
+                p99.append(NONE)
+            elif answered < 100:  # the p99 of fewer than 100 probes is the slowest one
+                p99.append(t)
+            else:
+                p99.append(_index(quantile(counts, 0.99)))
+            for i, n in counts.items():
+                flat.append(i)
+                flat.append(n)
+            offsets.append(len(flat))
+        self.sent, self.lost, self.offsets, self.flat = _packed(sent), _packed(lost), _packed(offsets), _packed(flat)
+        self.top, self.p99 = array("b", top), array("b", p99)  # bucket indices (-1: no answer; NONE: no p99)
+        # edge j's histogram: flat[offsets[j]:offsets[j + 1]], bucket, count, bucket, count, ...
+
+    def share(self, other: Folded) -> None:
+        """Take `other`'s names and leaves where they are the same (an agent's windows mostly are)."""
+        if self.names == other.names:
+            self.names = other.names
+        if self.leaves == other.leaves:
+            self.leaves = other.leaves
+
+
+def _packed(values: list[int]) -> array:
+    """An exact-size array of 4-byte integers where they fit (counts of probes do), else 8-byte ones."""
+    return array("i" if all(-(1 << 31) <= v < 1 << 31 for v in values) else "q", values)
+
+
+@dataclass
+class PreparedWindow:
+    start: float
+    closed: bool
+    entries: int  # peer entries as the agent sent them
+    max_sent: int  # the most probes of one entry
+    folded: Folded | None  # None where the analysis does not use the window (open, ahead of `now`, alien buckets)
+
+
+@dataclass
+class Prepared:
+    """One agent's summary made ready for the analysis at one time: what _Mesh checks and adds up."""
+
+    node: str
+    leaf: str
+    window_seconds: float
+    buckets: tuple[float, ...]
+    windows: list[PreparedWindow]
+
+
+def usable(closed: bool, start: float, window_seconds: float, now: float) -> bool:
+    """Whether the analysis at `now` adds a window up: closed, by the agent's word and by our clock."""
+    return closed and start + window_seconds <= now + CLOCK_SKEW_SECONDS
+
+
+def prepare_window(w: stats.Window, window_seconds: float, buckets: tuple[float, ...], now: float) -> PreparedWindow:
+    if w.peers is None:
+        raise SummaryError(f"window {w.start:.3f} came without its peers")
+    fold = buckets == BUCKETS_SECONDS and usable(w.closed, w.start, window_seconds, now)
+    return PreparedWindow(w.start, w.closed, len(w.peers), max((p.sent for p in w.peers), default=0),
+                          Folded(w.peers) if fold else None)
+
+
+def prepare(s: Summary, now: float) -> Prepared:
+    buckets = tuple(s.buckets)
+    return Prepared(s.node, s.leaf, s.window_seconds, buckets,
+                    [prepare_window(w, s.window_seconds, buckets, now) for w in s.windows])
+
+
+# -- aggregation -------------------------------------------------------------------------------
+
+class _Window:
+    """One window of one window size: counters per node and per leaf pair, and the anomalous edges."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.n = 0  # node slots allocated
+        self.col = {name: array("q") for name in _NODE_COLUMNS}
+        self.p99 = array("q")  # per node NB2 slots: how many of its intra-leaf edges have their p99 there
+        self.cluster = [0] * NB2  # the same over all intra-leaf edges: the baseline
+        self.lp: dict[int, int] = {}  # leaf pair key -> slot
+        self.lp_key: list[int] = []
+        self.lp_sent, self.lp_lost = array("q"), array("q")
+        self.lp_reporters = array("q")  # agents reporting on the leaf pair
+        self.lp_hist = array("q")  # NB1 per slot
+        self.anomalous: list[tuple[int, int, int, int, tuple[int, ...], int]] = []  # src, dst, sent, lost, counts, slot
+        self.by_node: dict[int, list[int]] = {}
+        self.overflow = False  # more than MAX_ANOMALOUS_EDGES
+        self.ignored = 0  # peer entries naming nodes past MAX_NODES
+
+    def grow(self, n: int) -> None:
+        if n <= self.n:
+            return
+        size = max(n, 2 * self.n, 64)
+        zeros = bytes(8 * (size - self.n))
+        for column in self.col.values():
+            column.frombytes(zeros)
+        self.p99.frombytes(zeros * NB2)
+        self.n = size
+
+
+class _Group:
+    """The windows of the summaries that share one window size, newest `max_windows` kept: a _Window
+    each (analyze() adds up as the summaries come), or its contributions (src, Folded) (Analyzer)."""
+
+    def __init__(self, window_seconds: float, keep: int, eager: bool) -> None:
+        self.window_seconds = window_seconds
+        self.keep = keep
+        self.eager = eager
+        self.windows: dict[float, Any] = {}
+        self.summaries: list[str] = []  # node names of the summaries accepted into this group
+
+    def window(self, start: float) -> Any:
+        w = self.windows.get(start)
+        if w is not None:
+            return w
+        if len(self.windows) >= self.keep:
+            oldest = min(self.windows)
+            if start < oldest:
+                return None
+            del self.windows[oldest]
+        w = self.windows[start] = _Window(start) if self.eager else []
+        return w
+
+
+class _Mesh:
+    def __init__(self, cfg: dict[str, Any], eager: bool) -> None:
+        self.cfg = cfg
+        self.eager = eager
+        self.keep = max(1, min(int(cfg["max_windows"]), MAX_WINDOWS))
+        self.slow = next((i for i, b in enumerate(BUCKETS_SECONDS) if b > float(cfg["p99_floor_seconds"])), NB)
+        self.in_use = 0  # nodes known to the last run
+        self.rebuilt = 0
+        self._forget()
+
+    def _forget(self) -> None:
+        """Drop the names and the judgements that use their indices."""
+        self.node_index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.leaf_of: list[int] = []
+        self.leaf_index: dict[str, int] = {"": 0}  # leaf 0 is "unknown": nothing is blamed on it
+        self.leaves: list[str] = [""]
+        self.judged: dict[tuple[float, float], tuple[frozenset[int], _Judge]] = {}  # (ws, start) -> ids, judgement
+
+    def run(self, summaries: Iterable[Any], now: float) -> Analysis:
+        self.now = now
+        if len(self.names) > 2 * self.in_use + 1000:
+            self._forget()
+        self.groups: dict[float, _Group] = {}
+        self.reporting: set[str] = set()  # nodes whose summary was taken
+        self.rejected: list[tuple[str, str]] = []
+        self.rejected_more = 0
+        self.notes: list[str] = []
+        self.entries = 0
+        for i, obj in enumerate(summaries):
+            if i >= MAX_SUMMARIES:
+                self.notes.append(f"more than {MAX_SUMMARIES} summaries: the rest were not read")
+                break
+            self.add(i, obj)
+        return self.finish()
+
+    # -- input ---------------------------------------------------------------------------------
+    def reject(self, label: str, why: str) -> None:
+        if len(self.rejected) < MAX_REJECTED:
+            self.rejected.append((label, why))
+        else:
+            self.rejected_more += 1
+
+    def add(self, i: int, obj: Any) -> None:
+        label = f"summary {i}"
+        try:
+            if isinstance(obj, dict) and isinstance(obj.get("node"), str) and 0 < len(obj["node"]) <= 253:
+                label = obj["node"]
+            if not isinstance(obj, Prepared):
+                summary = obj if isinstance(obj, Summary) else parse_summary(self._trim(obj))
+                label = summary.node
+                obj = prepare(summary, self.now)
+            label = obj.node
+            self._check(obj)
+            self._ingest(obj)
+        except SummaryError as e:
+            self.reject(label, str(e))
+
+    def _trim(self, obj: Any) -> Any:
+        """Only the closed windows we may use are worth validating (and paying for)."""
+        if isinstance(obj, dict) and isinstance(obj.get("windows"), list) and len(obj["windows"]) <= MAX_WINDOWS:
+            kept = [w for w in obj["windows"] if isinstance(w, dict) and w.get("closed") is True]
+            return dict(obj, windows=kept[-self.keep:])
+        return obj
+
+    def _check(self, s: Prepared) -> None:
+        if tuple(s.buckets) != BUCKETS_SECONDS:
+            raise SummaryError("buckets_seconds differ from this version's: histograms would not merge")
+        if s.node in self.reporting:
+            raise SummaryError(f"a second summary for node {s.node} (the first one is used)")
+        ws = s.window_seconds
+        starts = set()
+        for w in s.windows:
+            k = w.start / ws
+            if abs(k - round(k)) > 1e-6:
+                raise SummaryError(f"window start {w.start:.3f} is not a multiple of window_seconds {ws:g}")
+            if w.start in starts:
+                raise SummaryError(f"window {w.start:.3f} is listed twice")
+            starts.add(w.start)
+            if w.max_sent > MAX_SENT:
+                raise SummaryError(f"{w.max_sent} probes of one peer in one window: more than {MAX_SENT}")
+        entries = sum(w.entries for w in s.windows if w.closed)
+        if self.entries + entries > MAX_PEER_ENTRIES:
+            raise SummaryError(f"the analysis already holds {self.entries} peer entries (at most {MAX_PEER_ENTRIES})")
+        if ws not in self.groups and len(self.groups) >= MAX_WINDOW_SIZES:
+            raise SummaryError(f"window_seconds {ws:g}: already {MAX_WINDOW_SIZES} different window sizes")
+        self.entries += entries
+        self.reporting.add(s.node)
+
+    def _node(self, name: str, leaf: str) -> int:
+        i = self.node_index.get(name)
+        if i is not None:
+            return i
+        if len(self.names) >= MAX_NODES:
+            return -1
+        i = self.node_index[name] = len(self.names)
+        self.names.append(name)
+        self.leaf_of.append(self._leaf(leaf))
+        return i
+
+    def _leaf(self, name: str) -> int:
+        j = self.leaf_index.get(name)
+        if j is None:
+            if len(name) > MAX_LEAF_NAME or "->" in name or "|" in name or len(self.leaves) >= MAX_NODES:
+                j = 0  # not a label value (it would garble "a->b"), or too many: unknown, nothing blamed on it
+            else:
+                j = len(self.leaves)
+                self.leaves.append(name)
+            if j or len(self.leaf_index) < 2 * MAX_NODES:  # garbage names are not remembered without end
+                self.leaf_index[name] = j
+        return j
+
+    def _ingest(self, s: Prepared) -> None:
+        ws = s.window_seconds
+        group = self.groups.get(ws)
+        if group is None:
+            group = self.groups[ws] = _Group(ws, self.keep, self.eager)
+        src = self._node(s.node, s.leaf)
+        if src < 0:
+            raise SummaryError(f"more than {MAX_NODES} node names")
+        leaf = self._leaf(s.leaf)  # the agent knows its own leaf best
+        if self.leaf_of[src] != leaf:
+            self.leaf_of[src] = leaf
+            self.judged = {}  # judged with its old leaf
+        group.summaries.append(s.node)
+        for w in s.windows:
+            if w.folded is None:
+                continue
+            win = group.window(w.start)
+            if win is None:
+                continue
+            if self.eager:
+                self._add_window(win, src, w.folded)
+            else:
+                win.append((src, w.folded))
+
+    def _add_window(self, win: _Window, src: int, f: Folded) -> None:
+        """One agent's folded window into the window's counters.
+
+        A peer's Pings count only where it has no TCP probes (Folded): the kernel answers a SYN whatever
+        the load, while a Ping waits for the peer's agent, which a CPU-bound training job can starve; a
+        slow or silent agent is not a network fault (the agents' own metrics show it)."""
+        node_index, leaf_index = self.node_index, self.leaf_index
+        for name, leaf in zip(f.names, f.leaves):  # new names first, so that the arrays are grown once
+            if name not in node_index and self._node(name, leaf) < 0:
+                win.ignored += 1
+        win.grow(len(self.names))
+        col = win.col
+        in_sent, in_lost, in_edges, in_dead = col["in_sent"], col["in_lost"], col["in_edges"], col["in_dead"]
+        i_sent, i_lost, i_edges, i_lossy = col["intra_sent"], col["intra_lost"], col["intra_edges"], col["intra_lossy"]
+        x_sent, x_lost = col["inter_sent"], col["inter_lost"]
+        p99, cluster, lp, lp_sent, lp_lost = win.p99, win.cluster, win.lp, win.lp_sent, win.lp_lost
+        lp_hist, flat = win.lp_hist, f.flat
+        sl, slow = self.leaf_of[src], self.slow
+        # This agent's own totals add up here and go into the arrays once.
+        my_isent = my_ilost = my_iedges = my_ilossy = my_xsent = my_xlost = 0
+        my_p99 = [0] * NB2
+        touched = set()
+        for name, leaf, sent, lost, top, k, a, b in zip(f.names, f.leaves, f.sent, f.lost, f.top, f.p99, f.offsets,
+                                                         f.offsets[1:]):
+            d = node_index.get(name, src)
+            if d == src:
+                continue
+            dl = leaf_index.get(leaf)
+            if dl is None:
+                dl = self._leaf(leaf)
+            in_sent[d] += sent
+            in_lost[d] += lost
+            in_edges[d] += 1
+            if lost == sent:
+                in_dead[d] += 1
+            if dl == sl:
+                my_isent += sent
+                my_ilost += lost
+                my_iedges += 1
+                i_sent[d] += sent
+                i_lost[d] += lost
+                i_edges[d] += 1
+                if lost:
+                    my_ilossy += 1
+                    i_lossy[d] += 1
+                my_p99[k] += 1
+                p99[d * NB2 + k] += 1
+                cluster[k] += 1
+                slot = -1
+            else:
+                my_xsent += sent
+                my_xlost += lost
+                x_sent[d] += sent
+                x_lost[d] += lost
+                key = sl * _LEAF_KEY + dl
+                slot = lp.get(key, -1)
+                if slot < 0:
+                    slot = lp[key] = len(win.lp_key)
+                    win.lp_key.append(key)
+                    lp_sent.append(0)
+                    lp_lost.append(0)
+                    win.lp_reporters.append(0)
+                    lp_hist.frombytes(bytes(8 * NB1))
+                lp_sent[slot] += sent
+                lp_lost[slot] += lost
+                base = slot * NB1
+                for x in range(a, b, 2):
+                    lp_hist[base + flat[x]] += flat[x + 1]
+                touched.add(slot)
+            if lost or top >= slow:
+                if len(win.anomalous) < MAX_ANOMALOUS_EDGES:
+                    eid = len(win.anomalous)
+                    win.anomalous.append((src, d, sent, lost, tuple(flat[a:b]), slot))
+                    win.by_node.setdefault(src, []).append(eid)
+                    win.by_node.setdefault(d, []).append(eid)
+                else:
+                    win.overflow = True
+        for slot in touched:
+            win.lp_reporters[slot] += 1
+        col["reported"][src] = 1
+        for column, value in (("intra_sent", my_isent), ("intra_lost", my_ilost), ("intra_edges", my_iedges),
+                              ("intra_lossy", my_ilossy), ("inter_sent", my_xsent), ("inter_lost", my_xlost)):
+            col[column][src] += value
+        for k, n in enumerate(my_p99):
+            p99[src * NB2 + k] += n
+
+    # -- output --------------------------------------------------------------------------------
+    def finish(self) -> Analysis:
+        group = None
+        if self.groups:
+            group = max(self.groups.values(), key=lambda g: len(g.summaries))
+            for g in self.groups.values():
+                if g is not group:
+                    for name in g.summaries:
+                        self.reject(name, f"window_seconds {g.window_seconds:g} differs from the "
+                                          f"{group.window_seconds:g} of {len(group.summaries)} agents")
+        if self.rejected_more:
+            self.notes.append(f"{self.rejected_more} more summaries rejected than the {MAX_REJECTED} listed")
+        judged, kept = [], {}
+        self.rebuilt = 0
+        for start in sorted(group.windows) if group else []:
+            win = group.windows[start]
+            if self.eager:
+                judged.append(_Judge(self, win).run())
+                continue
+            key, ids = (group.window_seconds, start), frozenset(f.id for _, f in win)
+            last = self.judged.get(key)
+            if last is None or last[0] != ids:
+                built = _Window(start)
+                for src, f in win:
+                    self._add_window(built, src, f)
+                last = (ids, _Judge(self, built).run())
+                self.rebuilt += 1
+            kept[key] = last
+            judged.append(last[1])
+        self.judged = kept  # windows no longer analysed are forgotten
+        ignored = sum(j.ignored for j in judged)
+        if ignored:
+            self.notes.append(f"{ignored} peer entries named nodes past the first {MAX_NODES}: ignored")
+        overflowed = sum(j.overflow for j in judged)
+        if overflowed:
+            self.notes.append(f"more than {MAX_ANOMALOUS_EDGES} lossy or slow edges in {overflowed} windows: the rest "
+                              "are not explained away, so nodes next to bad ones may look bad too")
+        known_nodes, known_leaves = set(), set()
+        for j in judged:
+            known_nodes.update(j.known_nodes)
+            known_leaves.update(j.known_leaves)
+        known_leaves.discard(0)
+        self.in_use = len(known_nodes)
+        verdicts = _hysteresis(judged, int(self.cfg["open_windows"]), int(self.cfg["close_windows"]))
+        return Analysis(verdicts, len(known_nodes), len(known_leaves), len(judged), self.rejected,
+                        group.window_seconds if group else 0.0, self.now, self.notes, [j.start for j in judged])
+
+# -- judging one window ------------------------------------------------------------------------
+
+def _index(q: float | None) -> int:
+    """Bucket index of a quantile returned by stats.quantile (an upper bound, or inf)."""
+    if q is None:
+        return NONE
+    if math.isinf(q):
+        return NB
+    return BUCKETS_SECONDS.index(q)
+
+
+def _bound(k: int) -> float:
+    return BUCKETS_SECONDS[k] if k < NB else math.inf
+
+
+def _lower_median(dist: Any, base: int = 0) -> int | None:
+    """Bucket of the lower median of a distribution over the answered slots dist[base : base + NB1]."""
+    total = sum(dist[base:base + NB1])
+    if not total:
+        return None
+    rank, seen = (total + 1) // 2, 0
+    for k in range(NB1):
+        seen += dist[base + k]
+        if seen >= rank:
+            return k
+    return NB
+
+
+def _poisson_tail(x: int, lam: float) -> float:
+    """P(X >= x) for X ~ Poisson(lam): how likely `x` lost probes are when `lam` are expected."""
+    if x <= 0:
+        return 1.0
+    if lam <= 0 or x > lam + 40 * math.sqrt(lam) + 40:
+        return 0.0
+    if lam > 200:  # normal approximation, with continuity correction
+        return 0.5 * math.erfc((x - 0.5 - lam) / math.sqrt(2 * lam))
+    term = cdf = math.exp(-lam)
+    for k in range(1, x):
+        term *= lam / k
+        cdf += term
+    return max(0.0, 1.0 - cdf)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2g}%" if x < 0.1 else f"{100 * x:.0f}%"
+
+
+def _ms(seconds: float) -> str:
+    return "over 5 s" if math.isinf(seconds) else f"{1000 * seconds:g} ms"
+
+
+def _confidence(reporters: int) -> float:
+    """R-Pingmesh's: more independent reporters, more confidence."""
+    return round(1 - 1 / (1 + reporters), 3)
+
+
+class _Judge:
+    """The verdicts of one window, before hysteresis: subject -> (kind, element, message, evidence)."""
+
+    def __init__(self, mesh: _Mesh, win: _Window) -> None:
+        self.m, self.w, self.cfg = mesh, win, mesh.cfg
+        self.start = win.start
+        self.bad: dict[tuple[str, int], tuple[str, str, str, dict[str, Any]]] = {}
+        self.known_nodes: set[int] = set()
+        self.known_leaves: set[int] = set()
+        self.judged_pairs: set[int] = set()  # leaf pair keys with enough probes to judge
+        self.ignored, self.overflow = win.ignored, win.overflow
+
+    def run(self) -> _Judge:
+        win, col = self.w, self.w.col
+        n = min(win.n, len(self.m.names))
+        reported, in_edges = col["reported"], col["in_edges"]
+        self.known_nodes = {i for i in range(n) if reported[i] or in_edges[i]}
+        self.known_leaves = {self.m.leaf_of[i] for i in self.known_nodes}
+        suspects = self._node_suspects(n)
+        bad_leaves = self._leaves_inside(suspects)
+        explained = [i for i in suspects if self.m.leaf_of[i] not in bad_leaves]
+        self._between_leaves(bad_leaves, explained)
+        # Free the window's bulk: only the judgement is needed from here on.
+        win.col, win.p99, win.lp_hist, win.anomalous, win.by_node = {}, array("q"), array("q"), [], {}
+        del self.w  # an Analyzer keeps the judgement, not the window's counters
+        return self
+
+    # step 1 ----------------------------------------------------------------------------------
+    def _node_suspects(self, n: int) -> dict[int, dict[str, Any]]:
+        cfg, col, win = self.cfg, self.w.col, self.w
+        min_probes, min_bad = int(cfg["min_probes"]), int(cfg["min_bad_probes"])
+        node_loss = float(cfg["node_loss_fraction"])
+        i_sent, i_lost = col["intra_sent"], col["intra_lost"]
+        # The background: the median node's loss (most nodes are fine). Loss it explains is noise,
+        # however many probes are lost; with the usual background near 0 the thresholds decide.
+        rates = sorted(i_lost[i] / i_sent[i] for i in range(n) if i_sent[i] >= min_probes)
+        background = rates[(len(rates) - 1) // 2] if rates else 0.0
+        alpha = float(cfg["significance"])
+
+        def lossy(i: int) -> bool:
+            return (i_sent[i] >= min_probes and i_lost[i] >= min_bad and i_lost[i] >= node_loss * i_sent[i]
+                    and _poisson_tail(i_lost[i], background * i_sent[i]) < alpha)
+
+        suspects: dict[int, dict[str, Any]] = {}
+        heap = [(-i_lost[i] / i_sent[i], i) for i in range(n) if lossy(i)]
+        heapq.heapify(heap)
+        done = set()
+        while heap:
+            neg, i = heapq.heappop(heap)
+            if not lossy(i):
+                continue
+            loss = i_lost[i] / i_sent[i]
+            if loss != -neg:  # its leaf-mates' suspects were taken off since: judge it again in its place
+                heapq.heappush(heap, (-loss, i))
+                continue
+            suspects[i] = {"loss": round(loss, 4), "lost": i_lost[i], "sent": i_sent[i]}
+            for eid in win.by_node.get(i, ()):
+                src, dst, sent, lost, _, slot = win.anomalous[eid]
+                if slot >= 0 or eid in done:
+                    continue
+                done.add(eid)
+                other = dst if src == i else src
+                i_sent[other] -= sent
+                i_lost[other] -= lost
+        # Latency: the median of a node's intra-leaf edges, so that one slow node does not make its
+        # leaf-mates slow (each has only one edge with it).
+        base = _lower_median(win.cluster)
+        if base is not None:
+            limit = max(float(cfg["p99_factor"]) * _bound(base), float(cfg["p99_floor_seconds"]))
+            min_edges = int(cfg["min_reporters"])
+            for i in range(n):
+                k = _lower_median(win.p99, i * NB2)
+                if k is None or _bound(k) <= limit:
+                    continue
+                dist = win.p99[i * NB2:i * NB2 + NB1]
+                slow = sum(c for j, c in enumerate(dist) if _bound(j) > limit)
+                if sum(dist) >= min_edges and slow >= min_bad:
+                    suspects.setdefault(i, {}).update(p99_seconds=_bound(k), baseline_p99_seconds=_bound(base),
+                                                      slow_edges=slow)
+        # Unreachable: (almost) every prober got no answer at all, whether or not its agent reports.
+        frac = float(cfg["node_bad_peer_fraction"])
+        in_sent, in_lost, in_edges, in_dead = col["in_sent"], col["in_lost"], col["in_edges"], col["in_dead"]
+        for i in range(n):
+            if in_edges[i] and in_sent[i] >= min_probes and in_lost[i] >= min_bad and in_dead[i] >= frac * in_edges[i]:
+                suspects.setdefault(i, {}).update({"unreachable_from": in_dead[i], "probers": in_edges[i]})
+        return suspects
+
+    def _leaves_inside(self, suspects: dict[int, dict[str, Any]]) -> set[int]:
+        """Leaves most of whose nodes are suspect; the other suspects become node or inconclusive."""
+        m, cfg = self.m, self.cfg
+        frac, min_rep = float(cfg["leaf_fraction"]), int(cfg["min_reporters"])
+        members: dict[int, list[int]] = {}
+        for i in self.known_nodes:
+            members.setdefault(m.leaf_of[i], []).append(i)
+        bad_leaves = set()
+        for leaf, nodes in members.items():
+            bad = sorted(i for i in nodes if i in suspects)
+            if not bad:
+                continue
+            # Nothing is blamed on leaf 0, a guess: its nodes are judged one by one.
+            if leaf and len(nodes) > min_rep and len(bad) >= frac * len(nodes):
+                bad_leaves.add(leaf)
+                self._leaf_inside(leaf, nodes, bad, suspects)
+                continue
+            healthy = [i for i in nodes if i not in suspects]
+            for i in bad:
+                self._node_verdict(i, suspects[i], len(healthy))
+        return bad_leaves
+
+    def _leaf_inside(self, leaf: int, nodes: list[int], bad: list[int], suspects: dict[int, dict[str, Any]]) -> None:
+        m, col = self.m, self.w.col
+        name = m.leaves[leaf]
+        reporting = sum(1 for i in nodes if col["reported"][i])
+        unreachable = sum(1 for i in bad if "unreachable_from" in suspects[i])
+        lossy = sum(1 for i in bad if "loss" in suspects[i])
+        reports = sum(col["in_edges"][i] for i in bad)  # agents' reports on its bad nodes
+        evidence = {"bad_nodes": len(bad), "nodes": len(nodes), "reporting": reporting, "reports": reports,
+                    "examples": sorted(m.names[i] for i in bad)[:5]}
+        if unreachable >= len(bad) / 2 and not reporting:
+            message = (f"Leaf {name} is cut off: {unreachable} of its {len(nodes)} nodes answer no prober and "
+                       "none of its agents reports.")
+        elif unreachable >= len(bad) / 2:
+            message = f"Leaf {name}: {unreachable} of its {len(nodes)} nodes answer (almost) no prober."
+        elif lossy:
+            sent = sum(col["intra_sent"][i] for i in nodes)
+            lost = sum(col["intra_lost"][i] for i in nodes)
+            evidence["loss"] = round(lost / sent, 4) if sent else None
+            message = (f"Leaf {name} loses probes inside: {len(bad)} of its {len(nodes)} nodes lose "
+                       f"{_pct(lost / sent) if sent else 'probes'} with their leaf-mates.")
+        else:
+            message = f"Leaf {name} is slow inside: {len(bad)} of its {len(nodes)} nodes are over the p99 baseline."
+        evidence["confidence"] = _confidence(reporting + reports)
+        self.bad[("leaf", leaf)] = ("leaf", name, message, evidence)
+
+    def _node_verdict(self, i: int, ev: dict[str, Any], healthy: int) -> None:
+        m, col, cfg = self.m, self.w.col, self.cfg
+        name, leaf = m.names[i], m.leaves[m.leaf_of[i]]
+        reporters = col["in_edges"][i] + col["reported"][i]
+        evidence = dict(ev, lossy_edges=col["intra_lossy"][i], edges=col["intra_edges"][i], reporters=reporters,
+                        healthy_leaf_mates=healthy, confidence=_confidence(reporters))
+        if col["inter_sent"][i]:
+            evidence["loss_other_leaves"] = round(col["inter_lost"][i] / col["inter_sent"][i], 4)
+        where = f"leaf {leaf}" if leaf else "its peers without a leaf"
+        if "unreachable_from" in ev:
+            what = (f"answers none of the probes from {ev['unreachable_from']} of its {ev['probers']} probers"
+                    + ("" if col["reported"][i] else " and its agent reports nothing"))
+        elif "loss" in ev:
+            what = f"loses {_pct(ev['loss'])} of its probes with its leaf-mates ({ev['lost']} of {ev['sent']})"
+        else:
+            what = ""
+        if "p99_seconds" in ev:
+            slow = (f"has a median p99 of {_ms(ev['p99_seconds'])} to its leaf-mates, over "
+                    f"{cfg['p99_factor']:g}x the intra-leaf baseline of {_ms(ev['baseline_p99_seconds'])}")
+            what = f"{what}, and {slow}" if what else slow
+        min_rep = int(cfg["min_reporters"])
+        if healthy >= min_rep and reporters >= min_rep:
+            self.bad[("node", i)] = ("node", name, f"Node {name} {what}, while its {healthy} healthy "
+                                     f"leaf-mates in {where} are fine.", evidence)
+        else:
+            why = (f"only {reporters} agent{' reports' if reporters == 1 else 's report'} on it" if reporters < min_rep
+                   else f"only {healthy} healthy leaf-mate{'s' if healthy != 1 else ''} to compare with")
+            element = f"{name}|{leaf}" if leaf and len(name) + len(leaf) < 253 else name
+            self.bad[("node", i)] = ("inconclusive", element,
+                                     f"Node {name} {what}, but {why}: the node cannot be told from "
+                                     f"{'its leaf' if leaf else 'its peers'}.", evidence)
+
+    # step 2 ----------------------------------------------------------------------------------
+    def _between_leaves(self, bad_leaves: set[int], explained: list[int]) -> None:
+        cfg, win = self.cfg, self.w
+        lp_sent, lp_lost, lp_hist = win.lp_sent, win.lp_lost, win.lp_hist
+        done = set()
+        for i in explained:  # take the suspects' lossy and slow edges off the leaf pairs they pass
+            for eid in win.by_node.get(i, ()):
+                _, _, sent, lost, flat, slot = win.anomalous[eid]
+                if slot < 0 or eid in done:
+                    continue
+                done.add(eid)
+                lp_sent[slot] -= sent
+                lp_lost[slot] -= lost
+                for k in range(0, len(flat), 2):
+                    lp_hist[slot * NB1 + flat[k]] -= flat[k + 1]
+        min_probes, min_bad = int(cfg["min_probes"]), int(cfg["min_bad_probes"])
+        judged: dict[int, tuple[int, int, int | None]] = {}  # slot -> (src leaf, dst leaf, p99 bucket)
+        for slot, key in enumerate(win.lp_key):
+            if lp_sent[slot] < min_probes:
+                continue
+            src, dst = divmod(key, _LEAF_KEY)
+            hist = {k: c for k, c in enumerate(lp_hist[slot * NB1:(slot + 1) * NB1]) if c}
+            judged[slot] = (src, dst, _index(quantile(hist, 0.99)) if hist else None)
+        p99s = [0] * NB1
+        for _, _, k in judged.values():
+            if k is not None:
+                p99s[k] += 1
+        base = _lower_median(p99s)
+        limit = max(float(cfg["p99_factor"]) * _bound(base), float(cfg["p99_floor_seconds"])) \
+            if base is not None else math.inf
+        loss_fraction = float(cfg["loss_fraction"])
+        bad_pairs: dict[int, dict[str, Any]] = {}
+        for slot, (_, _, k) in judged.items():
+            self.judged_pairs.add(win.lp_key[slot])
+            sent, lost = lp_sent[slot], lp_lost[slot]
+            slow = sum(c for j, c in enumerate(lp_hist[slot * NB1:(slot + 1) * NB1]) if _bound(j) > limit)
+            ev: dict[str, Any] = {}
+            if lost and lost >= min_bad and lost >= loss_fraction * sent:
+                ev.update(loss=round(lost / sent, 4), lost=lost, sent=sent)
+            if k is not None and _bound(k) > limit and slow >= min_bad:
+                ev.update(p99_seconds=_bound(k), baseline_p99_seconds=_bound(base))
+            if ev:
+                ev["reporters"] = win.lp_reporters[slot]
+                bad_pairs[slot] = ev
+        # Leaves, worst first: R-Pingmesh's outFrac / inFrac of bad edges, or a loss over the SLA pooled
+        # over all of a leaf's edges and spread over most of its partner leaves (one leaf edge sees a
+        # few dozen probes a window, too few to judge a few percent of loss edge by edge; one bad path
+        # is not spread). A leaf found is taken off its partners' counts: they are not blamed for it.
+        frac, min_rep = float(cfg["leaf_fraction"]), int(cfg["min_reporters"])
+        links: dict[int, dict[int, list[int]]] = {}  # leaf -> partner -> _LINK counters (both directions)
+        slowest: dict[int, float] = {}
+        for slot, (src, dst, _) in judged.items():
+            if src in bad_leaves or dst in bad_leaves:
+                continue
+            bad = slot in bad_pairs
+            a = links.setdefault(src, {}).setdefault(dst, [0] * 7)
+            b = links.setdefault(dst, {}).setdefault(src, [0] * 7)
+            a[0] += 1
+            a[1] += bad
+            b[2] += 1
+            b[3] += bad
+            b[6] += lp_lost[slot] == lp_sent[slot]
+            for x in (a, b):
+                x[4] += lp_sent[slot]
+                x[5] += lp_lost[slot]
+            if bad and "p99_seconds" in bad_pairs[slot]:
+                for leaf in (src, dst):
+                    slowest[leaf] = max(slowest.get(leaf, 0.0), bad_pairs[slot]["p99_seconds"])
+        self.known_leaves.update(links)
+
+        def fault(leaf: int) -> tuple[float, float, list[int], int, int] | None:
+            total, lossy, partners = [0] * 7, 0, 0
+            for partner, x in links[leaf].items():
+                if partner not in bad_leaves:
+                    partners += 1
+                    lossy += x[5] > 0
+                    total = [t + v for t, v in zip(total, x)]
+            o, ob, n_in, ib, sent, lost, _ = total
+            worst = max(ob / o if o >= min_rep else 0.0, ib / n_in if n_in >= min_rep else 0.0)
+            loss = lost / sent if sent else 0.0
+            spread = (lost and partners >= min_rep and lossy >= frac * partners and lost >= min_bad
+                      and loss >= loss_fraction)
+            return (worst, loss, total, lossy, partners) if (worst and worst >= frac) or spread else None
+
+        heap = []
+        for leaf in links:
+            found = fault(leaf) if leaf else None
+            if found:
+                heap.append((-found[0], -found[1], leaf))
+        heapq.heapify(heap)
+        while heap:
+            neg_worst, neg_loss, leaf = heapq.heappop(heap)
+            found = None if leaf in bad_leaves else fault(leaf)
+            if found is None:
+                continue
+            if (-found[0], -found[1]) != (neg_worst, neg_loss):
+                heapq.heappush(heap, (-found[0], -found[1], leaf))
+                continue
+            bad_leaves.add(leaf)
+            self._leaf_uplink(leaf, found, slowest.get(leaf))
+            for partner in links[leaf]:  # their counts changed: judge them again
+                again = fault(partner) if partner and partner not in bad_leaves else None
+                if again:
+                    heapq.heappush(heap, (-again[0], -again[1], partner))
+        # Paths: a bad edge between two leaves that are fine inside and with other leaves.
+        good_out: dict[int, int] = {}
+        for slot, (src, dst, _) in judged.items():
+            if slot not in bad_pairs and src not in bad_leaves and dst not in bad_leaves:
+                good_out[src] = good_out.get(src, 0) + 1
+                good_out[dst] = good_out.get(dst, 0) + 1
+        for slot, ev in sorted(bad_pairs.items()):
+            src, dst, _ = judged[slot]
+            if src in bad_leaves or dst in bad_leaves or src == 0 or dst == 0:
+                continue
+            self._path(src, dst, ev, good_out.get(src, 0), good_out.get(dst, 0))
+
+    def _leaf_uplink(self, leaf: int, found: tuple[float, float, list[int], int, int], slowest: float | None) -> None:
+        name = self.m.leaves[leaf]
+        _, loss, (o, ob, n_in, ib, _, lost, dead_in), lossy, partners = found
+        evidence: dict[str, Any] = {"bad_out": ob, "out": o, "bad_in": ib, "in": n_in, "loss": round(loss, 4),
+                                    "lossy_partners": lossy, "partners": partners, "confidence": _confidence(partners)}
+        if slowest:
+            evidence["p99_seconds"] = slowest
+        if n_in and dead_in == n_in and not o:
+            message = (f"Leaf {name} is cut off: no probe into it from {n_in} other leaves was answered, "
+                       "and none of its agents reports probes to other leaves.")
+        else:
+            what = (f"loses {_pct(loss)} of its probes with other leaves (with {lossy} of {partners})" if lost
+                    else "is slow to other leaves")
+            message = (f"Leaf {name} {what}: bad edges to {ob} of {o} leaves and from {ib} of {n_in} "
+                       "(its uplinks or the leaf switch).")
+        self.bad[("leaf", leaf)] = ("leaf", name, message, evidence)
+
+    def _path(self, src: int, dst: int, ev: dict[str, Any], good_src: int, good_dst: int) -> None:
+        m, min_rep = self.m, int(self.cfg["min_reporters"])
+        a, b = m.leaves[src], m.leaves[dst]
+        element = f"{a}->{b}"
+        what = []
+        if "loss" in ev:
+            what.append(f"loses {_pct(ev['loss'])} of its probes ({ev['lost']} of {ev['sent']})")
+        if "p99_seconds" in ev:
+            what.append(f"has a p99 of {_ms(ev['p99_seconds'])} (baseline {_ms(ev['baseline_p99_seconds'])})")
+        evidence = dict(ev, good_edges_src=good_src, good_edges_dst=good_dst,
+                        confidence=_confidence(ev["reporters"]))
+        if ev["reporters"] >= min_rep and good_src and good_dst:
+            kind = "path"
+            message = f"Path {element} {' and '.join(what)}, while both leaves are fine inside and with other leaves."
+        else:
+            kind = "inconclusive"
+            why = (f"only {ev['reporters']} agent reports on it" if ev["reporters"] < min_rep
+                   else "a leaf at its ends has no other good edge to compare with")
+            message = f"Path {element} {' and '.join(what)}, but {why}: the path cannot be told from its leaves."
+        self.bad[("path", src * _LEAF_KEY + dst)] = (kind, element, message, evidence)
+
+
+def _hysteresis(judged: list[_Judge], open_after: int, close_after: int) -> list[Verdict]:
+    """Verdicts open after `open_after` consecutive bad windows and close after `close_after` good
+    ones; a window without data about the element does neither. The kind, message and evidence are
+    the last bad window's (a node may be inconclusive in one window and separable in the next)."""
+    open_after, close_after = max(1, open_after), max(1, close_after)
+    subjects = sorted({subject for j in judged for subject in j.bad})
+    verdicts = []
+    for subject in subjects:
+        is_open, streak, good, since, first, count, last = False, 0, 0, 0.0, 0.0, 0, None
+        for j in judged:
+            found = j.bad.get(subject)
+            if found is not None:
+                good, last = 0, found
+                if is_open:
+                    count += 1
+                    continue
+                if streak == 0:
+                    first = j.start
+                streak += 1
+                if streak >= open_after:
+                    is_open, since, count = True, first, streak
+            elif _knows(j, subject):
+                streak = 0
+                if is_open:
+                    good += 1
+                    if good >= close_after:
+                        is_open = False
+        if is_open and last is not None:
+            kind, element, message, evidence = last
+            # JSON has no infinity: a p99 past the last bucket is null in the evidence ("over 5 s" in words).
+            evidence = {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in evidence.items()}
+            verdicts.append(Verdict(kind, element, since, count, message, evidence))
+    verdicts.sort(key=lambda v: (KINDS.index(v.kind), v.element))
+    return verdicts
+
+
+def _knows(j: _Judge, subject: tuple[str, int]) -> bool:
+    kind, key = subject
+    if kind == "node":
+        return key in j.known_nodes
+    if kind == "leaf":
+        return key in j.known_leaves
+    return key in j.judged_pairs

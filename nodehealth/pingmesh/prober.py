@@ -1,0 +1,299 @@
+"""The prober: times a gRPC Ping and a TCP connect to every peer of the pinglist, on one thread.
+
+Probes of a peer are spread over the interval by a per-peer phase, so load is even. A token
+bucket caps probes per second and a counter caps probes in flight; a probe that cannot start is
+skipped and counted, never queued (a backlog would only measure ourselves). Nothing here blocks:
+gRPC calls are futures and TCP connects are non-blocking sockets under one selector.
+
+- Ping: a Ping RPC over a long-lived HTTP/2 channel to the peer. Its round trip is the
+  application's view; a lost packet shows as a TCP retransmission (>= 200 ms), a dead path as a
+  timeout (lost), a reply from another node as lost. By default only on the first rail the two
+  nodes share (`ping_all_rails` pings every rail): each channel costs about 47 KiB and each call
+  a few hundred microseconds of CPU in gRPC Python, which at 8 rails would put the agent over
+  its budget (benchmarks/RESULTS.md), while the rails' paths are what the TCP probes measure.
+- TCP: a fresh connect per probe to the peer's TCP probe port (`tcp_port`), from a fresh source
+  port (ECMP spreads them over paths), timed
+  SYN to SYN-ACK and reset at once. Linux retransmits a SYN after 1 s and again after 3 s, so a
+  connect that needed a second SYN saw its SYN or SYN-ACK dropped (Pingmesh infers drops this
+  way); past the timeout it is lost. A refused connect (RST) crossed the network and counts as
+  answered: the Ping shows whether the agent is there. The round trip and the retransmission are
+  the kernel's own (TCP_INFO: its RTT sample of the handshake, its count of SYNs sent again), not
+  the time this loop noticed the connect: a CPU-starved agent must not report its own delay as a
+  slow or lossy network.
+"""
+from __future__ import annotations
+
+import errno
+import hashlib
+import heapq
+import logging
+import selectors
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from nodehealth.pingmesh.pinglist import Target
+
+log = logging.getLogger("nodehealth.probe")
+
+SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow retransmitted (without TCP_INFO)
+# struct tcp_info (linux/tcp.h), stable since 2.6: tcpi_rtt (us) at byte 68, tcpi_total_retrans at byte 100.
+TCP_INFO_BYTES, TCPI_RTT, TCPI_TOTAL_RETRANS = 104, 68, 100
+MAX_WAIT_SECONDS = 0.5  # the loop wakes at least this often to start due probes and expire late ones
+MAX_ACCEPTS_PER_WAKE = 64  # peers' TCP probes answered per turn of the loop (330 peers send 33 a second)
+
+# record(target, probe, sent_at_wall, rtt_seconds_or_None, retransmitted)
+Record = Callable[[Target, str, float, "float | None", bool], None]
+
+
+class Prober:
+    def __init__(self, node: str, cfg: dict[str, Any], record: Record):
+        self.node = node
+        self.cfg = cfg
+        self.record = record
+        self.interval = float(cfg["probe_interval_seconds"])
+        self.timeout = float(cfg["timeout_seconds"])
+        self.max_in_flight = int(cfg["max_concurrency"])
+        self.rate = float(cfg["max_probes_per_second"])
+        self.padding = b"\0" * int(cfg["payload_bytes"])
+        self.sources: dict[int, str] = {}  # rail -> this node's address on it (TCP probes bind to it)
+        self.pinged: set[tuple[str, int]] = set()  # (peer, rail) that also get a gRPC Ping
+        self.lock = threading.Lock()
+        self.targets: list[Target] = []
+        self.changed = threading.Event()
+        self.in_flight = 0
+        self.skipped = 0  # probes not started: rate or concurrency cap
+        self.started = 0
+        self.channels: dict[str, tuple[Any, Any]] = {}  # "addr:port" -> (channel, stub)
+        self.seq = 0
+        self.tokens = self.rate
+        self.refilled = time.monotonic()
+        self.listener: socket.socket | None = None  # peers' TCP probes land here: accepted, closed
+
+    def accept_probes(self, listener: socket.socket) -> None:
+        """Answer peers' TCP probes on this listening socket from the probing loop (no thread)."""
+        self.listener = listener
+
+    def set_targets(self, targets: Sequence[Target], sources: dict[int, str] | None = None) -> None:
+        first: dict[str, int] = {}
+        for t in targets:
+            first[t.node] = min(first.get(t.node, t.rail), t.rail)
+        pinged = {(t.node, t.rail) for t in targets if self.cfg["ping_all_rails"] or first[t.node] == t.rail}
+        with self.lock:
+            self.targets = list(targets)
+            self.sources = {rail: address for rail, address in (sources or {}).items() if address}
+            self.pinged = pinged
+        self.changed.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        sel = selectors.DefaultSelector()
+        if self.listener is not None:
+            sel.register(self.listener, selectors.EVENT_READ, None)
+        heap: list[tuple[float, int, Target]] = []
+        try:
+            while not stop.is_set():
+                if self.changed.is_set():
+                    self.changed.clear()
+                    heap = self._schedule()
+                    self._drop_channels({_endpoint(t, self.cfg) for _, _, t in heap})
+                now = time.monotonic()
+                while heap and heap[0][0] <= now:
+                    due, n, target = heapq.heappop(heap)
+                    self._probe(target, sel)
+                    heapq.heappush(heap, (max(due + self.interval, now), n, target))
+                wait = min(MAX_WAIT_SECONDS, max(0.0, heap[0][0] - now) if heap else MAX_WAIT_SECONDS)
+                self._poll_connects(sel, wait)
+        finally:
+            for key in list(sel.get_map().values()):
+                if key.data is not None:
+                    self._finish_connect(sel, key.fileobj, key.data, None)
+            sel.close()
+            self._drop_channels(set())
+
+    def _schedule(self) -> list[tuple[float, int, Target]]:
+        """Each peer's first probe at a stable phase within the interval, so probes spread evenly."""
+        now = time.monotonic()
+        with self.lock:
+            targets = list(self.targets)
+        heap = []
+        for n, t in enumerate(targets):
+            digest = hashlib.blake2b(f"{self.node}|{t.node}|{t.rail}".encode(), digest_size=8).digest()
+            phase = int.from_bytes(digest, "big") / 2**64 * self.interval
+            heap.append((now + phase, n, t))
+        heapq.heapify(heap)
+        return heap
+
+    def _admit(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.rate, self.tokens + (now - self.refilled) * self.rate)
+        self.refilled = now
+        with self.lock:
+            if self.tokens < 1 or self.in_flight >= self.max_in_flight:
+                self.skipped += 1
+                return False
+            self.tokens -= 1
+            self.in_flight += 1
+            self.started += 1
+        return True
+
+    def _done(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+    def _probe(self, target: Target, sel: selectors.BaseSelector) -> None:
+        if (target.node, target.rail) in self.pinged and self._admit():
+            self._ping(target)
+        if self.cfg["tcp_probe"] and self._admit():
+            self._connect(target, sel)
+
+    # -- gRPC Ping -----------------------------------------------------------------------------
+    def _ping(self, target: Target) -> None:
+        from nodehealth.pingmesh import probe_pb2
+
+        sent_wall = time.time()
+        self.seq += 1
+        seq = self.seq
+        try:
+            stub = self._stub(target)
+            start = time.monotonic_ns()
+            call = stub.Ping.future(probe_pb2.PingRequest(seq=seq, send_time_ns=start, source=self.node,
+                                                          padding=self.padding), timeout=self.timeout)
+        except Exception as e:  # a malformed address must cost one probe, not the loop
+            log.debug("ping %s: %s", target.address, e)
+            self.record(target, "ping", sent_wall, None, False)
+            self._done()
+            return
+
+        def done(f: Any) -> None:
+            rtt = (time.monotonic_ns() - start) / 1e9
+            try:
+                reply = f.result()
+                ok = reply.seq == seq and reply.node == target.node
+            except Exception:  # deadline, unavailable, a garbled peer: the probe is lost
+                ok = False
+            self.record(target, "ping", sent_wall, rtt if ok else None, False)
+            self._done()
+
+        call.add_done_callback(done)
+
+    def _stub(self, target: Target) -> Any:
+        import grpc
+
+        from nodehealth.pingmesh import probe_pb2_grpc
+
+        endpoint = _endpoint(target, self.cfg)
+        entry = self.channels.get(endpoint)
+        if entry is None:
+            channel = grpc.insecure_channel(endpoint, options=[
+                ("grpc.max_receive_message_length", 64 * 1024),
+                ("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0),  # a probe is never proxied nor retried
+                # A Ping to a peer whose connection is down fails at once (lost) until gRPC reconnects:
+                # retry every second at most, so a repaired path stops counting as lossy within one.
+                ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", 1000)])
+            entry = (channel, probe_pb2_grpc.ProbeStub(channel))
+            self.channels[endpoint] = entry
+        return entry[1]
+
+    def _drop_channels(self, keep: set[str]) -> None:
+        for endpoint in [e for e in self.channels if e not in keep]:
+            self.channels.pop(endpoint)[0].close()
+
+    # -- TCP connect ---------------------------------------------------------------------------
+    def _connect(self, target: Target, sel: selectors.BaseSelector) -> None:
+        sent_wall = time.time()
+        family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.setblocking(False)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, no TIME_WAIT
+            source = self.sources.get(target.rail)
+            if source and (":" in source) == (family == socket.AF_INET6):
+                try:
+                    s.bind((source, 0))
+                except OSError:
+                    pass  # not an address of this host (a stale inventory): let routing choose
+            start = time.monotonic()
+            code = s.connect_ex((target.address, int(self.cfg["tcp_port"])))
+        except OSError as e:
+            log.debug("connect %s: %s", target.address, e)
+            s.close()
+            self.record(target, "tcp", sent_wall, None, False)
+            self._done()
+            return
+        if code not in (0, errno.EINPROGRESS):
+            s.close()
+            self.record(target, "tcp", sent_wall, time.monotonic() - start if code == errno.ECONNREFUSED else None,
+                        False)
+            self._done()
+            return
+        sel.register(s, selectors.EVENT_WRITE, (target, sent_wall, start))
+
+    def _poll_connects(self, sel: selectors.BaseSelector, wait: float) -> None:
+        if not sel.get_map():
+            self.changed.wait(wait)  # a new pinglist wakes the loop at once
+            return
+        for key, _ in sel.select(wait):
+            if key.data is None:
+                self._accept_all()
+                continue
+            target, sent_wall, start = key.data
+            seen = time.monotonic() - start  # includes however late this loop got here
+            err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err not in (0, errno.ECONNREFUSED):
+                self._finish_connect(sel, key.fileobj, key.data, None)
+                continue
+            rtt, retransmitted = handshake(key.fileobj)
+            if retransmitted is None:
+                retransmitted = seen >= SYN_RETRANSMIT_SECONDS
+            # A retransmitted handshake's sample is the last SYN's alone: the probe's time is the one seen.
+            self._finish_connect(sel, key.fileobj, key.data, seen if rtt is None or retransmitted else rtt,
+                                 retransmitted)
+        now = time.monotonic()
+        for key in list(sel.get_map().values()):
+            if key.data is not None and now - key.data[2] >= self.timeout:
+                self._finish_connect(sel, key.fileobj, key.data, None)
+
+    def _accept_all(self) -> None:
+        """Accept and close pending probe connections: the handshake was the answer. At most
+        MAX_ACCEPTS_PER_WAKE at a time, so a flood of connects from anyone delays our own probes by a
+        bounded amount (the kernel's backlog drops the excess)."""
+        for _ in range(MAX_ACCEPTS_PER_WAKE):
+            try:
+                conn, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # ECONNABORTED and the like: the prober gave up; nothing to answer
+                continue
+            conn.close()
+
+    def _finish_connect(self, sel: selectors.BaseSelector, s: Any, data: tuple, rtt: float | None,
+                        retransmitted: bool = False) -> None:
+        target, sent_wall, _ = data
+        sel.unregister(s)
+        s.close()
+        self.record(target, "tcp", sent_wall, rtt, rtt is not None and retransmitted)
+        self._done()
+
+
+def handshake(s: socket.socket) -> tuple[float | None, bool | None]:
+    """The kernel's account of a finished connect: its RTT sample of the handshake (None when it took
+    none, e.g. a refused connect) and whether it sent the SYN again (None without TCP_INFO)."""
+    try:
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, TCP_INFO_BYTES)
+    except OSError:
+        return None, None
+    if len(info) < TCP_INFO_BYTES:
+        return None, None
+    (rtt_us,) = struct.unpack_from("I", info, TCPI_RTT)
+    (retrans,) = struct.unpack_from("I", info, TCPI_TOTAL_RETRANS)
+    return (rtt_us / 1e6 if rtt_us else None), retrans > 0
+
+
+def _endpoint(target: Target, cfg: dict[str, Any]) -> str:
+    host = f"[{target.address}]" if ":" in target.address else target.address
+    return f"{host}:{int(cfg['port'])}"

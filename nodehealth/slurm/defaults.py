@@ -1,0 +1,23 @@
+"""The `slurm` section: `nodehealth slurm` as HealthCheckProgram or Prolog, or the daemon draining
+on its own passes (`daemon --slurm`) instead of Kubernetes taints."""
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    "enabled": False,  # the daemon drains and resumes this node in Slurm
+    "node_name": "",  # Slurm's name for this node; empty: $SLURMD_NODENAME, else the short hostname
+    # The daemon calls scontrol when the verdict changes, and this often besides to put back a drain that
+    # was lifted while the fault stays: Slurm's own HealthCheckInterval is commonly 300 s, and a call per
+    # pass from every node would load slurmctld for nothing.
+    "resync_seconds": 300.0,
+    "scontrol": "scontrol",  # found on PATH; slurm.conf's location comes from $SLURM_CONF as for scontrol
+    # slurmctld may be restarting (upgrade, failover): try this many times, this far apart, before
+    # giving up. Slurm runs HealthCheckProgram again at the next HealthCheckInterval anyway, so a few
+    # seconds of patience is enough and keeps a Prolog from holding a job start for long.
+    "attempts": 3,
+    "retry_delay_seconds": 2.0,
+    "timeout_seconds": 10.0,  # one scontrol call; slurm's own MessageTimeout defaults to 10 s
+    # Slurm shows the reason in sinfo -R; nodehealth's are a few words, longer ones are cut here.
+    "reason_max_chars": 120,
+}
