@@ -6,6 +6,7 @@ honest until they are generated from the code; the generator's drift test replac
 from __future__ import annotations
 
 import ast
+import functools
 import glob
 import json
 import os
@@ -136,11 +137,15 @@ def test_every_config_key_is_documented_with_its_default():
     assert set(rows) - set(defaults) == set()
 
 
-def source_trees():
+@functools.cache
+def source_trees() -> tuple[ast.AST, ...]:
+    """Every module of the source, parsed once for the tests that read it."""
+    trees = []
     for package in ("nodehealth", "collectors", "checks"):
         for path in glob.glob(os.path.join(ROOT, package, "**", "*.py"), recursive=True):
             with open(path, encoding="utf-8") as f:
-                yield ast.parse(f.read())
+                trees.append(ast.parse(f.read()))
+    return tuple(trees)
 
 
 def golden(pattern: str) -> list[str]:
