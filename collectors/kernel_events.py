@@ -31,9 +31,11 @@ KERNEL_CRASH = "kernel_crash"  # BUG: / Oops / general protection fault / kernel
 RCU_STALL = "rcu_stall"  # rcu: INFO: rcu_sched self-detected stall on CPU / detected stalls on CPUs/tasks
 NETDEV_UNREGISTER = "netdev_unregister"  # unregister_netdevice: waiting for <dev> to become free
 NETDEV_WATCHDOG = "netdev_watchdog"  # NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out
-FS_ERROR = "fs_error"  # EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem
+# EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem / ext4_end_bio: I/O error ... writing
+# to inode (a lost data write) / XFS (<dev>): metadata I/O error
+FS_ERROR = "fs_error"
 FS_READONLY = "fs_readonly"  # EXT4-fs (<dev>): Remounting filesystem read-only
-IO_ERROR = "io_error"  # Buffer I/O error on dev <dev>, logical block <n>, ...
+IO_ERROR = "io_error"  # Buffer I/O error on dev <dev>, logical block <n> / I/O error, dev <disk>, sector <n> op ...
 NVME_ERROR = "nvme_error"  # nvme nvmeN: I/O timeout, aborting / reset controller / removing / controller is down
 MLX5_HEALTH = "mlx5_health"  # mlx5_core <bdf>: health compromised, fatal syndrome, command timeout
 
@@ -117,13 +119,19 @@ _MLX_LINK = re.compile(rf"^(?:mlx[45]_core|mlx4_en) (?P<pci>{_HEX}{{4,8}}:{_HEX}
 _MLX4_LINK = re.compile(r"^mlx4_en: (?P<name>[^\s:]{1,64}): Link (?P<state>Up|Down)\b")
 _LINK_STATES = {"up": LINK_UP, "active": LINK_UP, "down": LINK_DOWN}
 
+# The statuses of a failed block request that mean the device or its path failed (block/blk-core.c
+# blk_errors); "operation not supported", "critical space allocation" (a thin pool full) and the
+# resource and zone statuses are not disk faults.
+_BLOCK_STATUSES = ("I/O error", "critical medium error", "critical target error", "critical nexus error",
+                   "recoverable transport error", "timeout error", "protection error")
+
 # Host hardware and kernel. Each of these messages starts with one of a few words, except the
 # newer NETDEV WATCHDOG line (which starts with its driver's name), so one startswith() and one
 # substring test decide whether a record can be any of them: most records pay only those.
 _HOST_PREFIXES = ("mce:", "MCE 0x", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
                   "general protection", "Kernel panic", "divide error", "invalid opcode", "kernel BUG", "rcu:",
                   "INFO: rcu_", "unregister_netdevice", "NETDEV WATCHDOG", "EXT4-fs", "XFS (", "Buffer I/O error",
-                  "nvme ", "mlx5_core")
+                  "nvme ", "mlx5_core", *_BLOCK_STATUSES, "blk_update_request:", "print_req_error:", "end_request:")
 
 
 def _may_be_host_fault(message: str) -> bool:
@@ -174,6 +182,21 @@ _EXT4_ERROR = re.compile(r"EXT4-fs error \(device (?P<dev>[^)\s]{1,64})\)")
 _EXT4_RO = re.compile(r"EXT4-fs \((?P<dev>[^)\s]{1,64})\): Remounting filesystem read-only")
 _XFS_SHUTDOWN = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): (?:.{0,200}Shutting down filesystem|"
                            r"Filesystem has been shut down|.{0,40}xfs_do_force_shutdown)")
+# A failed block request (block/blk-mq.c blk_print_req_error; before 5.16 "blk_update_request: " or
+# "print_req_error: " in front, before 4.10 no operation or flags), with a status of _BLOCK_STATUSES.
+_BLOCK_ERROR = re.compile(r"(?:^|: )(?P<status>I/O|critical medium|critical target|critical nexus|recoverable "
+                          r"transport|timeout|protection) error, dev (?P<dev>[^,\s]{1,64}), sector (?P<sector>\d{1,20})"
+                          r"(?: op 0x[0-9a-fA-F]{1,8}:\((?P<op>[A-Z_]{1,24})\)| flags (?P<flags>[0-9a-fA-F]{1,16}))?")
+# The request operation in the low byte of the flags that 4.10-5.2 print instead of `op` (blk_types.h req_opf).
+_REQ_OPS = {0: "READ", 1: "WRITE", 2: "FLUSH", 3: "DISCARD"}
+# fs/ext4/page-io.c ext4_end_bio: writeback of a file's pages failed, so data the application wrote is lost.
+_EXT4_LOST_WRITE = re.compile(r"EXT4-fs warning \(device (?P<dev>[^)\s]{1,64})\): ext4_end_bio:\d{1,6}: I/O error "
+                              r"(?P<error>-?\d{1,6}) writing to inode (?P<inode>\d{1,20})")
+# fs/xfs/xfs_buf.c xfs_buf_ioerror_alert: `in "<caller>" at daddr ... error N` (5.x) or `: block 0x.. ("<caller>")
+# error N numblks N` (older).
+_XFS_METADATA_IO = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): metadata I/O error(?: in | ?: block 0x[0-9a-fA-F]{1,16} "
+                              r"\()\"(?P<function>[A-Za-z_][\w.]{0,63})[^\"]{0,80}\"\)?(?: at daddr 0x[0-9a-fA-F]{1,16} "
+                              r"len \d{1,10})? error (?P<error>-?\d{1,6})")
 _BUFFER_IO = re.compile(r"Buffer I/O error on dev(?:ice)? (?P<dev>[^,\s]{1,64}), logical block (?P<block>\d{1,20})")
 _NVME = re.compile(r"nvme (?P<ctrl>nvme\d{1,4}): (?:I/O (?:tag )?\d{1,10} .{0,80}?QID \d{1,5} timeout, "
                    r"(?P<step>aborting|reset controller|disable controller)|(?P<down>controller is down; will reset)|"
@@ -500,6 +523,11 @@ class EventParser:
                               {"driver": m.group("driver"), "queue": _number(m.group("queue")),
                                "pci_bus_id": bus or None})
         if "EXT4-fs" in message:
+            m = _EXT4_LOST_WRITE.search(message) if "ext4_end_bio" in message else None
+            if m:
+                return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"fs": "ext4", "lost_write": True, "inode": int(m.group("inode")),
+                               "error": int(m.group("error"))})
             m = _EXT4_RO.search(message)
             if m:
                 return _event(FS_READONLY, m.group("dev"), record, None, message[m.start():].strip(), {"fs": "ext4"})
@@ -511,11 +539,20 @@ class EventParser:
             if m:
                 return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
                               {"fs": "xfs", "shutdown": True})
+            m = _XFS_METADATA_IO.search(message) if "metadata I/O error" in message else None
+            if m:
+                return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"fs": "xfs", "metadata_io": True, "function": m.group("function"),
+                               "error": int(m.group("error"))})
         if "Buffer I/O error" in message:
             m = _BUFFER_IO.search(message)
             if m:
                 return _event(IO_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
                               {"block": int(m.group("block"))})
+        if " error, dev " in message:
+            m = _BLOCK_ERROR.search(message)
+            if m:
+                return self._block_error(record, message, m)
         if "nvme" in message:
             m = _NVME.search(message)
             if m:
@@ -531,6 +568,13 @@ class EventParser:
                           and 0 < record.seq - self._crash_seq <= _CRASH_TRAIL_RECORDS):
                 self._crash = (record, [m.group("head").strip()], _CRASH_TRAIL_RECORDS)
         return None
+
+    def _block_error(self, record: KernelRecord, message: str, m: re.Match) -> KernelEvent:
+        op = m.group("op")
+        if op is None and m.group("flags"):
+            op = _REQ_OPS.get(int(m.group("flags"), 16) & 0xFF)
+        return _event(IO_ERROR, m.group("dev"), record, None, message.strip(),
+                      {"layer": "block", "status": m.group("status"), "op": op, "sector": int(m.group("sector"))})
 
     def _mlx5(self, record: KernelRecord, message: str) -> KernelEvent | None:
         device = _MLX5.match(message)

@@ -49,8 +49,23 @@ def judge_file(name: str):
     ("npd-null_pointer.txt", "crashes", "KernelCrash", Severity.FATAL, Action.REBOOT, "kernel"),
     ("npd-divide_zero.txt", "crashes", "KernelCrash", Severity.FATAL, Action.REBOOT, "dm_thin_pool"),
     ("npd-readonly_filesystem.txt", "storage_errors", "FilesystemReadOnly", Severity.FATAL, Action.REBOOT, "sda1"),
-    ("nvmecha-6.buffer-io-error.txt", "storage_errors", "BlockIoError", Severity.DEGRADED, Action.HW_INSPECTION,
-     "nvme0n1"),
+    # block-layer request errors (blk_print_req_error, and print_req_error/blk_update_request before it)
+    ("sedutil-507.dmesg-reltime.critical-medium-error-read.txt", "storage_errors", "DiskReadError",
+     Severity.WARNING, Action.NONE, "nvme0n1"),
+    ("crucible-1239.dmesg.blk-update-request-write.txt", "storage_errors", "DiskWriteError", Severity.DEGRADED,
+     Action.HW_INSPECTION, "nvme0n1"),
+    ("fio-862.dmesg.print-req-error-flags-only.txt", "storage_errors", "DiskWriteError", Severity.DEGRADED,
+     Action.HW_INSPECTION, "nvme0n1"),  # flags 104001: the low byte is the operation, 1 = WRITE
+    ("xcat-core-1175.conserver.blk-update-request-no-op.txt", "storage_errors", "DiskIoError", Severity.WARNING,
+     Action.NONE, "sda"),  # no operation in the line: rated as a read
+    ("qubes-7795.dmesg.ext4-lost-write.txt", "storage_errors", "DataWriteLost", Severity.DEGRADED,
+     Action.HW_INSPECTION, "dm-4"),
+    ("raspberrypi-linux-703.journal.ext4-lost-write-old.txt", "storage_errors", "DataWriteLost", Severity.DEGRADED,
+     Action.HW_INSPECTION, "dm-1"),
+    ("fedora-coreos-784.dmesg.xfs-metadata-io-error.txt", "storage_errors", "FilesystemMetadataIoError",
+     Severity.DEGRADED, Action.HW_INSPECTION, "vda4"),
+    ("kvdo-25.syslog.xfs-metadata-io-error-old.txt", "storage_errors", "FilesystemMetadataIoError",
+     Severity.DEGRADED, Action.HW_INSPECTION, "dm-7"),
     ("npd-unregister_netdevice.txt", "nic_health", "NetdevUnregisterStuck", Severity.WARNING, Action.REBOOT, "lo"),
     ("mptcp-61.syslog.netdev-watchdog-old.txt", "nic_health", "NetdevTransmitTimeout", Severity.WARNING,
      Action.HW_INSPECTION, "eth2"),
@@ -105,10 +120,64 @@ def test_throttling_in_separate_episodes_escalates():
     assert f.severity is Severity.WARNING  # two episodes
 
 
+def test_block_layer_errors_are_rated_by_what_they_lost():
+    """A failed write lost data the kernel had accepted; a failed read is retried by its reader, until it repeats."""
+    findings, log = judge_file("crucible-1844.dmesg.block-io-read-and-write-errors.txt")
+    assert sorted((f.reason, f.severity, f.device, f.evidence["count"]) for f in findings) == [
+        ("BlockIoError", Severity.DEGRADED, "nvme0n1p1", 1),
+        ("DiskReadError", Severity.WARNING, "nvme0n1", 1),
+        ("DiskWriteError", Severity.DEGRADED, "nvme0n1", 3)]
+    write = next(e for e in log.events if e.detail.get("op") == "WRITE")
+    assert write.detail == {"layer": "block", "status": "I/O", "op": "WRITE", "sector": 167431176}
+    reads = [f"I/O error, dev sdb, sector {i} op 0x0:(READ) flags 0x0 phys_seg 1 prio class 0" for i in range(3)]
+    events = list(events_from_records(_records(*reads)))
+    [f] = storage_errors.judge(Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0),
+                               dict(storage_errors.DEFAULTS))
+    assert (f.reason, f.severity, f.action) == ("DiskReadError", Severity.DEGRADED, Action.HW_INSPECTION)
+
+
+def test_post_mortem_of_a_saved_log_finds_the_storage_faults(capsys):
+    """End to end: `nodehealth check --kernel-log FILE --json` on saved logs."""
+    import json
+
+    from nodehealth import cli
+
+    paths = [os.path.join(HOST, n) for n in ("crucible-1844.dmesg.block-io-read-and-write-errors.txt",
+                                             "qubes-7795.dmesg.ext4-lost-write.txt",
+                                             "kvdo-25.syslog.xfs-metadata-io-error-old.txt")]
+    code = cli.main(["check", "--kernel-log", *paths, "--only", "kmsg", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["status"] == "unhealthy"
+    assert {(f["reason"], f["device"], f["severity"]) for f in doc["findings"]} >= {
+        ("DiskWriteError", "nvme0n1", "degraded"), ("DiskReadError", "nvme0n1", "warning"),
+        ("DataWriteLost", "dm-4", "degraded"), ("FilesystemMetadataIoError", "dm-7", "degraded")}
+
+
+def test_a_buffer_io_error_and_its_block_request():
+    findings, _ = judge_file("nvmecha-6.buffer-io-error.txt")
+    assert sorted((f.reason, f.severity, f.device) for f in findings) == [
+        ("BlockIoError", Severity.DEGRADED, "nvme0n1"), ("DiskReadError", Severity.WARNING, "nvme0n1")]
+
+
+@pytest.mark.parametrize("message", [
+    "Buffer I/O error on dev nvme0n1, logical block 0, async page read",  # the buffer layer's own line
+    "blk_update_request: operation not supported error, dev sdc, sector 0 op 0x3:(DISCARD) flags 0x800 phys_seg 1",
+    "critical space allocation error, dev dm-3, sector 8 op 0x1:(WRITE) flags 0x0 phys_seg 1 prio class 0",
+    "EXT4-fs warning (device sda1): ext4_dx_add_entry:2364: Directory (ino: 2) index full, reach max htree level :2",
+    "XFS (sdb1): Mounting V5 Filesystem",
+    "audit: type=1400 msg='I/O error, dev sda, sector 1' from a user's text",
+])
+def test_storage_lines_that_are_no_disk_fault(message):
+    events = [e for e in events_from_records(_records(message)) if e.detail.get("layer") == "block"
+              or e.detail.get("lost_write") or e.detail.get("metadata_io")]
+    assert events == []
+
+
 def test_nvme_escalates_from_abort_to_reset_to_removal():
     findings, _ = judge_file("propolis-1156.dmesg.nvme-timeout-reset.txt")
     assert {(f.reason, f.severity) for f in findings} == {("NvmeIoTimeout", Severity.WARNING),
-                                                         ("NvmeControllerReset", Severity.DEGRADED)}
+                                                         ("NvmeControllerReset", Severity.DEGRADED),
+                                                         ("DiskReadError", Severity.WARNING)}  # the read it failed
     findings, _ = judge_file("nvme-cli-151.dmesg.nvme-removed.txt")
     assert ("NvmeControllerLost", Severity.FATAL, "nvme2") in {(f.reason, f.severity, f.device) for f in findings}
 
@@ -182,8 +251,12 @@ def test_healthy_full_boot_logs_raise_nothing_new(path):
                      "RIP: 0010:foo+0x1/0x2 [bar]", "{1}[Hardware Error]: event severity: ",
                      "mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 4: ", "EDAC MC0: 99999999999 CE on ",
                      "mlx5_core 0000:00:00.0: synd 0x", "nvme nvme0: I/O 1 QID 1 timeout, ",
-                     "Memory failure: 0x1: recovery action for dirty LRU page: Failed"]),
-    st.tuples(st.sampled_from(["mlx5_core 0000:0c:00.0: ", "EDAC MC1: 3 UE ", "XFS (sdb1): ", "NETDEV WATCHDOG: "]),
+                     "Memory failure: 0x1: recovery action for dirty LRU page: Failed",
+                     "I/O error, dev sda, sector 99999999999999999999999 op 0x1:(WRITE)", "print_req_error: "]),
+    st.tuples(st.sampled_from(["mlx5_core 0000:0c:00.0: ", "EDAC MC1: 3 UE ", "XFS (sdb1): ", "NETDEV WATCHDOG: ",
+                               "I/O error, dev sda, sector 1", "critical medium error, dev ",
+                               "EXT4-fs warning (device sda1): ext4_end_bio:1: I/O error ",
+                               "XFS (sdb1): metadata I/O error in \"", "XFS (sdb1): metadata I/O error: block 0x"]),
               st.text(max_size=120)).map("".join)), max_size=30))
 def test_fuzzed_records_never_crash_the_parser_or_checks(messages):
     parser = EventParser()
