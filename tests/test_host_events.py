@@ -303,6 +303,17 @@ FRAMINGS = {
     "journal": lambda i, m: f"Oct 03 13:52:{10 + i % 50:02d} gpu-node-7 kernel: {m}",
     "syslog": lambda i, m: f"Oct  3 13:52:{10 + i % 50:02d} gpu-node-7 kernel: [{1000 + i:>5}.000123] {m}",
     "iso": lambda i, m: f"2022-10-03T13:52:{10 + i % 50:02d},000123+00:00 {m}",
+    # prefixed by other tools and in other locales, as tests/fixtures/kmsg/saved/ shows each
+    "pdsh": lambda i, m: f"gpu-node-7: [{1000 + i:>5}.000123] {m}",
+    "clush dmesg -T": lambda i, m: f"gpu-node-7: [Mon Oct  3 13:52:{10 + i % 50:02d} 2022] {m}",
+    "ts": lambda i, m: f"Oct 03 13:52:{10 + i % 50:02d} [{1000 + i:>5}.000123] {m}",
+    "dmesg -T de_DE": lambda i, m: f"[Mo Okt  3 13:52:{10 + i % 50:02d} 2022] {m}",
+    "dmesg -T ja_JP": lambda i, m: f"[月 10月  3 13:52:{10 + i % 50:02d} 2022] {m}",
+    "journal ru_RU": lambda i, m: f"окт 03 13:52:{10 + i % 50:02d} gpu-node-7 kernel: {m}",
+    "wall rsyslog": lambda i, m: f"\r\n\x07Message from syslogd@gpu-node-7 at Oct  3 13:52:{10 + i % 50:02d} ...\r\n"
+                                 f" kernel:{m}\n\r",
+    "wall sysklogd": lambda i, m: f"\r\n\x07Message from syslogd@gpu-node-7 at Mon Oct  3 13:52:{10 + i % 50:02d} 2022 "
+                                  f"...\r\ngpu-node-7 kernel: [{1000 + i:>5}.000123] {m}\r",
 }
 
 
