@@ -546,8 +546,7 @@ class _Draft:
                             self.dictionary, self.facility)
 
 
-_SKIP = _Draft([])  # a line that is no record: a comment, a wall message header, a non-kernel syslog line
-_CONTINUED = _Draft([])  # a line added to the open record
+_SKIP = _Draft([])  # a line that starts no record: a comment, a wall header, a non-kernel syslog line, a continuation
 
 
 class LogLines:
@@ -592,8 +591,6 @@ class LogLines:
                 return []
             self.unframed += 1
             draft = _Draft([body])
-        if draft is _CONTINUED:
-            return []
         out = self.flush()
         self._draft, self._host = draft, host
         return out
@@ -626,7 +623,7 @@ class LogLines:
                     return draft, m.group("host")
                 if inner != rest and self._draft is not None and self._host == m.group("host"):
                     self._continue(inner)  # an indented continuation line of that host's record
-                    return _CONTINUED, None
+                    return _SKIP, None
         return self._console(body), None
 
     def _console(self, body: str) -> _Draft | None:
@@ -656,8 +653,9 @@ class LogLines:
                 return _stamped(m.group("msg"), wall)
         m = _WALL.match(body)
         if m:
-            when = (_utc(int(m.group("year")), _month(m.group("mon")) or 0, int(m.group("day")), m)
-                    if m.group("year") else self._syslog_time(m))
+            month = _month(m.group("mon"))
+            when = (_utc(int(m.group("year")), month, int(m.group("day")), m) if m.group("year") and month
+                    else self._syslog_time(m))
             rest = m.group("rest").strip()
             if rest:  # the message on the header's line
                 body_match = _WALL_BODY.fullmatch(rest)
