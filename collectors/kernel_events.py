@@ -22,7 +22,9 @@ LINK_UP = "link_up"  # the matching link up (to count flaps)
 
 # Host hardware and kernel (docs/domain/host-hardware.md); device names the CPU, memory controller,
 # disk, NIC or netdev, detail carries what the check needs to rate it.
-MCE = "mce"  # mce: [Hardware Error]: CPU n: Machine Check: ... Bank b: <status>; machine-check panic
+# mce: [Hardware Error]: CPU n: Machine Check: ... Bank b: <status>; machine-check panic; old kernels' CPU n: Machine
+# Check Exception: <mcg> and its Bank lines; Machine check events logged (a notice without severity)
+MCE = "mce"
 CPER = "cper"  # {N}[Hardware Error]: event severity: corrected|recoverable|fatal|info
 EDAC_ERROR = "edac_error"  # EDAC MCn: <count> CE|UE <message> on <label> (...)
 MEMORY_FAILURE = "memory_failure"  # Memory failure: 0x<pfn>: recovery action for <type>: <result>
@@ -30,7 +32,7 @@ CPU_THROTTLE = "cpu_throttle"  # CPUn: Core|Package temperature [is] above thres
 KERNEL_CRASH = "kernel_crash"  # BUG: / Oops / general protection fault / kernel BUG at / Kernel panic
 RCU_STALL = "rcu_stall"  # rcu: INFO: rcu_sched self-detected stall on CPU / detected stalls on CPUs/tasks
 NETDEV_UNREGISTER = "netdev_unregister"  # unregister_netdevice: waiting for <dev> to become free
-NETDEV_WATCHDOG = "netdev_watchdog"  # NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out
+NETDEV_WATCHDOG = "netdev_watchdog"  # NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out; mlx5e's TX timeout
 # EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem / ext4_end_bio: I/O error ... writing
 # to inode (a lost data write) / XFS (<dev>): metadata I/O error
 FS_ERROR = "fs_error"
@@ -131,7 +133,8 @@ _BLOCK_STATUSES = ("I/O error", "critical medium error", "critical target error"
 _HOST_PREFIXES = ("mce:", "MCE 0x", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
                   "general protection", "Kernel panic", "divide error", "invalid opcode", "kernel BUG", "rcu:",
                   "INFO: rcu_", "unregister_netdevice", "NETDEV WATCHDOG", "EXT4-fs", "XFS (", "Buffer I/O error",
-                  "nvme ", "mlx5_core", *_BLOCK_STATUSES, "blk_update_request:", "print_req_error:", "end_request:")
+                  "nvme ", "mlx5_core", *_BLOCK_STATUSES, "blk_update_request:", "print_req_error:", "end_request:",
+                  "Machine check")
 
 
 def _may_be_host_fault(message: str) -> bool:
@@ -147,14 +150,22 @@ def _may_be_host_fault(message: str) -> bool:
     return rest.startswith(_HOST_PREFIXES)
 
 
-_MCE = re.compile(r"\[Hardware Error\]: CPU (?P<cpu>\d{1,5}): Machine Check(?: Exception)?: "
+# The record after "[Hardware Error]: ", or at the start of the message on kernels before the prefix (2.6's
+# x86_64 mce.c pads the MCG status to 16 columns). An EDAC driver's copy ("EDAC sbridge MC1: CPU 1: ...") is neither.
+_MCE = re.compile(r"(?:\[Hardware Error\]: |^)CPU (?P<cpu>\d{1,5}): Machine Check(?: Exception)?: *"
                   r"(?P<mcg>[0-9a-fA-F]{1,16}) Bank (?P<bank>\d{1,4}): (?P<status>[0-9a-fA-F]{1,16})")
+# i386 kernels (mcheck/p4.c, p6.c, k7.c): the exception on its own line, then a line per bank with its status,
+# then "Kernel panic: CPU context corrupt" or "Attempting to continue."
+_MCE_EXCEPTION = re.compile(r"CPU#? ?(?P<cpu>\d{1,5}): Machine Check Exception\b")
+_MCE_BANK = re.compile(r"(?:CPU \d{1,5}: )?Bank (?P<bank>\d{1,4}): (?P<status>[0-9a-fA-F]{16})\b")
+_MCE_TRAIL_RECORDS = 16  # how far an old exception's bank lines and panic may trail it
+_MCE_HINTS = ("Hardware Error", "achine check", "Machine Check", "context corrupt")
 # AMD's decoder states the severity in words on the record's first line.
 _MCE_AMD = re.compile(r"\[Hardware Error\]: (?P<what>Corrected error, no action required|Deferred error, no action "
                       r"required|Uncorrected, software containable error|Uncorrected, software restartable error|"
                       r"System Fatal error)")
 _MCE_PANIC = re.compile(r"Kernel panic - not syncing: Fatal [Mm]achine check|\[Hardware Error\]: Machine check: "
-                        r"(?P<reason>[^\n]{1,120})")
+                        r"(?P<reason>[^\n]{1,120})|Kernel panic(?: - not syncing)?: CPU context corrupt")
 _CPER = re.compile(r"\{(?P<record>\d{1,10})\}\[Hardware Error\]: event severity: (?P<severity>[a-z]{1,16})")
 _GHES_FATAL = re.compile(r"Kernel panic - not syncing: Fatal hardware error|GHES: Fatal hardware error")
 _EDAC = re.compile(r"EDAC (?P<mc>MC\d{1,4}): (?P<count>\d{1,10}) (?P<type>CE|UE) (?P<msg>.{0,80}?) ?on "
@@ -201,6 +212,12 @@ _BUFFER_IO = re.compile(r"Buffer I/O error on dev(?:ice)? (?P<dev>[^,\s]{1,64}),
 _NVME = re.compile(r"nvme (?P<ctrl>nvme\d{1,4}): (?:I/O (?:tag )?\d{1,10} .{0,80}?QID \d{1,5} timeout, "
                    r"(?P<step>aborting|reset controller|disable controller)|(?P<down>controller is down; will reset)|"
                    r"(?P<removed>Removing after probe failure))")
+# drivers/net/ethernet/mellanox/mlx5/core/en_main.c mlx5e_tx_timeout (netdev_err: driver, bus id, interface)
+_MLX5E_TX_TIMEOUT = re.compile(r"mlx5_core (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) "
+                               r"(?P<dev>[^\s:]{1,64}): TX timeout detected")
+# dev_watchdog prints its NETDEV WATCHDOG line (on old kernels with a WARN's stack dump) just before it calls the
+# driver's ndo_tx_timeout, which prints mlx5e's line: within this many records the two are one timeout.
+_WATCHDOG_TRAIL_RECORDS = 64
 _MLX5 = re.compile(r"^mlx5_core (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 _MLX5_HEALTH = re.compile(r"(?P<lost>health compromised)|(?P<slot>PCI slot is unavailable)|"
                           r"(?P<fatal>Fatal error \d{1,6} detected)|"
@@ -245,10 +262,14 @@ class EventParser:
         # Sequence number of the last crash reported: a batch may end inside a crash dump (the daemon
         # flushes after each read), and the rest of that dump must not become a second crash.
         self._crash_seq: int | None = None
+        self._mce: tuple[KernelRecord, int, bool, int] | None = None  # old exception: record, cpu, banks seen, left
+        self._watchdog: tuple[str, int] | None = None  # interface of the last NETDEV WATCHDOG, records left
 
     def feed(self, record: KernelRecord) -> list[KernelEvent]:
         if record.facility:  # written by a userspace process, not the kernel: it cannot fake an Xid
             return []
+        if self._watchdog is not None:
+            self._watchdog = (self._watchdog[0], self._watchdog[1] - 1) if self._watchdog[1] > 1 else None
         out: list[KernelEvent] = []
         message = record.message
         if self._sxid is not None and not self._sxid_continues(message):
@@ -259,13 +280,15 @@ class EventParser:
                  or self._lockup(record) or self._link(record))
         if event is not None:
             out.append(event)
-        elif self._crash is not None or _may_be_host_fault(message):
+        elif self._crash is not None or self._mce is not None or _may_be_host_fault(message):
             out.extend(self._host(record))
         return out
 
     def flush(self) -> list[KernelEvent]:
-        """Events held for their continuation lines (an SXid, a crash's RIP line); call at the end of a batch."""
+        """Events held for their continuation lines (an SXid, a crash's RIP line, an old machine check's banks);
+        call at the end of a batch."""
         out = self._crash_event(None, None) if self._crash is not None else []
+        out.extend(self._machine_check_exception())
         if self._sxid is None:
             return out
         record, code, device, text, detail = self._sxid
@@ -434,8 +457,7 @@ class EventParser:
             if rip:
                 return self._crash_event(rip.group("fn"), rip.group("module"))
             first, headers, left = self._crash
-            crash = (_CRASH.search(message) if "achine check" not in message
-                     and "hardware error" not in message else None)
+            crash = _CRASH.search(message) if not any(h in message for h in _MCE_HINTS) else None
             if crash and len(headers) < 4:
                 headers.append(crash.group("head").strip())  # the same crash's next header (Oops after BUG)
                 return []
@@ -443,10 +465,41 @@ class EventParser:
                 out = self._crash_event(None, None)
             else:
                 self._crash = (first, headers, left - 1)
-            if not _may_be_host_fault(message):
+        if self._mce is not None:
+            events, taken = self._held_machine_check(record, message)
+            out.extend(events)
+            if taken:
                 return out
+        if not _may_be_host_fault(message):
+            return out
         event = self._host_event(record, message)
         return out + [event] if event is not None else out
+
+    def _held_machine_check(self, record: KernelRecord, message: str) -> tuple[list[KernelEvent], bool]:
+        """An old machine check exception is held for its bank lines (events of its CPU, with their status) and
+        its panic (one fatal event of that CPU); (events, whether this record was one of those)."""
+        first, cpu, banks, left = self._mce
+        bank = _MCE_BANK.match(message)
+        if bank:
+            self._mce = (first, cpu, True, _MCE_TRAIL_RECORDS)
+            return [_machine_check(record, cpu, int(bank.group("bank")), bank.group("status"), message)], True
+        panic = _MCE_PANIC.search(message) if "panic" in message else None
+        if panic:
+            self._mce = None
+            return [_event(MCE, f"cpu{cpu}", record, None, message[panic.start():].strip(),
+                           {"uc": True, "pcc": True, "panic": True})], True
+        if left <= 1 or _MCE_EXCEPTION.match(message):
+            return self._machine_check_exception(), False
+        self._mce = (first, cpu, banks, left - 1)
+        return [], False
+
+    def _machine_check_exception(self) -> list[KernelEvent]:
+        """The held exception, when no bank line said more: an exception is raised for uncorrected errors only."""
+        held, self._mce = self._mce, None
+        if held is None or held[2]:
+            return []
+        first, cpu, _, _ = held
+        return [_event(MCE, f"cpu{cpu}", first, None, first.message.strip(), {"uc": True, "exception": True})]
 
     def _crash_event(self, function: str | None, module: str | None) -> list[KernelEvent]:
         first, headers, _ = self._crash
@@ -458,18 +511,21 @@ class EventParser:
 
     def _host_event(self, record: KernelRecord, message: str) -> KernelEvent | None:
         """One record of a host hardware or kernel fault, or None; the cheap hint already matched."""
-        if "Hardware Error" in message or "achine check" in message:
+        if any(h in message for h in _MCE_HINTS):
             m = _CPER.search(message)
             if m:
                 return _event(CPER, "apei", record, None, message[m.start():].strip(),
                               {"severity": m.group("severity"), "record": int(m.group("record"))})
             m = _MCE.search(message)
             if m:
-                status = int(m.group("status"), 16)
-                return _event(MCE, f"cpu{int(m.group('cpu'))}", record, None, message[m.start():].strip(),
-                              {"bank": int(m.group("bank")), "status": m.group("status").lower(),
-                               "uc": bool(status >> 61 & 1), "pcc": bool(status >> 57 & 1),
-                               "overflow": bool(status >> 62 & 1)})
+                return _machine_check(record, int(m.group("cpu")), int(m.group("bank")), m.group("status"),
+                                      message[m.start():])
+            m = _MCE_EXCEPTION.match(message)
+            if m:
+                self._mce = (record, int(m.group("cpu")), False, _MCE_TRAIL_RECORDS)
+                return None
+            if "Machine check events logged" in message:
+                return _event(MCE, "cpu", record, None, "Machine check events logged", {"logged": True})
             m = _MCE_AMD.search(message)
             if m:
                 what = m.group("what")
@@ -519,9 +575,19 @@ class EventParser:
             if m:
                 groups = m.groupdict()
                 bus = canonical_pci(groups.get("bus") or "")
+                self._watchdog = (m.group("dev"), _WATCHDOG_TRAIL_RECORDS)
                 return _event(NETDEV_WATCHDOG, m.group("dev"), record, None, message.strip(),
                               {"driver": m.group("driver"), "queue": _number(m.group("queue")),
                                "pci_bus_id": bus or None})
+        if "TX timeout detected" in message:
+            m = _MLX5E_TX_TIMEOUT.match(message)
+            if m and self._watchdog is not None and self._watchdog[0] == m.group("dev"):
+                self._watchdog = None
+                return None  # the driver's line of the timeout the watchdog just reported
+            if m:
+                return _event(NETDEV_WATCHDOG, m.group("dev"), record, None, message.strip(),
+                              {"driver": "mlx5_core", "queue": None, "pci_bus_id": canonical_pci(m.group("pci")),
+                               "reported_by": "mlx5e"})
         if "EXT4-fs" in message:
             m = _EXT4_LOST_WRITE.search(message) if "ext4_end_bio" in message else None
             if m:
@@ -594,6 +660,14 @@ class EventParser:
             problem, detail = "command_timeout", {"command": m.group("cmd"), "opcode": int(m.group("op"), 16)}
         return _event(MLX5_HEALTH, canonical_pci(device.group("pci")), record, None, message[device.end():].strip(": "),
                       dict(detail, problem=problem))
+
+
+def _machine_check(record: KernelRecord, cpu: int, bank: int, status_hex: str, text: str) -> KernelEvent:
+    """One bank's machine check record; MCi_STATUS bits 61 (UC), 57 (PCC) and 62 (overflow) rate it."""
+    status = int(status_hex, 16)
+    return _event(MCE, f"cpu{cpu}", record, None, text.strip(),
+                  {"bank": bank, "status": status_hex.lower(), "uc": bool(status >> 61 & 1),
+                   "pcc": bool(status >> 57 & 1), "overflow": bool(status >> 62 & 1)})
 
 
 def _event(kind: str, device: str, record: KernelRecord, code: int | None, text: str,

@@ -493,9 +493,10 @@ _ISO_TIME = (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 _ZONE = r"(?:Z|[+-]\d\d:?\d\d)"
 # 2024-11-15T05:39:15,491363+00:00 message   (dmesg --time-format iso: comma before the fraction)
 _DMESG_ISO = re.compile(rf"(?P<ts>{_ISO_TIME},\d{{1,9}}{_ZONE}?) (?P<msg>.*)", re.S)
-# Mon DD HH:MM:SS host tag[pid]: message   or   2025-01-02T15:20:12+0800 host tag: message
+# Mon DD HH:MM:SS host tag[pid]: message   or   2025-01-02T15:20:12+0800 host tag: message; the host may be
+# missing ("Feb 23 03:28:16 kernel: ...", or two spaces where it was empty), never ends in ":"
 _SYSLOG = re.compile(rf"(?:(?P<iso>{_ISO_TIME}(?:\.\d{{1,9}})?{_ZONE}?)|{_MONTH} +(?P<day>\d{{1,2}}) "
-                     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))?) \S{1,255} "
+                     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))?)(?: \S{0,254}[^\s:])? +"
                      r"(?P<tag>[^\s:\[]{1,64})(?:\[\d{1,10}\])?:(?: |$)(?P<msg>.*)", re.S)
 # kernel: message   (syslogd wall message's second line, or a log whose time and host were cut)
 _KERNEL_TAG = re.compile(r"kernel: ?(?P<msg>.*)", re.S)

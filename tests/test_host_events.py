@@ -41,6 +41,13 @@ def judge_file(name: str):
      Action.HW_INSPECTION, "mc0/CPU#0Channel#2_DIMM#0"),  # 4 + 2 + 6 = 12 over three lines
     ("mcelog-70.syslog.mce-record.txt", "memory_errors", "MachineCheckFatal", Severity.FATAL,
      Action.HW_INSPECTION, "cpu0"),  # status a6...: UC and PCC set
+    # old machine-check formats: the exception, its bank, then the panic are one fatal machine check of that CPU
+    ("openvz-wiki.syslog.mce-exception-old.txt", "memory_errors", "MachineCheckFatal", Severity.FATAL,
+     Action.HW_INSPECTION, "cpu0"),
+    ("broadcom-kb-168056.console.mce-exception-no-status.txt", "memory_errors", "MachineCheckFatal", Severity.FATAL,
+     Action.HW_INSPECTION, "cpu0"),
+    ("redhat-18723.messages.mce-events-logged.txt", "memory_errors", "MachineCheckLogged", Severity.WARNING,
+     Action.NONE, "cpu"),  # a bare notice, nothing decoded beside it
     ("node-exporter-3511.journal.cper-corrected.txt", "memory_errors", "HardwareErrorCorrected", Severity.WARNING,
      Action.NONE, "apei"),
     ("npd-pr-846.journal.cper-recoverable.txt", "memory_errors", "HardwareErrorRecoverable", Severity.FATAL,
@@ -327,8 +334,7 @@ def _fixture_messages(name):
     return [r.message for r in out if "\n" not in r.message]
 
 
-@pytest.mark.parametrize("name", sorted(n for n in os.listdir(HOST) if n.endswith(".txt")
-                                        and "radiasoft" not in n))  # radiasoft's own framing is unrecognised
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(HOST) if n.endswith(".txt")))
 @pytest.mark.parametrize("framing", sorted(FRAMINGS))
 def test_every_fixture_gives_the_same_events_in_every_framing(name, framing, tmp_path):
     """Each fixture's real messages re-framed: the events (kind, device, detail) do not depend on the framing."""
@@ -408,6 +414,15 @@ def test_a_limit_that_would_fire_on_nothing_is_a_config_error(setting, tmp_path)
     ("mce: [Hardware Error]: CPU 3: Machine Check: 0 Bank 5: bd80000000100134", "MachineCheckUncorrected",
      Severity.FATAL),  # UC without PCC (SRAR)
     ("Kernel panic - not syncing: Fatal hardware error!", "HardwareErrorFatal", Severity.FATAL),
+    # old kernels: arch/i386/kernel/cpu/mcheck/p4.c and p6.c, arch/x86_64/kernel/mce.c (2.6), kernel/panic.c
+    ("CPU 0: Machine Check Exception: 0000000000000004", "MachineCheckUncorrected", Severity.FATAL),  # #MC, no bank
+    ("CPU 1: Machine Check Exception:                4 Bank 4: b200000000070f0f", "MachineCheckFatal",
+     Severity.FATAL),
+    ("Kernel panic - not syncing: CPU context corrupt", "MachineCheckFatal", Severity.FATAL),
+    ("Kernel panic: CPU context corrupt", "MachineCheckFatal", Severity.FATAL),
+    ("Machine check events logged", "MachineCheckLogged", Severity.WARNING),
+    ("mce: [Hardware Error]: Machine check events logged", "MachineCheckLogged", Severity.WARNING),
+    ("EDAC sbridge MC1: CPU 1: Machine Check Exception: 5 Bank 11: b200000000070f0f", None, None),  # EDAC's copy
     ("{9}[Hardware Error]: event severity: info", None, None),
 ])
 def test_machine_check_and_firmware_severities(message, reason, severity):
@@ -416,6 +431,47 @@ def test_machine_check_and_firmware_severities(message, reason, severity):
     findings = memory_errors.judge(obs, dict(memory_errors.DEFAULTS))
     assert [(f.reason, f.severity) for f in findings] == ([(reason, severity)] if reason else [])
     assert not crashes.judge(obs, dict(crashes.DEFAULTS))  # a machine-check panic is a hardware fault, not a bug
+
+
+def test_a_machine_check_notice_beside_decoded_records_adds_nothing():
+    """`Machine check events logged` says only that records exist: when the log decodes them, they are the finding."""
+    for name in ("radiasoft-134.journal.mce-edac-ce.txt", "osm-ops-300.syslog.mce-edac-ce.txt",
+                 "mcelog-70.syslog.mce-record.txt"):
+        findings, log = judge_file(name)
+        assert any(e.detail.get("logged") for e in log.events), name
+        assert "MachineCheckLogged" not in {f.reason for f in findings}, name
+    days = [KernelRecord("mce: [Hardware Error]: Machine check events logged", seq=1, wall_time=1_700_000_000.0),
+            KernelRecord("EDAC MC0: 1 CE memory read error on DIMM_A1 (channel:0 slot:0 page:0x1 offset:0x0 grain:32 "
+                         "syndrome:0x0)", seq=2, wall_time=1_700_050_000.0)]  # half a day apart: unrelated
+    obs = Observed({"kmsg": KmsgFacts(tuple(events_from_records(days)))}, now=1_700_050_100.0)
+    assert {f.reason for f in memory_errors.judge(obs, dict(memory_errors.DEFAULTS))} == {
+        "MachineCheckLogged", "MemoryCorrected"}
+
+
+# drivers/net/ethernet/mellanox/mlx5/core/en_main.c mlx5e_tx_timeout: netdev_err(dev, "TX timeout detected\n"), after
+# net/sched/sch_generic.c dev_watchdog's NETDEV WATCHDOG line (a WARN_ONCE on older kernels: later timeouts print only
+# the driver's line); the per-queue "TX timeout on queue: ..." lines that follow (en/reporter_tx.c) are its detail.
+_MLX5E = "mlx5_core 0000:3b:00.0 enp59s0f0np0: "
+_MLX5E_TIMEOUT = [
+    _MLX5E + "NETDEV WATCHDOG: CPU: 12: transmit queue 5 timed out 8192 ms",
+    _MLX5E + "TX timeout detected",
+    _MLX5E + "TX timeout on queue: 5, SQ: 0x10f, CQ: 0x4b6, SQ Cons: 0x1a2 SQ Prod: 0x1a7, usecs since last trans: "
+             "8192000",
+]
+
+
+def test_mlx5e_tx_timeouts_are_found_and_one_incident_counts_once():
+    [event] = events_from_records(_records(*_MLX5E_TIMEOUT))  # the watchdog's line and the driver's: one incident
+    assert (event.kind, event.device, event.detail["pci_bus_id"]) == ("netdev_watchdog", "enp59s0f0np0", "0000:3b:00.0")
+    [alone] = events_from_records(_records(_MLX5E_TIMEOUT[1]))  # the driver's line alone (the WARN was printed once)
+    assert (alone.kind, alone.device, alone.detail["driver"], alone.detail["pci_bus_id"]) == (
+        "netdev_watchdog", "enp59s0f0np0", "mlx5_core", "0000:3b:00.0")
+    events = list(events_from_records(_records(*_MLX5E_TIMEOUT, *["x"] * 80, _MLX5E_TIMEOUT[1], _MLX5E_TIMEOUT[1])))
+    [f] = nic_health.judge(Observed({"kmsg": KmsgFacts(tuple(events))}, now=1_700_000_100.0),
+                           dict(nic_health.DEFAULTS))
+    assert (f.reason, f.device, f.evidence["count"], f.severity) == (
+        "NetdevTransmitTimeout", "enp59s0f0np0", 3, Severity.DEGRADED)
+    assert "TX timeout detected" in f.message
 
 
 def test_old_mlx5_fatal_error_line_and_pci_slot_gone():

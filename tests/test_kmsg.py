@@ -142,6 +142,8 @@ def test_kmsg_caller_field_in_the_header():
      1776893271.28885631, 4),
     ("Jan  2 03:04:05 host kernel: [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0, None),
     ("Jan  2 03:04:05.250000 host kernel: msg", "msg", None, 1798859045.25, None),
+    ("Jan  2 03:04:05 kernel: mce: [Hardware Error]: x", "mce: [Hardware Error]: x", None, 1798859045.0, None),  # no host
+    ("Jan  2 03:04:05  kernel: EDAC MC1: x", "EDAC MC1: x", None, 1798859045.0, None),  # an empty host
     # prefixed by pdsh/clush, a console server's or `ts`'s time column; dmesg -T and journalctl in other locales
     ("gpu-node-01: [  219.470994] NVRM: x", "NVRM: x", 219470994, None, None),
     ("gpu-node-01.cluster: Jan  2 03:04:05 host kernel: [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0,
