@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from nodehealth.checks import kernel, link_events, xid
 from nodehealth.checks import xid_catalog as catalog
-from nodehealth.collectors.kernel_events import GPU_FALLEN_OFF_BUS, KINDS, SXID, XID, KernelEvent
+from nodehealth.collectors import kmsg
+from nodehealth.collectors.kernel_events import (
+    GPU_FALLEN_OFF_BUS,
+    KINDS,
+    SXID,
+    XID,
+    KernelEvent,
+    events_from_records,
+)
 from nodehealth.model import Action, Observed, Severity
 
 NOW = 1_700_000_000.0
@@ -158,8 +166,46 @@ def test_fallen_off_the_bus_without_a_number_is_xid_79():
     f = one(judge([off]))
     assert (f.reason, f.severity, f.action) == ("Xid79FallenOffBus", Severity.FATAL, Action.REBOOT)
     assert "without an Xid number" in f.message and f.evidence["code"] == 79
-    both = one(judge([ev(79, "GPU has fallen off the bus.", "0000:b3:00.0"), off]))
-    assert both.evidence["count"] == 2
+    later = one(judge([ev(79, "GPU has fallen off the bus.", "0000:b3:00.0", age=3600.0), off]))
+    assert later.evidence["count"] == 2  # an hour apart: the driver said it again, two reports
+
+
+@pytest.mark.parametrize("order", ["xid first", "companion first"])
+def test_an_xid_79_and_the_drivers_companion_line_are_one_event(order):
+    """The driver prints `NVRM: GPU <bus id>: GPU has fallen off the bus.` beside the Xid 79 of that GPU
+    (docs/domain/xid.md 4.3): one fault, one count, in whichever order the log has them."""
+    lines = ["[ 6781741.548779] NVRM: Xid (PCI:0000:cb:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+             "the bus.", "[ 6781741.548781] NVRM: GPU 0000:cb:00.0: GPU has fallen off the bus."]
+    if order != "xid first":
+        lines.reverse()
+    reader = kmsg.LogLines()
+    events = list(events_from_records([r for line in lines for r in reader.feed(line)] + reader.flush()))
+    assert sorted(e.kind for e in events) == [GPU_FALLEN_OFF_BUS, XID]  # the parser reports both lines
+    f = one(xid.judge(Observed({"kmsg": KmsgFacts(tuple(events), boot_id=None)}, now=NOW), dict(xid.DEFAULTS)))
+    assert (f.reason, f.device, f.evidence["count"]) == ("Xid79FallenOffBus", "0000:cb:00.0", 1)
+    assert "once this boot" in f.message
+
+
+def test_post_mortem_counts_an_xid_79_and_its_companion_once(tmp_path, capsys):
+    import json
+
+    from nodehealth import cli
+
+    path = tmp_path / "kern.log"  # gpud's sxid README Xid 79 line and the driver's companion line (xid.md 4.3)
+    path.write_text("[6781741.548779] NVRM: Xid (PCI:0000:91:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen "
+                    "off the bus.\n[6781741.548790] NVRM: GPU 0000:91:00.0: GPU has fallen off the bus.\n")
+    assert cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"]) == 1
+    [f] = [f for f in json.loads(capsys.readouterr().out)["findings"] if f["check"] == "xid"]
+    assert (f["reason"], f["device"], f["evidence"]["count"]) == ("Xid79FallenOffBus", "0000:91:00.0", 1)
+
+
+def test_companion_lines_pair_only_with_their_own_xid():
+    pairs = [ev(79, "GPU has fallen off the bus.", GPU, age=None), ev(None, "GPU has fallen off the bus", GPU,
+                                                                      age=None, kind=GPU_FALLEN_OFF_BUS)]
+    assert one(judge(pairs * 2)).evidence["count"] == 2  # two faults (replayed, no times): two Xids, two companions
+    other = judge([ev(79, "GPU has fallen off the bus.", GPU),
+                   ev(None, "GPU has fallen off the bus", GPU2, kind=GPU_FALLEN_OFF_BUS)])
+    assert sorted((f.device, f.evidence["count"]) for f in other) == [(GPU, 1), (GPU2, 1)]  # another GPU's
 
 
 def times_phrase(n):
