@@ -42,6 +42,7 @@ MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going f
 # A regular file without inotify is polled: every 10 ms while it grows, backing off to 1 s while idle.
 FILE_POLL_SECONDS = (0.01, 1.0)
 MAX_LINE_BYTES = 64 * 1024  # longer lines keep their head; the rest is skipped
+MAX_HOSTS = 64  # node names kept from a saved log's prefixes: enough to name them, bounded for a hostile file
 KMSG_READ_SIZE = 16384  # above the kernel's 8 KiB record limit; a smaller buffer gets EINVAL
 
 
@@ -359,6 +360,11 @@ def _collect_files(paths: list[str]) -> KernelLog:
             # An empty, binary or still-compressed file: judging it would say "healthy" about nothing.
             raise CollectError(f"0 records recognised in {path} ({lines.malformed - malformed} lines not text, "
                                f"{lines.unframed - unframed} in no kernel log framing)")
+    if len(lines.hosts) > 1:
+        # Judged together, two nodes' logs would add up their errors and merge GPUs that share a bus id.
+        named = ", ".join(list(lines.hosts)[:3]) + (", ..." if len(lines.hosts) > 3 else "")
+        raise CollectError(f"the kernel log of {len(lines.hosts)} nodes ({named}) in {', '.join(paths)}: a check "
+                           "judges one node; give each node's lines on their own (dshbak, or grep '^NODE: ')")
     return KernelLog(source=", ".join(paths), boot_id=None, records=records, overwritten=0,
                      malformed=lines.malformed, last_seq=last_seq, events=tuple(events), unframed=lines.unframed)
 
@@ -484,7 +490,7 @@ _JOURNALD_WALL = re.compile(r"Broadcast message from systemd-journald@\S{1,255}(
 # The wall message itself: " kernel:[ 123.4] text" (rsyslog), "host kernel: text" (sysklogd), "kernel: text" (journald)
 _WALL_BODY = re.compile(r"(?:\S{1,255} )?kernel: ?(?P<msg>.*)", re.S)
 # 192.168.11.119: kern: warning: [2026-04-22T21:27:51.288830314Z]: message   (talosctl dmesg)
-_TALOS = re.compile(rf"\S+: (?P<fac>{_FACILITIES}): +(?P<lvl>[a-z]{{3,7}}): \[(?P<ts>[^\]]{{1,40}})\]: ?"
+_TALOS = re.compile(rf"(?P<node>\S+): (?P<fac>{_FACILITIES}): +(?P<lvl>[a-z]{{3,7}}): \[(?P<ts>[^\]]{{1,40}})\]: ?"
                     r"(?P<msg>.*)", re.S)
 # kern  :warn  : rest   (dmesg --decode)
 _DECODE = re.compile(rf"(?P<fac>{_FACILITIES}) *: *(?P<lvl>emerg|alert|crit|err|warn|notice|info|debug) *: ?"
@@ -565,6 +571,7 @@ class LogLines:
         self.malformed = 0
         self._draft: _Draft | None = None
         self._host: str | None = None  # the pdsh/clush host prefix of the open record, if it had one
+        self.hosts: dict[str, None] = {}  # the nodes that pdsh/clush or talosctl prefixes named, in order (bounded)
         self._wall_time: float | None = None  # from a wall message's header, for the line after it
 
     def feed(self, line: str) -> list[KernelRecord]:
@@ -592,6 +599,8 @@ class LogLines:
                 return []
             self.unframed += 1
             draft = _Draft([body])
+        if host is not None and host not in self.hosts and len(self.hosts) < MAX_HOSTS:
+            self.hosts[host] = None
         out = self.flush()
         self._draft, self._host = draft, host
         return out
@@ -669,6 +678,8 @@ class LogLines:
             return _SKIP
         m = _TALOS.fullmatch(body)
         if m:
+            if m.group("node") not in self.hosts and len(self.hosts) < MAX_HOSTS:
+                self.hosts[m.group("node")] = None
             if m.group("fac") != "kern":
                 return _SKIP
             return _timed(m.group("msg"), wall_time=iso_time(m.group("ts")), priority=_LEVELS.get(m.group("lvl")))
