@@ -457,7 +457,8 @@ class EventParser:
             if rip:
                 return self._crash_event(rip.group("fn"), rip.group("module"))
             first, headers, left = self._crash
-            crash = _CRASH.search(message) if not any(h in message for h in _MCE_HINTS) else None
+            hardware = "hardware error" in message or any(h in message for h in _MCE_HINTS)  # a hardware panic
+            crash = _CRASH.search(message) if not hardware else None
             if crash and len(headers) < 4:
                 headers.append(crash.group("head").strip())  # the same crash's next header (Oops after BUG)
                 return []
