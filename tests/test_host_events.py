@@ -436,6 +436,16 @@ def test_machine_check_and_firmware_severities(message, reason, severity):
     assert not crashes.judge(obs, dict(crashes.DEFAULTS))  # a machine-check panic is a hardware fault, not a bug
 
 
+@pytest.mark.parametrize("panic,kind", [("Kernel panic - not syncing: Fatal hardware error!", "cper"),
+                                        ("Kernel panic: CPU context corrupt", "mce")])
+def test_a_hardware_panic_after_a_crash_header_is_the_hardware_fault(panic, kind):
+    events = list(events_from_records(_records("BUG: kernel NULL pointer dereference, address: 0000000000000010",
+                                               panic)))
+    assert kind in {e.kind for e in events}
+    [crash] = [e for e in events if e.kind == KERNEL_CRASH]
+    assert crash.detail["headers"] == ["BUG: kernel NULL pointer dereference, address: 0000000000000010"]
+
+
 def test_a_machine_check_notice_beside_decoded_records_adds_nothing():
     """`Machine check events logged` says only that records exist: when the log decodes them, they are the finding."""
     for name in ("radiasoft-134.journal.mce-edac-ce.txt", "osm-ops-300.syslog.mce-edac-ce.txt",
