@@ -122,7 +122,8 @@ def main() -> None:
         root = os.path.join(tmp, "machine")
         t0 = time.perf_counter()
         write_machine(root, args.lines, args.framing)
-        print(f"log: {args.lines} {args.framing} lines, {os.path.getsize(os.path.join(root, 'dev', 'kmsg')) >> 20} MiB, "
+        size = os.path.getsize(os.path.join(root, 'dev', 'kmsg')) >> 20
+        print(f"log: {args.lines} {args.framing} lines, {size} MiB, "
               f"written in {time.perf_counter() - t0:.1f} s")
         base = base_tree(args.base, os.path.join(tmp, "base"))
         for _ in range(args.repeat):  # interleaved, so load on the machine hits both alike

@@ -32,7 +32,8 @@ CPU_THROTTLE = "cpu_throttle"  # CPUn: Core|Package temperature [is] above thres
 KERNEL_CRASH = "kernel_crash"  # BUG: / Oops / general protection fault / kernel BUG at / Kernel panic
 RCU_STALL = "rcu_stall"  # rcu: INFO: rcu_sched self-detected stall on CPU / detected stalls on CPUs/tasks
 NETDEV_UNREGISTER = "netdev_unregister"  # unregister_netdevice: waiting for <dev> to become free
-NETDEV_WATCHDOG = "netdev_watchdog"  # NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out; mlx5e's TX timeout
+# NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out; mlx5e's TX timeout detected
+NETDEV_WATCHDOG = "netdev_watchdog"
 # EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem / ext4_end_bio: I/O error ... writing
 # to inode (a lost data write) / XFS (<dev>): metadata I/O error
 FS_ERROR = "fs_error"
@@ -205,9 +206,9 @@ _EXT4_LOST_WRITE = re.compile(r"EXT4-fs warning \(device (?P<dev>[^)\s]{1,64})\)
                               r"(?P<error>-?\d{1,6}) writing to inode (?P<inode>\d{1,20})")
 # fs/xfs/xfs_buf.c xfs_buf_ioerror_alert: `in "<caller>" at daddr ... error N` (5.x) or `: block 0x.. ("<caller>")
 # error N numblks N` (older).
-_XFS_METADATA_IO = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): metadata I/O error(?: in | ?: block 0x[0-9a-fA-F]{1,16} "
-                              r"\()\"(?P<function>[A-Za-z_][\w.]{0,63})[^\"]{0,80}\"\)?(?: at daddr 0x[0-9a-fA-F]{1,16} "
-                              r"len \d{1,10})? error (?P<error>-?\d{1,6})")
+_XFS_METADATA_IO = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): metadata I/O error(?: in | ?: block "
+                              r"0x[0-9a-fA-F]{1,16} \()\"(?P<function>[A-Za-z_][\w.]{0,63})[^\"]{0,80}\"\)?"
+                              r"(?: at daddr 0x[0-9a-fA-F]{1,16} len \d{1,10})? error (?P<error>-?\d{1,6})")
 _BUFFER_IO = re.compile(r"Buffer I/O error on dev(?:ice)? (?P<dev>[^,\s]{1,64}), logical block (?P<block>\d{1,20})")
 _NVME = re.compile(r"nvme (?P<ctrl>nvme\d{1,4}): (?:I/O (?:tag )?\d{1,10} .{0,80}?QID \d{1,5} timeout, "
                    r"(?P<step>aborting|reset controller|disable controller)|(?P<down>controller is down; will reset)|"

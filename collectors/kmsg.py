@@ -527,7 +527,8 @@ _HOST_PREFIX = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]{0,252}): (?P<rest>.*)", r
 _DMESG_BRACKET = re.compile(r"(?:<\d{1,4}>)?\[(?:<? *[+-]?\d{1,12}\.\d{6}>?|[^\s\]]{1,12} +\S{1,12} +\d{1,2} "
                             r"\d\d:\d\d:\d\d \d{4}|[^\W\d_]{3,6}\d{1,2} \d\d:\d\d)\]")
 _CONSOLE_TIME = re.compile(rf"\[?(?:(?P<iso>\d{{4}}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{{1,9}})?{_ZONE}?)|"
-                           rf"{_MONTH} +(?P<day>\d{{1,2}}) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{{1,9}}))?)"
+                           rf"{_MONTH} +(?P<day>\d{{1,2}}) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
+                           r"(?:\.(?P<frac>\d{1,9}))?)"
                            r"\]? +(?P<rest>(?:<\d{1,4}>)?\[ *\d{1,12}\.\d{1,9}\].*)", re.S)
 # [ T1946] or [    C3]: the printk caller id (CONFIG_PRINTK_CALLER)
 _CALLER = re.compile(r"\[ *[TC]\d{1,10}\] ?")
@@ -737,7 +738,7 @@ class LogLines:
 
 
 def _month(name: str) -> int | None:
-    """A month's number from its abbreviation in any locale _MONTHS knows ("Dez", "févr.", "11月"); None if unknown."""
+    """A month's number from its abbreviation in a locale _MONTHS knows ("Dez", "févr.", "11月"); None if unknown."""
     m = _CJK_MONTH.fullmatch(name)
     if m:
         number = int(m.group(1))

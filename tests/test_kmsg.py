@@ -142,7 +142,8 @@ def test_kmsg_caller_field_in_the_header():
      1776893271.28885631, 4),
     ("Jan  2 03:04:05 host kernel: [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0, None),
     ("Jan  2 03:04:05.250000 host kernel: msg", "msg", None, 1798859045.25, None),
-    ("Jan  2 03:04:05 kernel: mce: [Hardware Error]: x", "mce: [Hardware Error]: x", None, 1798859045.0, None),  # no host
+    ("Jan  2 03:04:05 kernel: mce: [Hardware Error]: x", "mce: [Hardware Error]: x", None, 1798859045.0,
+     None),  # no host
     ("Jan  2 03:04:05  kernel: EDAC MC1: x", "EDAC MC1: x", None, 1798859045.0, None),  # an empty host
     # prefixed by pdsh/clush, a console server's or `ts`'s time column; dmesg -T and journalctl in other locales
     ("gpu-node-01: [  219.470994] NVRM: x", "NVRM: x", 219470994, None, None),
@@ -232,7 +233,8 @@ def test_ordinary_text_is_not_taken_for_a_prefixed_log(line):
 _REAL_FRAMED_LINES = [line for name in ("gpud/dmesg-with-xid-119.log", "gpud/peermem.dmesg.0.log",
                                         "issues/ironfish-701.syslogd-wall.soft-and-hard-lockup.txt",
                                         "issues/cubecos-733.journalctl.mlx5-eth-link-up-flap.txt",
-                                        "gpud/dmesg.decode.iso.log.0", "gpud/kmsg.1.log", "saved/ts.dev-vm-6.18.dmesg.txt",
+                                        "gpud/dmesg.decode.iso.log.0", "gpud/kmsg.1.log",
+                                        "saved/ts.dev-vm-6.18.dmesg.txt",
                                         "saved/dmesg-T.ja_JP.dev-vm-6.18.txt")
                       for line in open(os.path.join(KMSG, name), encoding="utf-8").read().splitlines()[:40]]
 
@@ -579,9 +581,10 @@ _LINE_PARTS = st.sampled_from([
     "Jan  2 03:04:05 host kernel: ", "Feb 30 25:61:61 h kernel: ", "x: kern: warning: [", "]: ", "Message from "
     "syslogd@h at Dec 10 05:25:44 ...", "[Fri Aug 30 11:43:14 2024] ", "[Fri Feb 31 11:43:14 0000] ", "#",
     "NVRM: Xid (PCI:0000:3b:00): 79, ", "\x00", "\xff", "\t", "\r", "\ufffd", "é",
-    "gpu-node-01: ", "2024-06-11 10:22:33 ", "[2024-06-11T10:22:33+02:00] ", "Jun 11 10:22:33 ", "[Do Nov 26 14:10:43 2026] ",
-    "[木  1月 26 14:10:43 2026] ", "янв 02 03:04:05 h kernel: ", "\x07", "Broadcast message from systemd-journald@h "
-    "(Tue 2024-06-11 10:22:33 UTC):", "Message from syslogd@h at Sat Oct  3 16:41:40 2015 ...", " h kernel: ", "kernel:",
+    "gpu-node-01: ", "2024-06-11 10:22:33 ", "[2024-06-11T10:22:33+02:00] ", "Jun 11 10:22:33 ",
+    "[Do Nov 26 14:10:43 2026] ", "[木  1月 26 14:10:43 2026] ", "янв 02 03:04:05 h kernel: ", "\x07",
+    "Broadcast message from systemd-journald@h (Tue 2024-06-11 10:22:33 UTC):",
+    "Message from syslogd@h at Sat Oct  3 16:41:40 2015 ...", " h kernel: ", "kernel:",
 ])
 
 
@@ -590,7 +593,8 @@ _LINE_PARTS = st.sampled_from([
 def test_fuzz_log_lines(lines):
     reader = kmsg.LogLines(btime=1.7e9, now=1.8e9)
     records = [r for line in lines for r in reader.feed(line)] + reader.flush()
-    assert len(records) + reader.malformed <= sum(len(line.rstrip("\r\n").split("\r")) for line in lines)  # CR ends a line
+    lines_and_crs = sum(len(line.rstrip("\r\n").split("\r")) for line in lines)  # a CR ends a line too
+    assert len(records) + reader.malformed <= lines_and_crs
     assert all(isinstance(r.message, str) for r in records)
 
 
