@@ -5,7 +5,9 @@ The log cycles real lines: a healthy node's full boot logs (gpud full-boot ctime
 A100 dmesg -T) as noise, and every 50th record an event line (Xids, SXids, hung tasks, link events
 from the h100-8x-cx7 machine, and the host faults of tests/fixtures/kmsg/host/). Each tree runs in
 its own interpreter; the base tree is `git archive`d into a temporary directory.
-Usage: python benchmarks/kmsg_throughput.py [--lines 1000000] [--base c368130]
+`--framing` writes the log as raw kmsg records (the daemon's stream), as dmesg prints it, or as pdsh
+prints dmesg (`host: [uptime] message`, the saved-log fallback path).
+Usage: python benchmarks/kmsg_throughput.py [--lines 1000000] [--base c368130] [--framing kmsg|dmesg|pdsh]
 """
 from __future__ import annotations
 
@@ -62,7 +64,14 @@ def messages() -> tuple[list[str], list[str]]:
     return noise, events
 
 
-def write_machine(root: str, lines: int) -> None:
+FRAMINGS = {
+    "kmsg": lambda seq, message: f"4,{seq},{seq * 1000},-;{message}",
+    "dmesg": lambda seq, message: f"[{seq // 1000:5d}.{seq % 1000:03d}000] {message}",
+    "pdsh": lambda seq, message: f"gpu-node-{seq % 8:02d}: [{seq // 1000:5d}.{seq % 1000:03d}000] {message}",
+}
+
+
+def write_machine(root: str, lines: int, framing: str = "kmsg") -> None:
     noise, events = messages()
     os.makedirs(os.path.join(root, "dev"))
     os.makedirs(os.path.join(root, "proc"))
@@ -77,7 +86,7 @@ def write_machine(root: str, lines: int) -> None:
                 message, e = events[e % len(events)], e + 1
             else:
                 message, n = noise[n % len(noise)], n + 1
-            f.write(f"4,{seq},{seq * 1000},-;{message}\n")
+            f.write(FRAMINGS[framing](seq, message) + "\n")
 
 
 def base_tree(commit: str, where: str) -> str:
@@ -107,12 +116,14 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=1_000_000)
     ap.add_argument("--base", default="c368130")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--framing", choices=sorted(FRAMINGS), default="kmsg")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = os.path.join(tmp, "machine")
         t0 = time.perf_counter()
-        write_machine(root, args.lines)
-        print(f"log: {args.lines} raw kmsg records, {os.path.getsize(os.path.join(root, 'dev', 'kmsg')) >> 20} MiB, "
+        write_machine(root, args.lines, args.framing)
+        size = os.path.getsize(os.path.join(root, 'dev', 'kmsg')) >> 20
+        print(f"log: {args.lines} {args.framing} lines, {size} MiB, "
               f"written in {time.perf_counter() - t0:.1f} s")
         base = base_tree(args.base, os.path.join(tmp, "base"))
         for _ in range(args.repeat):  # interleaved, so load on the machine hits both alike

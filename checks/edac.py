@@ -2,6 +2,7 @@
 errors on one DIMM at or over a limit make it degraded (host-hardware.md sections 1 and 9)."""
 from __future__ import annotations
 
+from nodehealth.collectors.edac import MemoryController
 from nodehealth.model import Action, Finding, Observed, Severity
 
 NAME = "edac"
@@ -20,12 +21,7 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
     findings = []
     for mc in obs.facts["edac"].controllers:
         named = f"memory controller {mc.name}" + (f" ({mc.mc_name})" if mc.mc_name else "")
-        places = [(f"{mc.name}/{d.name}", d.label or d.location or d.name, d.ce_count, d.ue_count) for d in mc.dimms]
-        if mc.ue_noinfo_count or mc.ce_noinfo_count:
-            places.append((f"{mc.name}/unattributed", "no DIMM named", mc.ce_noinfo_count, mc.ue_noinfo_count))
-        if not mc.dimms:  # counters of the controller only
-            places.append((mc.name, "the controller's DIMMs", mc.ce_count, mc.ue_count))
-        for device, label, ce, ue in places:
+        for device, label, ce, ue in places(mc):
             evidence = {"controller": mc.name, "label": label, "corrected": ce, "uncorrected": ue, "limit": limit}
             if ue:
                 findings.append(Finding(
@@ -45,3 +41,32 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
                     f"EDAC counted {ce} corrected memory errors on {label} of {named} this boot (limit {limit}): "
                     "corrected by ECC; watch the count.", device=device, action=Action.NONE, evidence=evidence))
     return findings
+
+
+def places(mc: MemoryController) -> list[tuple[str, str, int | None, int | None]]:
+    """(device, label, corrected, uncorrected) of every place the controller's counters name.
+
+    DIMMs (or legacy channels) first, then legacy rows for their uncorrected errors, the errors the
+    driver could not attribute, and last what the controller's own totals count beyond all of those
+    (a counter that could not be read, or a driver that names no DIMM): every error counts once.
+    """
+    out = [(f"{mc.name}/{d.name}", d.label or d.location or d.name, d.ce_count, d.ue_count) for d in mc.dimms]
+    for row in mc.csrows:
+        if row.ue_count:
+            labels = " or ".join(dict.fromkeys(x for x in row.labels if x)) or f"the DIMMs of {row.name}"
+            out.append((f"{mc.name}/{row.name}", labels, None, row.ue_count))
+    if mc.ue_noinfo_count or mc.ce_noinfo_count:
+        out.append((f"{mc.name}/unattributed", "no DIMM named", mc.ce_noinfo_count, mc.ue_noinfo_count))
+    ce_left = _beyond(mc.ce_count, (ce for _, _, ce, _ in out))
+    ue_left = _beyond(mc.ue_count, (ue for _, _, _, ue in out))
+    if ce_left or ue_left:
+        where = ("the controller's DIMMs" if not mc.dimms
+                 else "DIMMs of this controller (not attributed to a DIMM by their own counters)")
+        out.append((mc.name, where, ce_left, ue_left))
+    return out
+
+
+def _beyond(total: int | None, parts) -> int | None:
+    """How much of the controller's total its parts do not account for (None when none or unknown)."""
+    left = (total or 0) - sum(p for p in parts if p)
+    return left if left > 0 else None

@@ -80,6 +80,16 @@ def still_counts(event: KernelEvent, now: float, window_seconds: float, whole_bo
     return event.wall_time >= now - window_seconds
 
 
+def near(a: KernelEvent, b: KernelEvent, seconds: float) -> bool:
+    """Whether two events of one log are at most `seconds` apart: by their times since boot where both have
+    them, else by their wall times; two events the log gives no comparable time for count as near."""
+    if a.monotonic_us is not None and b.monotonic_us is not None:
+        return abs(a.monotonic_us - b.monotonic_us) <= seconds * 1e6
+    if a.wall_time is not None and b.wall_time is not None:
+        return abs(a.wall_time - b.wall_time) <= seconds
+    return True
+
+
 def trim(text: str, limit: int = TEXT_LIMIT) -> str:
     """One line of at most `limit` characters, for messages and evidence."""
     flat = " ".join(str(text).split())

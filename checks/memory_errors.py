@@ -3,6 +3,7 @@ EDAC error lines, memory-failure recovery and CPU thermal throttling (host-hardw
 from __future__ import annotations
 
 from nodehealth.checks.host_log import Rating, judge_events
+from nodehealth.checks.kernel_log import near
 from nodehealth.collectors.kernel_events import CPER, CPU_THROTTLE, EDAC_ERROR, MCE, MEMORY_FAILURE, KernelEvent
 from nodehealth.model import Action, Finding, Observed, Severity
 
@@ -28,13 +29,31 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
     cfg = dict(DEFAULTS, **cfg)
     limit = int(cfg["corrected_limit"])
     throttle = int(cfg["throttle_repeat"])
+    said_more = decoded_notices(obs.facts["kmsg"].events)
     return judge_events(NAME, obs, cfg, (MCE, CPER, EDAC_ERROR, MEMORY_FAILURE, CPU_THROTTLE),
-                        lambda e: rate(e, limit, throttle))
+                        lambda e: None if id(e) in said_more else rate(e, limit, throttle))
+
+
+# A decoded record this close to a "Machine check events logged" notice is what the notice announced.
+NOTICE_SECONDS = 60.0
+
+
+def decoded_notices(events) -> set[int]:
+    """The ids of the "Machine check events logged" notices that a decoded machine check, EDAC, APEI or
+    memory-failure record of the same moment says more about (the notice alone carries no severity)."""
+    decoded = [e for e in events if e.kind in (CPER, EDAC_ERROR, MEMORY_FAILURE)
+               or (e.kind == MCE and not e.detail.get("logged"))]
+    return {id(e) for e in events if e.kind == MCE and e.detail.get("logged")
+            and any(near(e, d, NOTICE_SECONDS) for d in decoded)}
 
 
 def rate(e: KernelEvent, limit: int, throttle: int) -> Rating | None:
     """One event's rating (the severity table of host-hardware.md section 9)."""
     d = e.detail
+    if e.kind == MCE and d.get("logged"):
+        return Rating("MachineCheckLogged", _W, Action.NONE, "The kernel logged machine check events",
+                      "the line does not say how severe they were: read them with mcelog --client, ras-mc-ctl --errors "
+                      "or the mcelog/rasdaemon log", repeat=limit, repeated=_D, repeated_action=Action.HW_INSPECTION)
     if e.kind == MCE:
         if d.get("panic") or d.get("pcc"):
             return Rating("MachineCheckFatal", _F, Action.HW_INSPECTION,

@@ -74,8 +74,9 @@ def rate(e: KernelEvent, unregister: int, watchdog: int) -> Rating | None:
         return None  # other syndromes (EQ overruns) are reported with the health dump the check rates
     if e.kind == NETDEV_WATCHDOG:
         driver = d.get("driver") or "its driver"
+        reporter = "mlx5e TX timeout" if d.get("reported_by") == "mlx5e" else "NETDEV WATCHDOG"
         return Rating("NetdevTransmitTimeout", Severity.WARNING, Action.HW_INSPECTION,
-                      f"Interface {e.device} ({driver}) stopped transmitting (NETDEV WATCHDOG)",
+                      f"Interface {e.device} ({driver}) stopped transmitting ({reporter})",
                       "the NIC, its cable or firmware stalled; check them if it repeats",
                       repeat=watchdog, repeated=Severity.DEGRADED)
     if e.kind == NETDEV_UNREGISTER:

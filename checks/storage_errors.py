@@ -1,5 +1,6 @@
-"""Storage faults from the kernel log: ext4 errors, XFS shutdowns, filesystems remounted read-only,
-Buffer I/O errors and NVMe timeouts, resets and removals (host-hardware.md sections 6 and 9)."""
+"""Storage faults from the kernel log: ext4 errors and lost writes, XFS shutdowns and metadata I/O
+errors, filesystems remounted read-only, failed block requests, Buffer I/O errors and NVMe timeouts,
+resets and removals (host-hardware.md sections 6 and 9)."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,7 +15,7 @@ NEEDS = ("kmsg",)
 SUBSYSTEM = "storage"
 DEBOUNCE = False
 DEFAULTS: dict = {
-    # Errors older than this no longer count; a read-only or shut-down filesystem counts all boot.
+    # Errors older than this no longer count; a read-only or shut-down filesystem and a lost write count all boot.
     "window_seconds": 86400.0,
 }
 
@@ -43,6 +44,11 @@ def mounted(rating: Rating | None, device: str, table: dict[str, str]) -> Rating
     return replace(rating, what=f"{rating.what} (mounted on {', '.join(points[:4])})")
 
 
+# Block request operations whose failure loses data the kernel had already accepted (a flush loses
+# what the device's cache held); a failed read or discard loses nothing written.
+_WRITES = frozenset({"WRITE", "FLUSH", "WRITE_ZEROES", "WRITE_SAME", "ZONE_APPEND"})
+
+
 def rate(e: KernelEvent) -> Rating | None:
     if e.kind == FS_READONLY:
         return Rating("FilesystemReadOnly", Severity.FATAL, Action.REBOOT,
@@ -52,10 +58,20 @@ def rate(e: KernelEvent) -> Rating | None:
         return Rating("FilesystemShutdown", Severity.FATAL, Action.REBOOT,
                       f"The XFS filesystem on {e.device} shut itself down",
                       "every access to it fails: drain the node, unmount it, run xfs_repair and reboot", True)
+    if e.kind == FS_ERROR and e.detail.get("lost_write"):
+        return Rating("DataWriteLost", Severity.DEGRADED, Action.HW_INSPECTION,
+                      f"Writing files' data to {e.device} failed, so data applications had written is lost",
+                      "those files are damaged (their inodes are in the evidence); " + _INSPECT, True)
+    if e.kind == FS_ERROR and e.detail.get("metadata_io"):
+        return Rating("FilesystemMetadataIoError", Severity.DEGRADED, Action.HW_INSPECTION,
+                      f"The XFS filesystem on {e.device} could not read or write its metadata "
+                      f"(error {e.detail.get('error')})", "run xfs_repair once it is unmounted; " + _INSPECT)
     if e.kind == FS_ERROR:
         return Rating("FilesystemError", Severity.DEGRADED, Action.HW_INSPECTION,
                       f"The {e.detail.get('fs', '')} filesystem on {e.device} reported an error",
                       "its metadata or the disk under it is damaged; " + _INSPECT)
+    if e.kind == IO_ERROR and e.detail.get("layer") == "block":
+        return _block_request(e)
     if e.kind == IO_ERROR:
         return Rating("BlockIoError", Severity.DEGRADED, Action.HW_INSPECTION,
                       f"Reads or writes to {e.device} failed (Buffer I/O error)", "data may be lost; " + _INSPECT)
@@ -73,3 +89,21 @@ def rate(e: KernelEvent) -> Rating | None:
                       "a slow or failing device; it escalates to a reset if it keeps happening",
                       repeat=3, repeated=Severity.DEGRADED, repeated_action=Action.HW_INSPECTION)
     return None
+
+
+def _block_request(e: KernelEvent) -> Rating:
+    op = e.detail.get("op")
+    failed = f"{e.detail.get('status', 'I/O')} error"
+    if op in _WRITES:
+        return Rating("DiskWriteError", Severity.DEGRADED, Action.HW_INSPECTION,
+                      f"A {op.lower()} to {e.device} failed ({failed})",
+                      "data the kernel had accepted did not reach the disk; " + _INSPECT)
+    if op == "READ":
+        reason, what = "DiskReadError", f"A read from {e.device} failed ({failed})"
+    elif op:
+        reason, what = "DiskIoError", f"A {op.lower()} request to {e.device} failed ({failed})"
+    else:
+        reason, what = "DiskIoError", f"A request to {e.device} failed ({failed}; the kernel did not say which kind)"
+    return Rating(reason, Severity.WARNING, Action.NONE, what,
+                  "its reader got an error and may retry; repeated failures mean a failing disk or path",
+                  repeat=3, repeated=Severity.DEGRADED, repeated_action=Action.HW_INSPECTION)

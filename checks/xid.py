@@ -13,6 +13,7 @@ from nodehealth.checks.kernel_log import (
     is_saved_log,
     latest_distinct,
     listed_only,
+    near,
     reference_time,
     seen_range,
     span,
@@ -84,7 +85,7 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
     sxid_overrides, problems = parse_overrides(cfg.get("sxid_overrides") or {}, "sxid_overrides")
     findings += problems
     groups: dict[tuple[str, str, str], list[tuple[KernelEvent, Verdict]]] = {}
-    for e in obs.facts["kmsg"].events:
+    for e in without_companions(obs.facts["kmsg"].events):
         if e.kind in (XID, GPU_FALLEN_OFF_BUS):
             verdict = judge_xid(e, xid_overrides)
         elif e.kind == SXID:
@@ -113,6 +114,31 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
             finding = _sxid_finding(device, counted[key], window, paired)
         findings.append(with_earlier(finding, earlier, window))
     return findings
+
+
+# The driver prints "NVRM: GPU <bus id>: GPU has fallen off the bus." beside the Xid 79 it reports for that GPU.
+COMPANION_SECONDS = 10.0
+
+
+def without_companions(events) -> list[KernelEvent]:
+    """The events less each "fallen off the bus" line (no Xid number) printed next to an Xid 79 of the same GPU,
+    before or after it: one fault, one count. A GPU's later reports count on their own."""
+    dropped: set[int] = set()
+    paired: set[int] = set()
+    previous: dict[str, KernelEvent] = {}  # by GPU, its event before this one
+    for e in events:
+        if e.kind not in (XID, GPU_FALLEN_OFF_BUS):
+            continue
+        before, previous[e.device] = previous.get(e.device), e
+        if before is None or id(before) in paired:
+            continue
+        numbered, companion = (before, e) if before.kind == XID else (e, before)
+        if (numbered.kind == XID and numbered.code == catalog.FALLEN_OFF_BUS_XID
+                and companion.kind == GPU_FALLEN_OFF_BUS and companion.code is None
+                and near(numbered, companion, COMPANION_SECONDS)):
+            paired.update((id(before), id(e)))
+            dropped.add(id(companion))
+    return [e for e in events if id(e) not in dropped]
 
 
 def _what(family: str, device: str, e: KernelEvent) -> str:

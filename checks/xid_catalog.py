@@ -265,6 +265,12 @@ DELIBERATE_XID_DIFFERENCES: dict[int, tuple[Severity, Action, str]] = {
                     "so it is seen and repeats escalate"),
     121: (_W, _NONE, "IGNORE in the catalog; DCGM warns on C2C link errors"),
     137: (_W, _NONE, "IGNORE in the catalog; DCGM warns, and XID_137_FLOW asks for investigation"),
+    142: (_W, _APP, "CONTACT_SUPPORT in the catalog, but NVIDIA asks to restart the application for every other "
+                    "video engine exception (NVDEC, NVJPG, OFA: RESTART_APP, then CONTACT_SUPPORT to investigate), "
+                    "and this row alone has no investigatory action, as if its columns had shifted; NVIDIA's older "
+                    "list and the EKS agent's fatal set used 142 for an unrecovered ECC error, which the current "
+                    "catalog does not: an encoder (NVENC3) exception is rated as its siblings, and repeats on one GPU "
+                    "still escalate"),
     143: (_F, _HW, "a GPU that fails to initialize rarely survives a reset; gpud inspects at once"),
     157: (_W, _NONE, "IGNORE in the catalog, but a failed retirement leaves a bad resource in use"),
     160: (_W, _NONE, "IGNORE in this revision, RESTART_BM in NVSentinel's older one: seen, not acted on"),
@@ -326,6 +332,8 @@ _OUR_WORDS: dict[int, tuple[str, str]] = {
     137: ("Xid137NvlinkPrivError", "an NVLink privileged register access failed"),
     140: ("Xid140UnrecoverableEccEscape", "an uncorrectable ECC error escaped containment"),
     141: ("Xid141FastPathError", "a fast-path error; informational"),
+    142: ("Xid142Nvenc3Error", "the video encoder engine (NVENC3) raised an exception; NVIDIA's action for the video "
+                               "engines: restart the application"),
     143: ("Xid143GpuInitError", "the GPU failed to initialize"),
     144: ("Xid144NvlinkSaw", "an NVLink5 error reported by the SAW unit"),
     145: ("Xid145NvlinkRlw", "an NVLink5 error reported by the RLW unit"),
@@ -608,6 +616,15 @@ _EXTRA_SXIDS = (
              "a switch link sees a high short-term receive error rate; check its mechanical connection"),
     SxidInfo(28006, "MC_TS_CRUMBSTORE_MCTO", "SXid28006CrumbstoreTimeout", _W, _NONE, "",
              "a non-fatal multicast crumbstore timeout"),
+    # The switch's SOE micro-controller, rated by NVIDIA's NVSwitch error table (NVSentinel
+    # sxiderrorsmapping.csv @6f8b0fcf): SOE_HALT and SOE_EXTERR RESET_FABRIC/FATAL, SOE_WATCHDOG IGNORE/NONFATAL.
+    # Their lines carry no Fatal/Non-fatal word, so the table is all there is.
+    SxidInfo(26006, "NVSWITCH_ERR_HW_SOE_HALT", "SXid26006SoeHalt", _F, _RESET, "",
+             "the switch's SOE micro-controller halted; the fabric (GPUs and switches together) needs a reset"),
+    SxidInfo(26007, "NVSWITCH_ERR_HW_SOE_EXTERR", "SXid26007SoeExternalError", _F, _RESET, "",
+             "the switch's SOE micro-controller reported an external error; the fabric needs a reset"),
+    SxidInfo(26008, "NVSWITCH_ERR_HW_SOE_WATCHDOG", "SXid26008SoeWatchdog", _I, _NONE, "",
+             "the switch's SOE watchdog fired; informational in NVIDIA's table"),
 )
 
 

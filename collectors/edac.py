@@ -1,7 +1,10 @@
 """Memory error counters of the EDAC subsystem: /sys/devices/system/edac/mc/mc*/ and their DIMMs.
 
-A counter that cannot be read is absent (None), never 0: a DIMM without counters is not a DIMM
-without errors. Counters restart at boot (and at a write to reset_counters).
+Both layouts of Documentation/admin-guide/ras.rst: dimmN/ (or rankN/), and the legacy csrowN/,
+whose channels count corrected errors (chK_ce_count) but whose uncorrected ones are counted per
+row only (csrowN/ue_count). A counter that cannot be read is absent (None), never 0: a DIMM
+without counters is not a DIMM without errors. Counters restart at boot (and at a write to
+reset_counters).
 """
 from __future__ import annotations
 
@@ -32,6 +35,16 @@ class Dimm:
 
 
 @dataclass(frozen=True)
+class Csrow:
+    """A legacy chip-select row: it spans one DIMM (rank) per channel, so an error counted per row is on one of them."""
+
+    name: str  # csrow2
+    ce_count: int | None
+    ue_count: int | None
+    labels: tuple[str, ...]  # its channels' DIMM labels (chK_dimm_label), "" where unset
+
+
+@dataclass(frozen=True)
 class MemoryController:
     name: str  # mc0
     mc_name: str  # the driver's name for it: "Intel_10nm Socket#0 IMC#0"
@@ -40,6 +53,7 @@ class MemoryController:
     ce_noinfo_count: int | None
     ue_noinfo_count: int | None
     dimms: tuple[Dimm, ...]
+    csrows: tuple[Csrow, ...] = ()  # the legacy layout only (its channels are in `dimms`)
 
 
 @dataclass(frozen=True)
@@ -76,13 +90,17 @@ def collect(host: HostPaths, cfg: dict) -> Edac:
         mc = os.path.join(root, name)
         entries = sorted(list_dir(mc))
         dimms = [_dimm(os.path.join(mc, n), n) for n in entries if _DIMM.match(n)]
+        csrows: list[Csrow] = []
         if not dimms:  # the legacy csrow layout: one entry per csrow and channel
-            for row in (n for n in entries if _CSROW.match(n)):
-                dimms.extend(_csrow(os.path.join(mc, row), row))
+            for row in sorted((n for n in entries if _CSROW.match(n)), key=lambda n: int(n[5:])):
+                channels = _channels(os.path.join(mc, row), row)
+                dimms.extend(channels)
+                csrows.append(Csrow(row, _int(os.path.join(mc, row, "ce_count")),
+                                    _int(os.path.join(mc, row, "ue_count")), tuple(c.label for c in channels)))
         controllers.append(MemoryController(
             name, _text(os.path.join(mc, "mc_name")), _int(os.path.join(mc, "ce_count")),
             _int(os.path.join(mc, "ue_count")), _int(os.path.join(mc, "ce_noinfo_count")),
-            _int(os.path.join(mc, "ue_noinfo_count")), tuple(dimms[:MAX_DIMMS])))
+            _int(os.path.join(mc, "ue_noinfo_count")), tuple(dimms[:MAX_DIMMS]), tuple(csrows[:MAX_DIMMS])))
     return Edac(tuple(controllers))
 
 
@@ -91,15 +109,15 @@ def _dimm(path: str, name: str) -> Dimm:
                 _int(os.path.join(path, "dimm_ce_count")), _int(os.path.join(path, "dimm_ue_count")))
 
 
-def _csrow(path: str, row: str) -> list[Dimm]:
+def _channels(path: str, row: str) -> list[Dimm]:
     channels = []
-    for entry in sorted(list_dir(path)):
+    for entry in sorted(list_dir(path), key=lambda n: (len(n), n)):
         m = _CHANNEL_CE.match(entry)
         if m:
             ch = m.group(1)
             channels.append(Dimm(f"{row}/ch{ch}", _text(os.path.join(path, f"ch{ch}_dimm_label")),
                                  f"{row} channel {ch}", _int(os.path.join(path, entry)),
-                                 None))  # the legacy layout counts UEs per csrow only
+                                 None))  # the legacy layout counts UEs per csrow only (Csrow.ue_count)
     return channels
 
 

@@ -22,7 +22,9 @@ LINK_UP = "link_up"  # the matching link up (to count flaps)
 
 # Host hardware and kernel (docs/domain/host-hardware.md); device names the CPU, memory controller,
 # disk, NIC or netdev, detail carries what the check needs to rate it.
-MCE = "mce"  # mce: [Hardware Error]: CPU n: Machine Check: ... Bank b: <status>; machine-check panic
+# mce: [Hardware Error]: CPU n: Machine Check: ... Bank b: <status>; machine-check panic; old kernels' CPU n: Machine
+# Check Exception: <mcg> and its Bank lines; Machine check events logged (a notice without severity)
+MCE = "mce"
 CPER = "cper"  # {N}[Hardware Error]: event severity: corrected|recoverable|fatal|info
 EDAC_ERROR = "edac_error"  # EDAC MCn: <count> CE|UE <message> on <label> (...)
 MEMORY_FAILURE = "memory_failure"  # Memory failure: 0x<pfn>: recovery action for <type>: <result>
@@ -30,10 +32,13 @@ CPU_THROTTLE = "cpu_throttle"  # CPUn: Core|Package temperature [is] above thres
 KERNEL_CRASH = "kernel_crash"  # BUG: / Oops / general protection fault / kernel BUG at / Kernel panic
 RCU_STALL = "rcu_stall"  # rcu: INFO: rcu_sched self-detected stall on CPU / detected stalls on CPUs/tasks
 NETDEV_UNREGISTER = "netdev_unregister"  # unregister_netdevice: waiting for <dev> to become free
-NETDEV_WATCHDOG = "netdev_watchdog"  # NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out
-FS_ERROR = "fs_error"  # EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem
+# NETDEV WATCHDOG: <if> (<driver>): transmit queue <q> timed out; mlx5e's TX timeout detected
+NETDEV_WATCHDOG = "netdev_watchdog"
+# EXT4-fs error (device <dev>) / XFS (<dev>): ... Shutting down filesystem / ext4_end_bio: I/O error ... writing
+# to inode (a lost data write) / XFS (<dev>): metadata I/O error
+FS_ERROR = "fs_error"
 FS_READONLY = "fs_readonly"  # EXT4-fs (<dev>): Remounting filesystem read-only
-IO_ERROR = "io_error"  # Buffer I/O error on dev <dev>, logical block <n>, ...
+IO_ERROR = "io_error"  # Buffer I/O error on dev <dev>, logical block <n> / I/O error, dev <disk>, sector <n> op ...
 NVME_ERROR = "nvme_error"  # nvme nvmeN: I/O timeout, aborting / reset controller / removing / controller is down
 MLX5_HEALTH = "mlx5_health"  # mlx5_core <bdf>: health compromised, fatal syndrome, command timeout
 
@@ -117,13 +122,20 @@ _MLX_LINK = re.compile(rf"^(?:mlx[45]_core|mlx4_en) (?P<pci>{_HEX}{{4,8}}:{_HEX}
 _MLX4_LINK = re.compile(r"^mlx4_en: (?P<name>[^\s:]{1,64}): Link (?P<state>Up|Down)\b")
 _LINK_STATES = {"up": LINK_UP, "active": LINK_UP, "down": LINK_DOWN}
 
+# The statuses of a failed block request that mean the device or its path failed (block/blk-core.c
+# blk_errors); "operation not supported", "critical space allocation" (a thin pool full) and the
+# resource and zone statuses are not disk faults.
+_BLOCK_STATUSES = ("I/O error", "critical medium error", "critical target error", "critical nexus error",
+                   "recoverable transport error", "timeout error", "protection error")
+
 # Host hardware and kernel. Each of these messages starts with one of a few words, except the
 # newer NETDEV WATCHDOG line (which starts with its driver's name), so one startswith() and one
 # substring test decide whether a record can be any of them: most records pay only those.
 _HOST_PREFIXES = ("mce:", "MCE 0x", "[Hardware Error]", "{", "GHES", "EDAC MC", "Memory failure", "CPU", "BUG:", "Oops",
                   "general protection", "Kernel panic", "divide error", "invalid opcode", "kernel BUG", "rcu:",
                   "INFO: rcu_", "unregister_netdevice", "NETDEV WATCHDOG", "EXT4-fs", "XFS (", "Buffer I/O error",
-                  "nvme ", "mlx5_core")
+                  "nvme ", "mlx5_core", *_BLOCK_STATUSES, "blk_update_request:", "print_req_error:", "end_request:",
+                  "Machine check")
 
 
 def _may_be_host_fault(message: str) -> bool:
@@ -139,14 +151,22 @@ def _may_be_host_fault(message: str) -> bool:
     return rest.startswith(_HOST_PREFIXES)
 
 
-_MCE = re.compile(r"\[Hardware Error\]: CPU (?P<cpu>\d{1,5}): Machine Check(?: Exception)?: "
+# The record after "[Hardware Error]: ", or at the start of the message on kernels before the prefix (2.6's
+# x86_64 mce.c pads the MCG status to 16 columns). An EDAC driver's copy ("EDAC sbridge MC1: CPU 1: ...") is neither.
+_MCE = re.compile(r"(?:\[Hardware Error\]: |^)CPU (?P<cpu>\d{1,5}): Machine Check(?: Exception)?: *"
                   r"(?P<mcg>[0-9a-fA-F]{1,16}) Bank (?P<bank>\d{1,4}): (?P<status>[0-9a-fA-F]{1,16})")
+# i386 kernels (mcheck/p4.c, p6.c, k7.c): the exception on its own line, then a line per bank with its status,
+# then "Kernel panic: CPU context corrupt" or "Attempting to continue."
+_MCE_EXCEPTION = re.compile(r"CPU#? ?(?P<cpu>\d{1,5}): Machine Check Exception\b")
+_MCE_BANK = re.compile(r"(?:CPU \d{1,5}: )?Bank (?P<bank>\d{1,4}): (?P<status>[0-9a-fA-F]{16})\b")
+_MCE_TRAIL_RECORDS = 16  # how far an old exception's bank lines and panic may trail it
+_MCE_HINTS = ("Hardware Error", "achine check", "Machine Check", "context corrupt")
 # AMD's decoder states the severity in words on the record's first line.
 _MCE_AMD = re.compile(r"\[Hardware Error\]: (?P<what>Corrected error, no action required|Deferred error, no action "
                       r"required|Uncorrected, software containable error|Uncorrected, software restartable error|"
                       r"System Fatal error)")
 _MCE_PANIC = re.compile(r"Kernel panic - not syncing: Fatal [Mm]achine check|\[Hardware Error\]: Machine check: "
-                        r"(?P<reason>[^\n]{1,120})")
+                        r"(?P<reason>[^\n]{1,120})|Kernel panic(?: - not syncing)?: CPU context corrupt")
 _CPER = re.compile(r"\{(?P<record>\d{1,10})\}\[Hardware Error\]: event severity: (?P<severity>[a-z]{1,16})")
 _GHES_FATAL = re.compile(r"Kernel panic - not syncing: Fatal hardware error|GHES: Fatal hardware error")
 _EDAC = re.compile(r"EDAC (?P<mc>MC\d{1,4}): (?P<count>\d{1,10}) (?P<type>CE|UE) (?P<msg>.{0,80}?) ?on "
@@ -174,10 +194,31 @@ _EXT4_ERROR = re.compile(r"EXT4-fs error \(device (?P<dev>[^)\s]{1,64})\)")
 _EXT4_RO = re.compile(r"EXT4-fs \((?P<dev>[^)\s]{1,64})\): Remounting filesystem read-only")
 _XFS_SHUTDOWN = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): (?:.{0,200}Shutting down filesystem|"
                            r"Filesystem has been shut down|.{0,40}xfs_do_force_shutdown)")
+# A failed block request (block/blk-mq.c blk_print_req_error; before 5.16 "blk_update_request: " or
+# "print_req_error: " in front, before 4.10 no operation or flags), with a status of _BLOCK_STATUSES.
+_BLOCK_ERROR = re.compile(r"(?:^|: )(?P<status>I/O|critical medium|critical target|critical nexus|recoverable "
+                          r"transport|timeout|protection) error, dev (?P<dev>[^,\s]{1,64}), sector (?P<sector>\d{1,20})"
+                          r"(?: op 0x[0-9a-fA-F]{1,8}:\((?P<op>[A-Z_]{1,24})\)| flags (?P<flags>[0-9a-fA-F]{1,16}))?")
+# The request operation in the low byte of the flags that 4.10-5.2 print instead of `op` (blk_types.h req_opf).
+_REQ_OPS = {0: "READ", 1: "WRITE", 2: "FLUSH", 3: "DISCARD"}
+# fs/ext4/page-io.c ext4_end_bio: writeback of a file's pages failed, so data the application wrote is lost.
+_EXT4_LOST_WRITE = re.compile(r"EXT4-fs warning \(device (?P<dev>[^)\s]{1,64})\): ext4_end_bio:\d{1,6}: I/O error "
+                              r"(?P<error>-?\d{1,6}) writing to inode (?P<inode>\d{1,20})")
+# fs/xfs/xfs_buf.c xfs_buf_ioerror_alert: `in "<caller>" at daddr ... error N` (5.x) or `: block 0x.. ("<caller>")
+# error N numblks N` (older).
+_XFS_METADATA_IO = re.compile(r"XFS \((?P<dev>[^)\s]{1,64})\): metadata I/O error(?: in | ?: block "
+                              r"0x[0-9a-fA-F]{1,16} \()\"(?P<function>[A-Za-z_][\w.]{0,63})[^\"]{0,80}\"\)?"
+                              r"(?: at daddr 0x[0-9a-fA-F]{1,16} len \d{1,10})? error (?P<error>-?\d{1,6})")
 _BUFFER_IO = re.compile(r"Buffer I/O error on dev(?:ice)? (?P<dev>[^,\s]{1,64}), logical block (?P<block>\d{1,20})")
 _NVME = re.compile(r"nvme (?P<ctrl>nvme\d{1,4}): (?:I/O (?:tag )?\d{1,10} .{0,80}?QID \d{1,5} timeout, "
                    r"(?P<step>aborting|reset controller|disable controller)|(?P<down>controller is down; will reset)|"
                    r"(?P<removed>Removing after probe failure))")
+# drivers/net/ethernet/mellanox/mlx5/core/en_main.c mlx5e_tx_timeout (netdev_err: driver, bus id, interface)
+_MLX5E_TX_TIMEOUT = re.compile(r"mlx5_core (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]) "
+                               r"(?P<dev>[^\s:]{1,64}): TX timeout detected")
+# dev_watchdog prints its NETDEV WATCHDOG line (on old kernels with a WARN's stack dump) just before it calls the
+# driver's ndo_tx_timeout, which prints mlx5e's line: within this many records the two are one timeout.
+_WATCHDOG_TRAIL_RECORDS = 64
 _MLX5 = re.compile(r"^mlx5_core (?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])")
 _MLX5_HEALTH = re.compile(r"(?P<lost>health compromised)|(?P<slot>PCI slot is unavailable)|"
                           r"(?P<fatal>Fatal error \d{1,6} detected)|"
@@ -222,10 +263,14 @@ class EventParser:
         # Sequence number of the last crash reported: a batch may end inside a crash dump (the daemon
         # flushes after each read), and the rest of that dump must not become a second crash.
         self._crash_seq: int | None = None
+        self._mce: tuple[KernelRecord, int, bool, int] | None = None  # old exception: record, cpu, banks seen, left
+        self._watchdog: tuple[str, int] | None = None  # interface of the last NETDEV WATCHDOG, records left
 
     def feed(self, record: KernelRecord) -> list[KernelEvent]:
         if record.facility:  # written by a userspace process, not the kernel: it cannot fake an Xid
             return []
+        if self._watchdog is not None:
+            self._watchdog = (self._watchdog[0], self._watchdog[1] - 1) if self._watchdog[1] > 1 else None
         out: list[KernelEvent] = []
         message = record.message
         if self._sxid is not None and not self._sxid_continues(message):
@@ -236,13 +281,15 @@ class EventParser:
                  or self._lockup(record) or self._link(record))
         if event is not None:
             out.append(event)
-        elif self._crash is not None or _may_be_host_fault(message):
+        elif self._crash is not None or self._mce is not None or _may_be_host_fault(message):
             out.extend(self._host(record))
         return out
 
     def flush(self) -> list[KernelEvent]:
-        """Events held for their continuation lines (an SXid, a crash's RIP line); call at the end of a batch."""
+        """Events held for their continuation lines (an SXid, a crash's RIP line, an old machine check's banks);
+        call at the end of a batch."""
         out = self._crash_event(None, None) if self._crash is not None else []
+        out.extend(self._machine_check_exception())
         if self._sxid is None:
             return out
         record, code, device, text, detail = self._sxid
@@ -411,8 +458,8 @@ class EventParser:
             if rip:
                 return self._crash_event(rip.group("fn"), rip.group("module"))
             first, headers, left = self._crash
-            crash = (_CRASH.search(message) if "achine check" not in message
-                     and "hardware error" not in message else None)
+            hardware = "hardware error" in message or any(h in message for h in _MCE_HINTS)  # a hardware panic
+            crash = _CRASH.search(message) if not hardware else None
             if crash and len(headers) < 4:
                 headers.append(crash.group("head").strip())  # the same crash's next header (Oops after BUG)
                 return []
@@ -420,10 +467,41 @@ class EventParser:
                 out = self._crash_event(None, None)
             else:
                 self._crash = (first, headers, left - 1)
-            if not _may_be_host_fault(message):
+        if self._mce is not None:
+            events, taken = self._held_machine_check(record, message)
+            out.extend(events)
+            if taken:
                 return out
+        if not _may_be_host_fault(message):
+            return out
         event = self._host_event(record, message)
         return out + [event] if event is not None else out
+
+    def _held_machine_check(self, record: KernelRecord, message: str) -> tuple[list[KernelEvent], bool]:
+        """An old machine check exception is held for its bank lines (events of its CPU, with their status) and
+        its panic (one fatal event of that CPU); (events, whether this record was one of those)."""
+        first, cpu, banks, left = self._mce
+        bank = _MCE_BANK.match(message)
+        if bank:
+            self._mce = (first, cpu, True, _MCE_TRAIL_RECORDS)
+            return [_machine_check(record, cpu, int(bank.group("bank")), bank.group("status"), message)], True
+        panic = _MCE_PANIC.search(message) if "panic" in message else None
+        if panic:
+            self._mce = None
+            return [_event(MCE, f"cpu{cpu}", record, None, message[panic.start():].strip(),
+                           {"uc": True, "pcc": True, "panic": True})], True
+        if left <= 1 or _MCE_EXCEPTION.match(message):
+            return self._machine_check_exception(), False
+        self._mce = (first, cpu, banks, left - 1)
+        return [], False
+
+    def _machine_check_exception(self) -> list[KernelEvent]:
+        """The held exception, when no bank line said more: an exception is raised for uncorrected errors only."""
+        held, self._mce = self._mce, None
+        if held is None or held[2]:
+            return []
+        first, cpu, _, _ = held
+        return [_event(MCE, f"cpu{cpu}", first, None, first.message.strip(), {"uc": True, "exception": True})]
 
     def _crash_event(self, function: str | None, module: str | None) -> list[KernelEvent]:
         first, headers, _ = self._crash
@@ -435,18 +513,21 @@ class EventParser:
 
     def _host_event(self, record: KernelRecord, message: str) -> KernelEvent | None:
         """One record of a host hardware or kernel fault, or None; the cheap hint already matched."""
-        if "Hardware Error" in message or "achine check" in message:
+        if any(h in message for h in _MCE_HINTS):
             m = _CPER.search(message)
             if m:
                 return _event(CPER, "apei", record, None, message[m.start():].strip(),
                               {"severity": m.group("severity"), "record": int(m.group("record"))})
             m = _MCE.search(message)
             if m:
-                status = int(m.group("status"), 16)
-                return _event(MCE, f"cpu{int(m.group('cpu'))}", record, None, message[m.start():].strip(),
-                              {"bank": int(m.group("bank")), "status": m.group("status").lower(),
-                               "uc": bool(status >> 61 & 1), "pcc": bool(status >> 57 & 1),
-                               "overflow": bool(status >> 62 & 1)})
+                return _machine_check(record, int(m.group("cpu")), int(m.group("bank")), m.group("status"),
+                                      message[m.start():])
+            m = _MCE_EXCEPTION.match(message)
+            if m:
+                self._mce = (record, int(m.group("cpu")), False, _MCE_TRAIL_RECORDS)
+                return None
+            if "Machine check events logged" in message:
+                return _event(MCE, "cpu", record, None, "Machine check events logged", {"logged": True})
             m = _MCE_AMD.search(message)
             if m:
                 what = m.group("what")
@@ -496,10 +577,25 @@ class EventParser:
             if m:
                 groups = m.groupdict()
                 bus = canonical_pci(groups.get("bus") or "")
+                self._watchdog = (m.group("dev"), _WATCHDOG_TRAIL_RECORDS)
                 return _event(NETDEV_WATCHDOG, m.group("dev"), record, None, message.strip(),
                               {"driver": m.group("driver"), "queue": _number(m.group("queue")),
                                "pci_bus_id": bus or None})
+        if "TX timeout detected" in message:
+            m = _MLX5E_TX_TIMEOUT.match(message)
+            if m and self._watchdog is not None and self._watchdog[0] == m.group("dev"):
+                self._watchdog = None
+                return None  # the driver's line of the timeout the watchdog just reported
+            if m:
+                return _event(NETDEV_WATCHDOG, m.group("dev"), record, None, message.strip(),
+                              {"driver": "mlx5_core", "queue": None, "pci_bus_id": canonical_pci(m.group("pci")),
+                               "reported_by": "mlx5e"})
         if "EXT4-fs" in message:
+            m = _EXT4_LOST_WRITE.search(message) if "ext4_end_bio" in message else None
+            if m:
+                return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"fs": "ext4", "lost_write": True, "inode": int(m.group("inode")),
+                               "error": int(m.group("error"))})
             m = _EXT4_RO.search(message)
             if m:
                 return _event(FS_READONLY, m.group("dev"), record, None, message[m.start():].strip(), {"fs": "ext4"})
@@ -511,11 +607,20 @@ class EventParser:
             if m:
                 return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
                               {"fs": "xfs", "shutdown": True})
+            m = _XFS_METADATA_IO.search(message) if "metadata I/O error" in message else None
+            if m:
+                return _event(FS_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
+                              {"fs": "xfs", "metadata_io": True, "function": m.group("function"),
+                               "error": int(m.group("error"))})
         if "Buffer I/O error" in message:
             m = _BUFFER_IO.search(message)
             if m:
                 return _event(IO_ERROR, m.group("dev"), record, None, message[m.start():].strip(),
                               {"block": int(m.group("block"))})
+        if " error, dev " in message:
+            m = _BLOCK_ERROR.search(message)
+            if m:
+                return self._block_error(record, message, m)
         if "nvme" in message:
             m = _NVME.search(message)
             if m:
@@ -531,6 +636,13 @@ class EventParser:
                           and 0 < record.seq - self._crash_seq <= _CRASH_TRAIL_RECORDS):
                 self._crash = (record, [m.group("head").strip()], _CRASH_TRAIL_RECORDS)
         return None
+
+    def _block_error(self, record: KernelRecord, message: str, m: re.Match) -> KernelEvent:
+        op = m.group("op")
+        if op is None and m.group("flags"):
+            op = _REQ_OPS.get(int(m.group("flags"), 16) & 0xFF)
+        return _event(IO_ERROR, m.group("dev"), record, None, message.strip(),
+                      {"layer": "block", "status": m.group("status"), "op": op, "sector": int(m.group("sector"))})
 
     def _mlx5(self, record: KernelRecord, message: str) -> KernelEvent | None:
         device = _MLX5.match(message)
@@ -550,6 +662,14 @@ class EventParser:
             problem, detail = "command_timeout", {"command": m.group("cmd"), "opcode": int(m.group("op"), 16)}
         return _event(MLX5_HEALTH, canonical_pci(device.group("pci")), record, None, message[device.end():].strip(": "),
                       dict(detail, problem=problem))
+
+
+def _machine_check(record: KernelRecord, cpu: int, bank: int, status_hex: str, text: str) -> KernelEvent:
+    """One bank's machine check record; MCi_STATUS bits 61 (UC), 57 (PCC) and 62 (overflow) rate it."""
+    status = int(status_hex, 16)
+    return _event(MCE, f"cpu{cpu}", record, None, text.strip(),
+                  {"bank": bank, "status": status_hex.lower(), "uc": bool(status >> 61 & 1),
+                   "pcc": bool(status >> 57 & 1), "overflow": bool(status >> 62 & 1)})
 
 
 def _event(kind: str, device: str, record: KernelRecord, code: int | None, text: str,

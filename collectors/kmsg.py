@@ -42,6 +42,7 @@ MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going f
 # A regular file without inotify is polled: every 10 ms while it grows, backing off to 1 s while idle.
 FILE_POLL_SECONDS = (0.01, 1.0)
 MAX_LINE_BYTES = 64 * 1024  # longer lines keep their head; the rest is skipped
+MAX_HOSTS = 64  # node names kept from a saved log's prefixes: enough to name them, bounded for a hostile file
 KMSG_READ_SIZE = 16384  # above the kernel's 8 KiB record limit; a smaller buffer gets EINVAL
 
 
@@ -359,6 +360,11 @@ def _collect_files(paths: list[str]) -> KernelLog:
             # An empty, binary or still-compressed file: judging it would say "healthy" about nothing.
             raise CollectError(f"0 records recognised in {path} ({lines.malformed - malformed} lines not text, "
                                f"{lines.unframed - unframed} in no kernel log framing)")
+    if len(lines.hosts) > 1:
+        # Judged together, two nodes' logs would add up their errors and merge GPUs that share a bus id.
+        named = ", ".join(list(lines.hosts)[:3]) + (", ..." if len(lines.hosts) > 3 else "")
+        raise CollectError(f"the kernel log of {len(lines.hosts)} nodes ({named}) in {', '.join(paths)}: a check "
+                           "judges one node; give each node's lines on their own (dshbak, or grep '^NODE: ')")
     return KernelLog(source=", ".join(paths), boot_id=None, records=records, overwritten=0,
                      malformed=lines.malformed, last_seq=last_seq, events=tuple(events), unframed=lines.unframed)
 
@@ -445,9 +451,25 @@ def bounded_lines(f: BinaryIO, final: bool) -> Iterator[tuple[bytes, int]]:
 
 # Framings ------------------------------------------------------------------------------------
 
-_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct",
-                                       "Nov", "Dec"), 1)}
-_MONTH = "(?P<mon>Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+# Month abbreviations: English (syslog, rsyslog, dmesg -T in the C locale) and those of other locales'
+# LC_TIME (glibc's abmon, as journalctl and dmesg -T print them there), lowercase, without a final ".".
+# No abbreviation names two months; an unknown one frames no time.
+_MONTHS = {name: number for number, names in enumerate((
+    "jan janv ene gen sty tammi led ian янв січ oca",
+    "feb févr fev lut helmi úno febr фев лют şub",
+    "mar mär mars mrt maalis bře márc мар бер",
+    "apr avril abr kwi huhti dub ápr апр кві nis",
+    "may mai mag mei maj touko kvě máj мая май тра",
+    "jun juin juni giu cze kesä čen jún iun июн чер haz",
+    "jul juil juli lug lip heinä čec júl iul июл лип tem",
+    "aug août ago sie elo srp авг сер ağu",
+    "sep sept set wrz syys zář szept сен вер eyl",
+    "oct okt ott out paź loka říj окт жов eki",
+    "nov lis marras ноя kas",
+    "dec dez dic gru joulu pro des дек гру ara",
+), 1) for name in names.split()}
+_CJK_MONTH = re.compile(r"(\d{1,2})[月월]")
+_MONTH = r"(?P<mon>[^\W\d_]{3,6}\.?|\d{1,2}[月월])"  # a word _month() knows, checked in code
 _LEVELS = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "error": 3, "warn": 4, "warning": 4, "notice": 5,
            "info": 6, "debug": 7}
 _FACILITIES = ("kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ftp|res[0-3]|local[0-7]")
@@ -456,11 +478,19 @@ _FACILITIES = ("kern|user|mail|daemon|auth|syslog|lpr|news|uucp|cron|authpriv|ft
 _KMSG = re.compile(r"(?P<prio>\d{1,10}),(?P<seq>\d{1,20}),(?P<usec>\d{1,20}),[^;,]{0,8}(?:,[^;]{0,512})?;"
                    r"(?P<msg>.*)", re.S)
 _DICTIONARY = re.compile(r"(?P<key>[A-Za-z0-9_]{1,64})=(?P<value>.*)", re.S)
-# Message from syslogd@host at Dec 10 05:25:44 ...   (the wall message's first line)
-_WALL = re.compile(rf"Message from syslogd@\S+ at {_MONTH} +(?P<day>\d{{1,2}}) "
-                   r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)")
+# The first line of syslogd's wall message (then the message, on its own line or, pasted, on this one):
+# Message from syslogd@host at Dec 10 05:25:44 ...   (rsyslog)
+# Message from syslogd@host at Thu Dec 10 05:25:44 2020 ...   (sysklogd and BSD syslogd: ctime's first 24 chars)
+_WALL = re.compile(r"Message from syslogd@\S{1,255} at (?:[A-Z][a-z]{2} )?(?P<mon>[A-Z][a-z]{2}) +(?P<day>\d{1,2}) "
+                   r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?: (?P<year>\d{4}))? \.\.\.(?P<rest>.*)", re.S)
+# Broadcast message from systemd-journald@host (Tue 2024-06-11 10:22:33 UTC):   (journald's ForwardToWall=;
+# shared/wall.c, its time as format_timestamp() writes it; the message follows after a blank line)
+_JOURNALD_WALL = re.compile(r"Broadcast message from systemd-journald@\S{1,255}(?: on \S{1,64})? \((?:\S{1,12} )?"
+                            r"(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?: \S{1,12})?\):")
+# The wall message itself: " kernel:[ 123.4] text" (rsyslog), "host kernel: text" (sysklogd), "kernel: text" (journald)
+_WALL_BODY = re.compile(r"(?:\S{1,255} )?kernel: ?(?P<msg>.*)", re.S)
 # 192.168.11.119: kern: warning: [2026-04-22T21:27:51.288830314Z]: message   (talosctl dmesg)
-_TALOS = re.compile(rf"\S+: (?P<fac>{_FACILITIES}): +(?P<lvl>[a-z]{{3,7}}): \[(?P<ts>[^\]]{{1,40}})\]: ?"
+_TALOS = re.compile(rf"(?P<node>\S+): (?P<fac>{_FACILITIES}): +(?P<lvl>[a-z]{{3,7}}): \[(?P<ts>[^\]]{{1,40}})\]: ?"
                     r"(?P<msg>.*)", re.S)
 # kern  :warn  : rest   (dmesg --decode)
 _DECODE = re.compile(rf"(?P<fac>{_FACILITIES}) *: *(?P<lvl>emerg|alert|crit|err|warn|notice|info|debug) *: ?"
@@ -469,9 +499,10 @@ _ISO_TIME = (r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d")
 _ZONE = r"(?:Z|[+-]\d\d:?\d\d)"
 # 2024-11-15T05:39:15,491363+00:00 message   (dmesg --time-format iso: comma before the fraction)
 _DMESG_ISO = re.compile(rf"(?P<ts>{_ISO_TIME},\d{{1,9}}{_ZONE}?) (?P<msg>.*)", re.S)
-# Mon DD HH:MM:SS host tag[pid]: message   or   2025-01-02T15:20:12+0800 host tag: message
+# Mon DD HH:MM:SS host tag[pid]: message   or   2025-01-02T15:20:12+0800 host tag: message; the host may be
+# missing ("Feb 23 03:28:16 kernel: ...", or two spaces where it was empty), never ends in ":"
 _SYSLOG = re.compile(rf"(?:(?P<iso>{_ISO_TIME}(?:\.\d{{1,9}})?{_ZONE}?)|{_MONTH} +(?P<day>\d{{1,2}}) "
-                     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))?) \S{1,255} "
+                     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:\.(?P<frac>\d{1,9}))?)(?: \S{0,254}[^\s:])? +"
                      r"(?P<tag>[^\s:\[]{1,64})(?:\[\d{1,10}\])?:(?: |$)(?P<msg>.*)", re.S)
 # kernel: message   (syslogd wall message's second line, or a log whose time and host were cut)
 _KERNEL_TAG = re.compile(r"kernel: ?(?P<msg>.*)", re.S)
@@ -482,9 +513,23 @@ _STAMP = re.compile(r"\[ *(?P<sec>\d{1,12})\.(?P<frac>\d{1,9})\] ?(?P<msg>.*)", 
 # [  +0.000049] message  /  [Sep26 00:30] message  /  [<    0.000045>] message   (--reltime, --delta)
 _RELATIVE = re.compile(rf"\[(?: *[+-]?\d{{1,12}}\.\d{{1,9}}|{_MONTH}\d{{1,2}} \d\d:\d\d|< *\d{{1,12}}\.\d{{1,9}}>)\] ?"
                        r"(?P<msg>.*)", re.S)
-# [Fri Aug 30 11:43:14 2024] message   (dmesg -T)
-_CTIME = re.compile(rf"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) {_MONTH} +(?P<day>\d{{1,2}}) "
+# [Fri Aug 30 11:43:14 2024] message   (dmesg -T: "%a %b %e %H:%M:%S %Y", in any locale: [Fr Aug 30 ...],
+# [ven. août 30 ...], [木  8月 30 ...])
+_CTIME = re.compile(rf"\[[^\s\]]{{1,12}} +{_MONTH} +(?P<day>\d{{1,2}}) "
                     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d) (?P<year>\d{4})\] ?(?P<msg>.*)", re.S)
+# A line another tool prefixed. pdsh and clush put "host: " before each line of a node's output;
+# a console server or `ts` a time column before the console's "[  123.456789]": "Jun 11 10:22:33 ",
+# "2024-06-11 10:22:33 ", "[2024-06-11T10:22:33.123+02:00] ". A prefix counts only when what
+# follows it is in a known framing, so ordinary "word: text" is never taken for a host.
+_HOST_PREFIX = re.compile(r"(?P<host>[A-Za-z0-9][\w.-]{0,252}): (?P<rest>.*)", re.S)
+# After a host prefix a bracket must be one dmesg prints (printk's "%5lu.%06lu", --reltime, -T): "name: [1.5] x"
+# is a message of its own.
+_DMESG_BRACKET = re.compile(r"(?:<\d{1,4}>)?\[(?:<? *[+-]?\d{1,12}\.\d{6}>?|[^\s\]]{1,12} +\S{1,12} +\d{1,2} "
+                            r"\d\d:\d\d:\d\d \d{4}|[^\W\d_]{3,6}\d{1,2} \d\d:\d\d)\]")
+_CONSOLE_TIME = re.compile(rf"\[?(?:(?P<iso>\d{{4}}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{{1,9}})?{_ZONE}?)|"
+                           rf"{_MONTH} +(?P<day>\d{{1,2}}) (?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
+                           r"(?:\.(?P<frac>\d{1,9}))?)"
+                           r"\]? +(?P<rest>(?:<\d{1,4}>)?\[ *\d{1,12}\.\d{1,9}\].*)", re.S)
 # [ T1946] or [    C3]: the printk caller id (CONFIG_PRINTK_CALLER)
 _CALLER = re.compile(r"\[ *[TC]\d{1,10}\] ?")
 _ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d{1,9}))?(Z|[+-]\d\d:?\d\d)?")
@@ -509,7 +554,7 @@ class _Draft:
                             self.dictionary, self.facility)
 
 
-_SKIP = _Draft([])  # a line that is no record: a comment, a wall message header, a non-kernel syslog line
+_SKIP = _Draft([])  # a line that starts no record: a comment, a wall header, a non-kernel syslog line, a continuation
 
 
 class LogLines:
@@ -526,32 +571,43 @@ class LogLines:
         self.unframed = 0
         self.malformed = 0
         self._draft: _Draft | None = None
-        self._wall_time: float | None = None  # from a syslogd wall header, for the line after it
+        self._host: str | None = None  # the pdsh/clush host prefix of the open record, if it had one
+        self.hosts: dict[str, None] = {}  # the nodes that pdsh/clush or talosctl prefixes named, in order (bounded)
+        self._wall_time: float | None = None  # from a wall message's header, for the line after it
 
     def feed(self, line: str) -> list[KernelRecord]:
         line = line.rstrip("\r\n")
+        if "\x07" in line:  # a wall message's bell, kept by a terminal capture
+            line = line.replace("\x07", "")
+        if "\r" in line:  # a terminal capture's lines end in CR LF, or LF CR (rsyslog's wall): CR ends a line too
+            return [r for part in line.split("\r") for r in self.feed(part)]
         body = line.lstrip()
         if not body:
             return []
         indented = len(body) != len(line)
-        draft = self._frame(body)
+        wall, self._wall_time = self._wall_time, None
+        draft, host = self._frame(body, wall), None
+        if draft is None:
+            draft, host = self._prefixed(body, wall)
         if draft is _SKIP:
             return []
         if draft is None:
             if _GARBAGE.search(line):
                 self.malformed += 1
                 return []
-            if indented and self._draft is not None:
+            if indented and self._draft is not None and self._host is None:
                 self._continue(body)
                 return []
             self.unframed += 1
             draft = _Draft([body])
+        if host is not None and host not in self.hosts and len(self.hosts) < MAX_HOSTS:
+            self.hosts[host] = None
         out = self.flush()
-        self._draft = draft
+        self._draft, self._host = draft, host
         return out
 
     def flush(self) -> list[KernelRecord]:
-        draft, self._draft = self._draft, None
+        draft, self._draft, self._host = self._draft, None, None
         return [draft.record()] if draft is not None else []
 
     def _continue(self, body: str) -> None:
@@ -564,9 +620,35 @@ class LogLines:
         else:
             draft.parts.append(body)
 
-    def _frame(self, body: str) -> _Draft | None:
+    def _prefixed(self, body: str, wall: float | None) -> tuple[_Draft | None, str | None]:
+        """A line behind another tool's prefix (pdsh/clush host, console time column); (None, None) if none fits."""
+        m = _HOST_PREFIX.fullmatch(body)
+        if m:
+            rest = m.group("rest")
+            inner = rest.lstrip()
+            if not inner:
+                return _SKIP, None  # the tool's output of a blank line
+            if not inner.startswith("#") and (inner[0] not in "[<" or _DMESG_BRACKET.match(inner)):
+                draft = self._frame(inner, wall) or self._console(inner)
+                if draft is not None:
+                    return draft, m.group("host")
+                if inner != rest and self._draft is not None and self._host == m.group("host"):
+                    self._continue(inner)  # an indented continuation line of that host's record
+                    return _SKIP, None
+        return self._console(body), None
+
+    def _console(self, body: str) -> _Draft | None:
+        """A console capture's time column before dmesg's [uptime] (console server, `ts`)."""
+        m = _CONSOLE_TIME.fullmatch(body)
+        if m is None or (m.group("mon") is not None and _month(m.group("mon")) is None):
+            return None
+        draft = self._frame_time(m.group("rest"))
+        if draft is not None:
+            draft.wall_time = iso_time(m.group("iso")) if m.group("iso") else self._syslog_time(m)
+        return draft
+
+    def _frame(self, body: str, wall: float | None) -> _Draft | None:
         """The record a line starts, _SKIP for a line that is no record, None when no framing fits."""
-        wall, self._wall_time = self._wall_time, None
         if body.startswith("#"):
             return _SKIP
         m = _KMSG.fullmatch(body)
@@ -576,12 +658,29 @@ class LogLines:
             return _Draft([m.group("msg")], seq=int(m.group("seq")), monotonic_us=usec, kmsg=True,
                           wall_time=self.btime + usec / 1e6 if self.btime is not None else None,
                           priority=prio & 7, facility=prio >> 3)
+        if wall is not None:
+            m = _WALL_BODY.fullmatch(body)
+            if m:
+                return _stamped(m.group("msg"), wall)
         m = _WALL.match(body)
         if m:
-            self._wall_time = self._syslog_time(m)
+            month = _month(m.group("mon"))
+            when = (_utc(int(m.group("year")), month, int(m.group("day")), m) if m.group("year") and month
+                    else self._syslog_time(m))
+            rest = m.group("rest").strip()
+            if rest:  # the message on the header's line
+                body_match = _WALL_BODY.fullmatch(rest)
+                return _stamped(body_match.group("msg"), when) if body_match else _SKIP
+            self._wall_time = when
+            return _SKIP
+        m = _JOURNALD_WALL.match(body)
+        if m:
+            self._wall_time = iso_time(m.group("ts"))
             return _SKIP
         m = _TALOS.fullmatch(body)
         if m:
+            if m.group("node") not in self.hosts and len(self.hosts) < MAX_HOSTS:
+                self.hosts[m.group("node")] = None
             if m.group("fac") != "kern":
                 return _SKIP
             return _timed(m.group("msg"), wall_time=iso_time(m.group("ts")), priority=_LEVELS.get(m.group("lvl")))
@@ -593,11 +692,11 @@ class LogLines:
             draft.priority = _LEVELS[m.group("lvl")]
             return draft
         m = _SYSLOG.fullmatch(body)
-        if m:
+        if m and (m.group("iso") or _month(m.group("mon")) is not None):
             if m.group("tag") != "kernel":
                 return _SKIP
-            wall = iso_time(m.group("iso")) if m.group("iso") else self._syslog_time(m)
-            return _stamped(m.group("msg"), wall)
+            when = iso_time(m.group("iso")) if m.group("iso") else self._syslog_time(m)
+            return _stamped(m.group("msg"), when)
         m = _KERNEL_TAG.fullmatch(body)
         if m:
             return _stamped(m.group("msg"), wall)
@@ -607,7 +706,7 @@ class LogLines:
         """dmesg's own time framings: iso, [uptime], <level>[uptime], relative, ctime."""
         m = _DMESG_ISO.fullmatch(body)
         if m:
-            return _timed(m.group("msg"), wall_time=iso_time(m.group("ts")))
+            return _stamped(m.group("msg"), iso_time(m.group("ts")))
         m = _PSTORE.fullmatch(body)
         if m:
             return _timed(m.group("msg"), monotonic_us=_micros(m.group("sec"), m.group("frac")),
@@ -620,18 +719,31 @@ class LogLines:
             return _timed(m.group("msg"))
         m = _CTIME.fullmatch(body)
         if m:
-            return _timed(m.group("msg"), wall_time=_utc(int(m.group("year")), _MONTHS[m.group("mon")],
-                                                         int(m.group("day")), m))
+            month = _month(m.group("mon"))
+            return _timed(m.group("msg"), wall_time=_utc(int(m.group("year")), month, int(m.group("day")), m)
+                          if month is not None else None)
         return None
 
     def _syslog_time(self, m: re.Match) -> float | None:
         """Syslog leaves out the year: take this year's date, or last year's if that is in the future."""
+        month = _month(m.group("mon"))
+        if month is None:
+            return None
         year = time.gmtime(self.now).tm_year
-        when = _utc(year, _MONTHS[m.group("mon")], int(m.group("day")), m)
+        when = _utc(year, month, int(m.group("day")), m)
         if when is not None and when > self.now + 86400:
-            when = _utc(year - 1, _MONTHS[m.group("mon")], int(m.group("day")), m)
+            when = _utc(year - 1, month, int(m.group("day")), m)
         fraction = m.groupdict().get("frac")
         return when + int(fraction) / 10 ** len(fraction) if when is not None and fraction else when
+
+
+def _month(name: str) -> int | None:
+    """A month's number from its abbreviation in a locale _MONTHS knows ("Dez", "févr.", "11月"); None if unknown."""
+    m = _CJK_MONTH.fullmatch(name)
+    if m:
+        number = int(m.group(1))
+        return number if 1 <= number <= 12 else None
+    return _MONTHS.get(name.lower().rstrip("."))
 
 
 def _timed(message: str, monotonic_us: int | None = None, wall_time: float | None = None,

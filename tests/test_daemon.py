@@ -259,6 +259,8 @@ def test_sighup_exits_cleanly_with_the_state_saved(plain, tmp_path, daemon_facto
     state = tmp_path / "state"
     d = daemon_factory(str(plain), str(state))
     d.wait_ready()
+    # The report can be served before the pass's state is written: wait for the file, not a guess.
+    assert wait_for((state / "state.json").exists, timeout=15)
     (state / "state.json").unlink()
     d.proc.send_signal(signal.SIGHUP)
     assert d.proc.wait(STOP_SECONDS) == 0

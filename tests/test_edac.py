@@ -70,6 +70,54 @@ def test_legacy_csrow_layout(tmp_path):
     assert (f.device, f.severity) == ("mc0/csrow0/ch0", Severity.DEGRADED)
 
 
+EDAC_FIXTURES = os.path.join(os.path.dirname(MACHINES_DIR), "edac")
+
+
+def test_legacy_csrow_tree_counts_a_rows_uncorrectable_errors():
+    """A host with only csrowN/ (ras.rst): a UE is counted per row, not per channel, and must not read healthy."""
+    facts = edac.collect(HostPaths(os.path.join(EDAC_FIXTURES, "legacy-csrow")), {})
+    [mc0] = facts.controllers
+    assert [(r.name, r.ce_count, r.ue_count, r.labels) for r in mc0.csrows] == [
+        ("csrow0", 0, 0, ("DIMM_A0", "DIMM_B0")), ("csrow2", 3, 1, ("DIMM_A1", "DIMM_B1")),
+        ("csrow3", 0, 0, ("DIMM_A1", "DIMM_B1"))]
+    findings = judge(facts)
+    assert [(f.device, f.severity, f.reason) for f in findings] == [
+        ("mc0/csrow2/ch0", Severity.WARNING, "MemoryCorrectedErrors"),
+        ("mc0/csrow2", Severity.FATAL, "MemoryUncorrectableErrors")]
+    assert "DIMM_A1 or DIMM_B1" in findings[1].message and findings[1].evidence["uncorrected"] == 1
+
+
+def test_the_controllers_counters_count_what_no_dimm_accounts_for(tmp_path):
+    root = str(tmp_path)
+    write(root, "mc0/ce_count", 0)
+    write(root, "mc0/ue_count", 2)  # two UEs, but the DIMMs' counters say none
+    write(root, "mc0/ue_noinfo_count", 0)
+    write(root, "mc0/dimm0/dimm_label", "P1_DIMM_A1")
+    write(root, "mc0/dimm0/dimm_ce_count", 0)
+    write(root, "mc0/dimm0/dimm_ue_count", 0)
+    write(root, "mc1/ce_count", 12)
+    write(root, "mc1/ue_count", 1)
+    write(root, "mc1/csrow0/ce_count", 12)
+    write(root, "mc1/csrow0/ch0_ce_count", 12)  # the row's ue_count cannot be read: the controller's still counts
+    findings = judge(edac.collect(HostPaths(root), {}))
+    assert [(f.device, f.severity, f.evidence["uncorrected"], f.evidence["corrected"]) for f in findings] == [
+        ("mc0", Severity.FATAL, 2, None),
+        ("mc1/csrow0/ch0", Severity.DEGRADED, None, 12),
+        ("mc1", Severity.FATAL, 1, None)]
+    assert "not attributed to a DIMM" in findings[0].message
+
+
+def test_unattributed_errors_are_not_counted_twice(tmp_path):
+    root = str(tmp_path)
+    write(root, "mc0/ce_count", 0)
+    write(root, "mc0/ue_count", 1)
+    write(root, "mc0/ue_noinfo_count", 1)  # the controller's one UE is the unattributed one
+    write(root, "mc0/dimm0/dimm_ue_count", 0)
+    write(root, "mc0/dimm0/dimm_ce_count", 0)
+    assert [(f.device, f.evidence["uncorrected"]) for f in judge(edac.collect(HostPaths(root), {}))] == [
+        ("mc0/unattributed", 1)]
+
+
 def test_garbage_counters_are_absent_and_no_edac_is_unsupported(tmp_path):
     root = str(tmp_path)
     assert "no EDAC memory controllers" in edac.supported(HostPaths(root), {})

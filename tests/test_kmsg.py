@@ -71,6 +71,21 @@ FRAMINGS = [
     ("issues/gpud-1160.xid-144-149-netir.lines.txt", 3, 3, {XID: 3}),  # no framing at all
     ("issues/nvsentinel-155.xid79-single-line.quoted.txt", 1, 1, {XID: 1}),  # and no final newline
     ("npd/divide_zero", 20, 20, {KERNEL_CRASH: 1}),
+    # lines another tool prefixed (saved/README.md): pdsh and clush, a console time column, other locales
+    ("saved/pdsh-exec.dev-vm-6.18.dmesg.txt", 30, 0, {}),
+    ("saved/clush-exec.dev-vm-6.18.dmesg-T.txt", 30, 0, {}),
+    ("saved/ts.dev-vm-6.18.dmesg.txt", 20, 0, {}),
+    ("saved/ts-iso.dev-vm-6.18.dmesg.txt", 20, 0, {}),
+    ("saved/dmesg-T.de_DE.dev-vm-6.18.txt", 20, 0, {}),
+    ("saved/dmesg-T.fr_FR.dev-vm-6.18.txt", 20, 0, {}),
+    ("saved/dmesg-T.ja_JP.dev-vm-6.18.txt", 20, 0, {}),
+    ("saved/dmesg-T.ru_RU.dev-vm-6.18.txt", 20, 0, {}),
+    ("saved/ask-fedora-15757.journal.ru_RU.kernel-bug.txt", 7, 0, {KERNEL_CRASH: 1}),
+    # wall messages as a terminal keeps them (bell, CR LF) and pasted on one line
+    ("saved/wall.rsyslog.terminal-capture.txt", 2, 0, {"soft_lockup": 2}),
+    ("saved/wall.sysklogd.terminal-capture.txt", 1, 0, {"soft_lockup": 1}),
+    ("saved/wall.journald.terminal-capture.txt", 1, 0, {"soft_lockup": 1}),
+    ("saved/wall.pasted-on-one-line.txt", 1, 0, {"soft_lockup": 1}),
 ]
 
 
@@ -127,6 +142,30 @@ def test_kmsg_caller_field_in_the_header():
      1776893271.28885631, 4),
     ("Jan  2 03:04:05 host kernel: [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0, None),
     ("Jan  2 03:04:05.250000 host kernel: msg", "msg", None, 1798859045.25, None),
+    ("Jan  2 03:04:05 kernel: mce: [Hardware Error]: x", "mce: [Hardware Error]: x", None, 1798859045.0,
+     None),  # no host
+    ("Jan  2 03:04:05  kernel: EDAC MC1: x", "EDAC MC1: x", None, 1798859045.0, None),  # an empty host
+    # prefixed by pdsh/clush, a console server's or `ts`'s time column; dmesg -T and journalctl in other locales
+    ("gpu-node-01: [  219.470994] NVRM: x", "NVRM: x", 219470994, None, None),
+    ("gpu-node-01.cluster: Jan  2 03:04:05 host kernel: [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0,
+     None),
+    ("gpu-node-01: [Sat Jan  2 03:04:05 2027] NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("gpu-node-01: <4>[  219.470994] NVRM: x", "NVRM: x", 219470994, None, 4),
+    ("Jan  2 03:04:05 [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0, None),
+    ("2027-01-02 03:04:05 [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0, None),
+    ("[2027-01-02T04:04:05.500+01:00] [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.5, None),
+    ("2027-01-02T03:04:05,000000+00:00 [  219.470994] NVRM: x", "NVRM: x", 219470994, 1798859045.0, None),
+    ("[Sa Jan  2 03:04:05 2027] NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("[sam. janv.  2 03:04:05 2027] NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("[土  1月  2 03:04:05 2027] NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("[Сб янв  2 03:04:05 2027] NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("[xx yyy  2 03:04:05 2027] NVRM: x", "NVRM: x", None, None, None),  # a month no locale here names: no time
+    ("Jän 02 03:04:05 host kernel: NVRM: x", "Jän 02 03:04:05 host kernel: NVRM: x", None, None, None),  # unknown
+    ("янв 02 03:04:05 host kernel: NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("Dez 02 03:04:05 host kernel: NVRM: x", "NVRM: x", None, 1796180645.0, None),  # December: last year's
+    ("Message from syslogd@h at Sat Jan  2 03:04:05 2027 ... h kernel: NVRM: x", "NVRM: x", None, 1798859045.0, None),
+    ("Message from syslogd@h at Jan  2 03:04:05 ... kernel:[  219.470994] NVRM: x", "NVRM: x", 219470994,
+     1798859045.0, None),
 ])
 def test_framing_fields(line, message, monotonic_us, wall_time, priority):
     [record], _ = records_of(line, now=1.8e9)  # 2027-01-15: syslog's missing year is 2027
@@ -154,6 +193,96 @@ def test_real_log_times():
     assert time.gmtime(wall.wall_time)[1:6] == (12, 10, 5, 25, 44)
     short_iso = read_files("gpud/dmesg.decode.iso.log.1").events[0]
     assert short_iso.wall_time == pytest.approx(1737128248.650514, abs=1e-6)  # 2025-01-17T15:37:28,650514+00:00
+
+
+def test_times_of_saved_logs_in_other_framings():
+    """dmesg -T in four locales, `ts` columns and wall captures: the time is read, not just the text."""
+    boot_line = (2026, 11, 26, 14, 10, 43)
+    for locale in ("de_DE", "fr_FR", "ja_JP", "ru_RU"):
+        [first, *_], _ = records_of(*open(os.path.join(KMSG, f"saved/dmesg-T.{locale}.dev-vm-6.18.txt"),
+                                         encoding="utf-8").read().splitlines())
+        assert time.gmtime(first.wall_time)[:6] == boot_line, locale
+        assert first.message.startswith("Linux version 6.18.44"), locale
+    for name in ("ts", "ts-iso"):
+        first = records_of(open(os.path.join(KMSG, f"saved/{name}.dev-vm-6.18.dmesg.txt")).readline())[0][0]
+        assert (first.monotonic_us, time.gmtime(first.wall_time)[1:6]) == (0, (11, 26, 14, 29, 41)), name
+    pdsh = records_of(*open(os.path.join(KMSG, "saved/pdsh-exec.dev-vm-6.18.dmesg.txt")).read().splitlines())[0]
+    assert pdsh[0].message.startswith("Linux version") and pdsh[0].monotonic_us == 0
+    [sysklogd] = read_files("saved/wall.sysklogd.terminal-capture.txt").events
+    assert (sysklogd.monotonic_us, time.gmtime(sysklogd.wall_time)[:6]) == (1044858108, (2015, 10, 3, 16, 41, 40))
+    [journald] = read_files("saved/wall.journald.terminal-capture.txt").events
+    assert time.gmtime(journald.wall_time)[:6] == (2023, 4, 15, 10, 22, 13)
+
+
+@pytest.mark.parametrize("line", [
+    "usb 1-1: new high-speed USB device number 2 using xhci_hcd",
+    "nvme0n1: p1 p2",
+    "note: [1.5] is not a dmesg time stamp",
+    "pci 0000:00:1f.0: [8086:a1c8] type 00 class 0x060100",
+    "ACPI: [Firmware Bug]: BIOS _OSI(Linux) query ignored",
+    "Foo 12 03:04:05 [  1.000000] x",  # no month of any locale: no console column
+    "Smarch 1 12:00:00 host kernel: x",
+    "gpu-node-01: #include <stdio.h>",
+    "[Thursday is a nice day 12 03:04:05 2026] quoting",
+])
+def test_ordinary_text_is_not_taken_for_a_prefixed_log(line):
+    [record], reader = records_of(line)
+    assert (record.message, record.monotonic_us, record.wall_time, reader.unframed) == (line, None, None, 1)
+
+
+_REAL_FRAMED_LINES = [line for name in ("gpud/dmesg-with-xid-119.log", "gpud/peermem.dmesg.0.log",
+                                        "issues/ironfish-701.syslogd-wall.soft-and-hard-lockup.txt",
+                                        "issues/cubecos-733.journalctl.mlx5-eth-link-up-flap.txt",
+                                        "gpud/dmesg.decode.iso.log.0", "gpud/kmsg.1.log",
+                                        "saved/ts.dev-vm-6.18.dmesg.txt",
+                                        "saved/dmesg-T.ja_JP.dev-vm-6.18.txt")
+                      for line in open(os.path.join(KMSG, name), encoding="utf-8").read().splitlines()[:40]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(_REAL_FRAMED_LINES), min_size=1, max_size=12),
+       st.from_regex(r"[a-z][a-z0-9-]{0,15}(\.[a-z0-9]{1,8}){0,2}", fullmatch=True))
+def test_a_host_prefix_changes_no_record(lines, host):
+    """pdsh/clush output of real logs frames exactly as the logs do, whatever the host is called."""
+    plain, plain_reader = records_of(*lines)
+    prefixed, prefixed_reader = records_of(*(f"{host}: {line}" for line in lines))
+    key = [(r.message, r.seq, r.monotonic_us, r.wall_time, r.priority) for r in plain]
+    assert [(r.message, r.seq, r.monotonic_us, r.wall_time, r.priority) for r in prefixed] == key
+    assert (prefixed_reader.unframed, prefixed_reader.malformed) == (plain_reader.unframed, plain_reader.malformed)
+
+
+def test_post_mortem_of_pdsh_output_in_another_locale(tmp_path, capsys):
+    """End to end: `nodehealth check --kernel-log` on pdsh-prefixed, German dmesg -T lines finds and dates them."""
+    import json
+
+    from nodehealth import cli
+
+    path = tmp_path / "pdsh-dmesg-T.log"
+    path.write_text(
+        # gpu-operator#1146's Xid 48 and machine-shop-66's EDAC line (real messages), as pdsh and dmesg -T print them
+        "gpu-node-07: [Mo Okt  3 13:52:10 2022] NVRM: Xid (PCI:0000:07:00): 48, pid='<unknown>', name=<unknown>, An "
+        "uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer at physAddr 0x7fffa8860 "
+        "partition 7, subpartition 1.\n"
+        "gpu-node-07: [Mo Okt  3 13:52:12 2022] EDAC MC1: 262 CE memory read error on CPU_SrcID#0_Ha#0_Chan#1_DIMM#0 "
+        "(channel:1 slot:0 page:0x2031c14 offset:0x940 grain:32 syndrome:0x0 -  OVERFLOW area:DRAM err_code:0001:0091 "
+        "socket:0 ha:0 channel_mask:2 rank:1)\n", encoding="utf-8")
+    code = cli.main(["check", "--kernel-log", str(path), "--only", "kmsg", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    found = {f["reason"]: f for f in doc["findings"]}
+    assert code == 1 and set(found) == {"Xid48DoubleBitEcc", "MemoryCorrected"}
+    assert time.gmtime(found["Xid48DoubleBitEcc"]["first_seen"])[:6] == (2022, 10, 3, 13, 52, 10)
+    assert found["MemoryCorrected"]["severity"] == "degraded"
+
+
+def test_a_log_of_several_nodes_is_refused_not_judged_as_one(tmp_path):
+    """pdsh output of two nodes: adding up their errors (and merging GPUs that share a bus id) would be a false
+    verdict about a node that does not exist."""
+    with pytest.raises(CollectError, match=r"kernel log of 2 nodes \(gpu-node-01, gpu-node-02\) .* judges one node"):
+        read_files("saved/pdsh-exec.two-nodes.dev-vm-6.18.dmesg.txt")
+    one = tmp_path / "one-node.log"  # the same capture, one node's lines kept
+    one.write_text("".join(line for line in open(os.path.join(KMSG, "saved/pdsh-exec.two-nodes.dev-vm-6.18.dmesg.txt"))
+                           if line.startswith("gpu-node-01: ")))
+    assert kmsg.collect(None, {"files": [str(one)]}).records == 5
 
 
 def test_non_kernel_syslog_lines_are_skipped():
@@ -452,6 +581,10 @@ _LINE_PARTS = st.sampled_from([
     "Jan  2 03:04:05 host kernel: ", "Feb 30 25:61:61 h kernel: ", "x: kern: warning: [", "]: ", "Message from "
     "syslogd@h at Dec 10 05:25:44 ...", "[Fri Aug 30 11:43:14 2024] ", "[Fri Feb 31 11:43:14 0000] ", "#",
     "NVRM: Xid (PCI:0000:3b:00): 79, ", "\x00", "\xff", "\t", "\r", "\ufffd", "é",
+    "gpu-node-01: ", "2024-06-11 10:22:33 ", "[2024-06-11T10:22:33+02:00] ", "Jun 11 10:22:33 ",
+    "[Do Nov 26 14:10:43 2026] ", "[木  1月 26 14:10:43 2026] ", "янв 02 03:04:05 h kernel: ", "\x07",
+    "Broadcast message from systemd-journald@h (Tue 2024-06-11 10:22:33 UTC):",
+    "Message from syslogd@h at Sat Oct  3 16:41:40 2015 ...", " h kernel: ", "kernel:",
 ])
 
 
@@ -460,7 +593,8 @@ _LINE_PARTS = st.sampled_from([
 def test_fuzz_log_lines(lines):
     reader = kmsg.LogLines(btime=1.7e9, now=1.8e9)
     records = [r for line in lines for r in reader.feed(line)] + reader.flush()
-    assert len(records) + reader.malformed <= len(lines)
+    lines_and_crs = sum(len(line.rstrip("\r\n").split("\r")) for line in lines)  # a CR ends a line too
+    assert len(records) + reader.malformed <= lines_and_crs
     assert all(isinstance(r.message, str) for r in records)
 
 
@@ -473,9 +607,9 @@ def test_fuzz_saved_log_bytes(data):
         try:
             facts = kmsg.collect(None, {"files": [f.name]})
         except CollectError as e:  # the one clear error for bytes that hold no kernel log at all
-            assert str(e).startswith(("0 records recognised in", "cannot read kernel log")), e
+            assert str(e).startswith(("0 records recognised in", "cannot read kernel log", "the kernel log of")), e
             return
-    assert facts.records + facts.malformed <= data.count(b"\n") + 1
+    assert facts.records + facts.malformed <= data.count(b"\n") + data.count(b"\r") + 1
     assert all(e.kind in KINDS for e in facts.events)
 
 

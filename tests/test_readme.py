@@ -1,22 +1,15 @@
-"""The README says what the code does: its commands, synopses and extras."""
+"""The README and docs/ say what the code does: the test command, each command's synopsis, the extras."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import subprocess
 import sys
 
 import pytest
+from test_docs import code_blocks, read
 
 from nodehealth import __version__, cli
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def read(name: str) -> str:
-    with open(os.path.join(ROOT, name), encoding="utf-8") as f:
-        return f.read()
 
 
 def readme_test_command() -> str:
@@ -33,27 +26,56 @@ def test_the_test_command_works_as_root_and_not_and_ci_runs_it():
     assert 'sudo="sudo"' in ci and '[ "$(id -u)" -eq 0 ]' in ci
 
 
+# Where each command's synopsis lives: the page that documents the command.
+SYNOPSES = {
+    "check": "docs/commands.md",
+    "daemon": "docs/commands.md",
+    "clear": "docs/commands.md",
+    "breaker reset": "docs/commands.md",
+    "slurm": "docs/slurm.md",
+    "netcheck serve": "docs/netcheck.md",
+    "netcheck run": "docs/netcheck.md",
+    "netcheck job": "docs/netcheck.md",
+    "rdma-bw": "docs/rdma.md",
+    "pingmesh analyze": "docs/pingmesh.md",
+    "controller": "docs/pingmesh.md",
+    "hang watch": "docs/hang.md",
+    "hang report": "docs/hang.md",
+}
+
+
+def subcommand(parser: argparse.ArgumentParser, words: list[str]) -> argparse.ArgumentParser:
+    for word in words:
+        parser = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+    return parser
+
+
 def options(parser: argparse.ArgumentParser, command: str) -> list[list[str]]:
     """Each option's spellings (`-v`, `--verbose`), help left out."""
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    sub = subcommand(parser, command.split())
     return [a.option_strings for a in sub._actions if a.option_strings and "--help" not in a.option_strings]
 
 
-@pytest.mark.parametrize("command", ["check", "daemon", "slurm"])
+def synopsis(text: str, command: str) -> str:
+    """The synopsis of `command`: in a plain code block, from `nodehealth COMMAND` to the next command or the
+    block's end."""
+    for lang, block in code_blocks(text):
+        found = re.search(rf"^(nodehealth {re.escape(command)}(?: .*?)?)(?=^nodehealth |\Z)", block, re.S | re.M)
+        if not lang and found:
+            return found.group(1)
+    raise AssertionError(f"no synopsis of `nodehealth {command}`")
+
+
+@pytest.mark.parametrize("command", sorted(SYNOPSES))
 def test_each_synopsis_lists_every_flag(command):
-    synopsis = re.search(rf"```\n(nodehealth {command} .*?)```", read("README.md"), re.S).group(1)
-    listed = set(re.findall(r"--?[a-z][a-z-]*", synopsis))
+    listed = set(re.findall(r"--?[a-zA-Z][a-z-]*", synopsis(read(SYNOPSES[command]), command)))
     assert [o for o in options(cli.parser(), command) if not listed & set(o)] == []
 
 
-@pytest.mark.parametrize("command", ["serve", "run", "job"])
-def test_each_netcheck_synopsis_lists_every_flag(command):
-    synopsis = re.search(rf"\n(nodehealth netcheck {command} .*?)\nnodehealth ", read("README.md"), re.S).group(1)
-    listed = set(re.findall(r"--?[a-z][a-z-]*", synopsis))
-    netcheck = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["netcheck"]
-    sub = next(a for a in netcheck._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
-    spellings = [a.option_strings for a in sub._actions if a.option_strings and "--help" not in a.option_strings]
-    assert [o for o in spellings if not listed & set(o)] == []
+def test_every_command_has_a_synopsis():
+    top = next(a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    documented = {c.split()[0] for c in SYNOPSES}
+    assert set(top) - documented == {"version"}  # `version` takes nothing
 
 
 def test_every_extra_is_documented():

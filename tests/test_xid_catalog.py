@@ -4,6 +4,7 @@ is a documented deliberate difference."""
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def test_every_xid_of_nvidias_catalog_is_ours_with_its_name_and_action():
 
 def test_every_sxid_of_the_fabric_manager_guide_is_ours():
     extra = set(catalog.SXID_CATALOG) - set(SXIDS)
-    assert extra == {20009, 28006}  # our documented additions, not in the guide
+    assert extra == {20009, 26006, 26007, 26008, 28006}  # our documented additions, not in the guide
     for code, row in SXIDS.items():
         info = catalog.SXID_CATALOG[code]
         assert (info.name, info.nvidia_action, info.fatality) == (
@@ -93,3 +94,25 @@ def test_previously_missing_codes_nvidia_ignores_are_no_longer_warnings():
         event = KernelEvent(XID, "0000:3b:00.0", code, "a line", wall_time=1_700_000_000.0 - 60)
         [f] = xid.judge(Observed({"kmsg": KmsgFacts((event,))}, now=1_700_000_000.0), dict(xid.DEFAULTS))
         assert (f.severity, f.action) == (Severity.INFO, Action.NONE), code
+
+
+def test_video_engine_exceptions_are_rated_alike():
+    """NVIDIA asks to restart the application for every video decoder, JPEG and optical-flow engine exception; the
+    encoder's (Xid 142, NVENC3) is rated as they are, not as an unrecoverable GPU fault."""
+    engines = [c for c, r in XIDS.items() if r["unused"] == "no"
+               and re.search(r"_(NVDEC|NVJPG|NVENC|OFA)\d_ERROR$", r["mnemonic"])]
+    assert 142 in engines and len(engines) >= 18
+    assert {(catalog.XID_CATALOG[c].severity, catalog.XID_CATALOG[c].action) for c in engines} == {
+        (Severity.WARNING, Action.RESTART_APP)}
+    assert "NVENC3" in catalog.XID_CATALOG[142].meaning
+
+
+def test_switch_soe_errors_follow_nvidias_nvswitch_table():
+    """SXid 26006-26008 (the switch's SOE micro-controller) are not in the Fabric Manager guide; NVIDIA's NVSwitch
+    error table (NVSentinel's sxiderrorsmapping.csv) gives SOE_HALT and SOE_EXTERR RESET_FABRIC/FATAL, SOE_WATCHDOG
+    IGNORE/NONFATAL."""
+    rated = {c: (catalog.SXID_CATALOG[c].name, catalog.SXID_CATALOG[c].severity, catalog.SXID_CATALOG[c].action)
+             for c in (26006, 26007, 26008)}
+    assert rated == {26006: ("NVSWITCH_ERR_HW_SOE_HALT", Severity.FATAL, Action.RESET_GPU),
+                     26007: ("NVSWITCH_ERR_HW_SOE_EXTERR", Severity.FATAL, Action.RESET_GPU),
+                     26008: ("NVSWITCH_ERR_HW_SOE_WATCHDOG", Severity.INFO, Action.NONE)}
