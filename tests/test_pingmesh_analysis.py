@@ -153,6 +153,21 @@ def test_a_node_with_a_few_percent_loss_is_named_within_a_few_windows(rate):
     assert "gpu-b03" in v.message and "leaf-b" in v.message
 
 
+def test_summaries_with_a_probe_kind_this_version_does_not_know_are_used_not_rejected():
+    """During a rolling upgrade newer agents may report a probe kind the controller does not know:
+    their summaries still count (the unknown entries are skipped and counted), and the verdicts are
+    those of the same mesh without them."""
+    summaries = mesh(TOPO, windows=8, sent=40, loss=touching("gpu-b03", 0.05, windows=range(3, 8)))
+    want = analyze(summaries, {}, NOW)
+    for s in summaries[::2]:
+        for w in s["windows"]:
+            w["peers"].append({"node": w["peers"][0]["node"], "probe": "rdma", "sent": 10, "lost": 0, "qp": 7})
+    a = analyze(summaries, {}, NOW)
+    assert a.rejected == [] and found(a) == found(want) == {("node", "gpu-b03")}
+    assert a.unknown_probes == 8 * len(summaries[::2])
+    assert any(f"{a.unknown_probes} peer entries of probe kinds" in n for n in a.notes)
+
+
 def test_a_dead_node_that_reports_nothing_is_named_from_its_probers():
     a = analyze(mesh(TOPO, loss=touching("gpu-c05", 1.0), silent={"gpu-c05"}), {}, NOW)
     assert found(a) == {("node", "gpu-c05")}

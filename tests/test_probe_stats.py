@@ -88,8 +88,8 @@ def test_parse_summary_round_trip():
     ({"windows": {}}, "windows"),
     ({"windows": [{"start": 0, "peers": []}] * 65}, "65 windows"),
     ({"windows": [{"start": 0, "peers": [{}] * 10001}]}, "10001 peers"),
-    ({"windows": [{"start": 0, "peers": [{"node": "a", "probe": "icmp", "sent": 1, "lost": 0, "counts": []}]}]},
-     "probe"),
+    ({"windows": [{"start": 0, "peers": [{"node": "a", "probe": 7, "sent": 1, "lost": 0, "counts": []}]}]},
+     "probe"),  # a kind that is no name (a well-formed kind this version does not know is skipped, below)
     ({"windows": [{"start": 0, "peers": [{"node": "a", "probe": "ping", "sent": 1, "lost": 2, "counts": []}]}]},
      "lost"),
     ({"windows": [{"start": 0, "peers": [{"node": "a", "probe": "ping", "sent": 5, "lost": 0,
@@ -102,6 +102,17 @@ def test_parse_summary_round_trip():
 def test_parse_summary_refuses_with_a_reason(bad, why):
     with pytest.raises(SummaryError, match=why):
         stats.parse_summary(_summary(**bad))
+
+
+def test_a_probe_kind_this_version_does_not_know_is_skipped_and_counted():
+    """A newer agent may probe a new way: its entries of that kind are left out and counted, whatever
+    they hold, and the rest of its summary is used (a rolling upgrade must not break the mesh)."""
+    newer = {"node": "n3", "probe": "udp", "sent": "many", "jitter": [1, 2]}
+    s = _summary()
+    s["windows"][0]["peers"].insert(0, newer)
+    window = stats.parse_summary(s).windows[0]
+    assert window.skipped == 1 and [(p.node, p.probe) for p in window.peers] == [("n2", "ping")]
+    assert stats.parse_summary(_summary()).windows[0].skipped == 0
 
 
 def test_loads_summary_refuses_oversized_and_deep_input_before_parsing():

@@ -94,6 +94,7 @@ class Analysis:
     time: float
     notes: list[str] = field(default_factory=list)  # limits reached (the analysis went on without)
     window_starts: list[float] = field(default_factory=list)  # of the analysed windows, oldest first
+    unknown_probes: int = 0  # peer entries of probe kinds this version does not know, skipped (a note says so)
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict ConfigMap's `verdicts.json` shape."""
@@ -210,6 +211,7 @@ class PreparedWindow:
     entries: int  # peer entries as the agent sent them
     max_sent: int  # the most probes of one entry
     folded: Folded | None  # None where the analysis does not use the window (open, ahead of `now`, alien buckets)
+    skipped: int = 0  # peer entries of probe kinds this version does not know (stats.Window.skipped)
 
 
 @dataclass
@@ -233,7 +235,7 @@ def prepare_window(w: stats.Window, window_seconds: float, buckets: tuple[float,
         raise SummaryError(f"window {w.start:.3f} came without its peers")
     fold = buckets == BUCKETS_SECONDS and usable(w.closed, w.start, window_seconds, now)
     return PreparedWindow(w.start, w.closed, len(w.peers), max((p.sent for p in w.peers), default=0),
-                          Folded(w.peers) if fold else None)
+                          Folded(w.peers) if fold else None, w.skipped)
 
 
 def prepare(s: Summary, now: float) -> Prepared:
@@ -327,6 +329,7 @@ class _Mesh:
         self.rejected_more = 0
         self.notes: list[str] = []
         self.entries = 0
+        self.unknown_probes = 0  # peer entries of probe kinds this version does not know: skipped
         for i, obj in enumerate(summaries):
             if i >= MAX_SUMMARIES:
                 self.notes.append(f"more than {MAX_SUMMARIES} summaries: the rest were not read")
@@ -385,6 +388,7 @@ class _Mesh:
         if ws not in self.groups and len(self.groups) >= MAX_WINDOW_SIZES:
             raise SummaryError(f"window_seconds {ws:g}: already {MAX_WINDOW_SIZES} different window sizes")
         self.entries += entries
+        self.unknown_probes += sum(w.skipped for w in s.windows if w.closed)
         self.reporting.add(s.node)
 
     def _node(self, name: str, leaf: str) -> int:
@@ -532,6 +536,9 @@ class _Mesh:
                                           f"{group.window_seconds:g} of {len(group.summaries)} agents")
         if self.rejected_more:
             self.notes.append(f"{self.rejected_more} more summaries rejected than the {MAX_REJECTED} listed")
+        if self.unknown_probes:
+            self.notes.append(f"{self.unknown_probes} peer entries of probe kinds this version does not know were "
+                              "skipped (agents newer than this analysis); the rest of their summaries was used")
         judged, kept = [], {}
         self.rebuilt = 0
         for start in sorted(group.windows) if group else []:
@@ -565,7 +572,8 @@ class _Mesh:
         self.in_use = len(known_nodes)
         verdicts = _hysteresis(judged, int(self.cfg["open_windows"]), int(self.cfg["close_windows"]))
         return Analysis(verdicts, len(known_nodes), len(known_leaves), len(judged), self.rejected,
-                        group.window_seconds if group else 0.0, self.now, self.notes, [j.start for j in judged])
+                        group.window_seconds if group else 0.0, self.now, self.notes, [j.start for j in judged],
+                        self.unknown_probes)
 
 # -- judging one window ------------------------------------------------------------------------
 

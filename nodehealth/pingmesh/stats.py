@@ -27,6 +27,7 @@ MAX_SUMMARY_BYTES = 1 << 20
 MAX_WINDOWS = 64
 MAX_PEERS_PER_WINDOW = 10000
 MAX_NAME = 253  # a DNS name
+MAX_PROBE_NAME = 32  # a probe kind's name; a longer one is garbage, not a kind
 _LIMIT = 1 << 40  # any count at or past this is garbage
 
 
@@ -112,6 +113,9 @@ class Window:
     start: float
     closed: bool
     peers: list[PeerStats] | None  # None: sent by its start alone (`?since=`): one the asker has, or still open
+    # Peer entries of probe kinds this version does not know (a newer agent's), left out: a rolling
+    # upgrade must not make a controller refuse the agents that are already new.
+    skipped: int = 0
 
 
 @dataclass
@@ -158,7 +162,10 @@ def parse_summary(obj: Any, stubs: bool = False) -> Summary:
             raise SummaryError(f"a window lists {len(w['peers'])} peers, more than {MAX_PEERS_PER_WINDOW}")
         start = _number(w.get("start"), "window start")
         peers = [_peer(p, len(buckets)) for p in w["peers"]]
-        out.append(Window(start, w.get("closed") is True, peers))
+        skipped = peers.count(None)
+        if skipped:
+            peers = [p for p in peers if p is not None]
+        out.append(Window(start, w.get("closed") is True, peers, skipped))
     return Summary(node, _name(obj.get("leaf"), "leaf"), _name(obj.get("pod"), "pod"),
                    _number(obj.get("time"), "time"), window_seconds, tuple(float(b) for b in buckets), out)
 
@@ -174,9 +181,10 @@ def loads_summary(data: bytes, stubs: bool = False) -> Summary:
     return parse_summary(obj, stubs)
 
 
-def _peer(p: Any, nbuckets: int) -> PeerStats:
-    """One peer entry. The controller parses millions of these per analysis: the common, valid
-    entry takes one pass of exact type tests; anything else goes to _checked_peer for the reason."""
+def _peer(p: Any, nbuckets: int) -> PeerStats | None:
+    """One peer entry, or None for one of a probe kind this version does not know. The controller
+    parses millions of these per analysis: the common, valid entry takes one pass of exact type
+    tests; anything else goes to _checked_peer for the reason."""
     if type(p) is dict:
         node, leaf, probe = p.get("node"), p.get("leaf", ""), p.get("probe")
         sent, lost, retrans, rail, raw = p.get("sent"), p.get("lost"), p.get("retrans", 0), p.get("rail", 0), \
@@ -201,10 +209,12 @@ def _peer(p: Any, nbuckets: int) -> PeerStats:
     return _checked_peer(p, nbuckets)
 
 
-def _checked_peer(p: Any, nbuckets: int) -> PeerStats:
+def _checked_peer(p: Any, nbuckets: int) -> PeerStats | None:
     if not isinstance(p, dict):
         raise SummaryError("a peer entry must be an object")
     probe = p.get("probe")
+    if isinstance(probe, str) and 0 < len(probe) <= MAX_PROBE_NAME and probe not in PROBES:
+        return None  # a newer agent's kind: skipped (Window.skipped), the rest of the summary is used
     if probe not in PROBES:
         raise SummaryError(f"probe {probe!r} is not one of {', '.join(PROBES)}")
     sent, lost = _count(p.get("sent"), "sent"), _count(p.get("lost"), "lost")
