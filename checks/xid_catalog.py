@@ -1,5 +1,7 @@
 """The Xid and SXid catalogs as data: what each code means and what nodehealth does about it.
 
+Long on purpose: it is data, one entry per Xid and SXid code as NVIDIA lists them.
+
 NVIDIA's tables are copied whole (every code, its name, NVIDIA's immediate action); nodehealth's
 severity and action follow from NVIDIA's action by one rule per bucket, and the few codes where we
 deliberately rate otherwise are listed with the reason. tests/test_xid_catalog.py checks all of it

@@ -1,5 +1,8 @@
 """Typed kernel-log events: the facts the kernel-log collector hands to checks.
 
+Long on purpose: every kind of kernel-log event the checks read (Xid, SXid, link, MCE, EDAC,
+storage, NIC, crashes) is parsed in one place, with the patterns side by side.
+
 Parsing a record into an event (which Xid, which GPU, which task) is reading, so it lives
 here; what an event means for the node (severity, action) is judged in checks/.
 """

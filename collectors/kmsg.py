@@ -1,5 +1,8 @@
 """The kernel log: /dev/kmsg (or saved logs from a dead node) read into records, then events.
 
+Long on purpose: one reader for /dev/kmsg, its follower and every saved-log framing; they share the
+record parser and its bounds, and the framings are told apart line by line.
+
 /dev/kmsg hands out one record per read(2) and never blocks with O_NONBLOCK; EPIPE means the
 ring buffer overwrote records before we read them, which is counted, never fatal. Saved logs
 come in many framings (dmesg, dmesg -T, journalctl, syslog, Talos, pstore); each line is

@@ -1,5 +1,8 @@
 """NVIDIA GPUs through NVML: identity, ECC, retired pages, row remapping, NVLink, PCIe, clocks.
 
+Long on purpose: the only pynvml importer: every NVML query, its isolation per GPU and the facts
+they make sit behind the one narrow backend interface.
+
 The only module that imports pynvml (nvidia-ml-py), and only when a live host has NVIDIA GPUs.
 Everything talks to one narrow backend: `call(fn, *args)` with an NVML function name and the GPU
 index, and `fields(index, pairs)` for many nvmlDeviceGetFieldValues fields in one call (the per-link

@@ -266,23 +266,16 @@ class Daemon:
             return []
         with self.lock:
             passes, last, duration = self.passes, self.last_pass, self.pass_duration
-        m = Metric("nodehealth_daemon_passes_total", "Passes the daemon has run since it started.", "counter")
-        m.add((), passes)
-        out.append(m)
-        m = Metric("nodehealth_daemon_last_pass_timestamp_seconds", "Unix time of the last completed pass.")
-        m.add((), last)
-        out.append(m)
-        m = Metric("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.")
-        m.add((), duration)
-        out.append(m)
-        m = Metric("nodehealth_state_save_errors_total",
-                   "Times the state file could not be written (sticky faults would not survive a restart).", "counter")
-        m.add((), self.save_errors)
-        out.append(m)
+        out += [Metric.one("nodehealth_daemon_passes_total", "Passes the daemon has run since it started.", passes,
+                           "counter"),
+                Metric.one("nodehealth_daemon_last_pass_timestamp_seconds", "Unix time of the last completed pass.",
+                           last),
+                Metric.one("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.", duration),
+                Metric.one("nodehealth_state_save_errors_total", "Times the state file could not be written (sticky "
+                           "faults would not survive a restart).", self.save_errors, "counter")]
         if self.kmsg_module is not None and self.kernel_supported is None:
-            m = Metric("nodehealth_kernel_log_follower_up", "1 while the kernel log follower is reading, else 0.")
-            m.add((), 1 if self.stream.alive else 0)
-            out.append(m)
+            out.append(Metric.one("nodehealth_kernel_log_follower_up",
+                                  "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
         for part in [*self.faces[1:], self.hang, self.pingmesh]:
             if part is not None:
                 out.extend(part.metrics())
@@ -401,9 +394,6 @@ class Daemon:
             peers = daemon_peers(cfg, self.cfg["pingmesh"]["inventory_file"], self.node)
         except InventoryError as e:
             raise ConfigError(f"rdma_bw: cannot take peers from the pingmesh inventory: {e}") from None
-        if not peers:  # no finding says so: a rail never tested has none
-            log.warning("rdma_bw: no peer to test against (no rdma_bw.peers, and no leaf-mates of %s in "
-                        "pingmesh.inventory_file): this node's rails are not tested, only served", self.node)
         self.rdma = RdmaPeriodic(cfg, self.host, self.node, self.on_rdma, self.engine.clock, peers=peers)
         self.threads += self.rdma.start(self.stop, self.pass_idle)
 

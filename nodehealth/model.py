@@ -127,6 +127,13 @@ class Metric:
         self.samples: list[tuple[tuple[str, ...], float]] = []
         self.buckets: tuple[float, ...] = ()  # a histogram's upper bounds, the same for all its series
 
+    @classmethod
+    def one(cls, name: str, help: str, value: float | None, kind: str = "gauge") -> Metric:
+        """A family of one sample without labels (absent when `value` is None)."""
+        m = cls(name, help, kind)
+        m.add((), value)
+        return m
+
     def add(self, label_values: Sequence[Any], value: float | None) -> None:
         """Add one sample; a None value (absent fact) adds nothing: absent is not zero."""
         if value is None:

@@ -1,5 +1,8 @@
 """Daemon side: read the ranks' state records, decide what is a hang, collect the evidence.
 
+Long on purpose: the hang rules and the bundle's collection share one scan's state (being split in
+the hang branch).
+
 A rank is hung when its oldest pending op is older than max(floor, factor x that op's p99 in
 its group) or when its watchdog heartbeat has stopped. On the first poll that sees a job hung
 (or hung at a new place), the detector writes one bundle for this node: every record of the job,

@@ -1,5 +1,8 @@
 """In-process collective timer: imported by training code, so only the standard library at import.
 
+Long on purpose: it runs inside the training process, which may import nothing but the standard
+library and this module.
+
 `enable()` wraps the torch.distributed functions that talk to peers. Each call gets a sequence
 number in its process group, an enqueue time, its tensor sizes and dtype, and is pending until it
 completes. Completion on CPU (gloo) is the call returning, or for `async_op=True` its Work handle

@@ -1,5 +1,8 @@
 """Pingmesh localization: which node, leaf or leaf-to-leaf path explains the lost and slow probes.
 
+Long on purpose: one algorithm (fold, add up, judge in three steps, hysteresis) whose steps share
+the packed per-window arrays; split, each part would reach into the others' layout.
+
 Pure: agents' summaries (stats.Summary or the decoded JSON of `/v1/pingmesh`) in, an Analysis out.
 Evidence is the TCP probes (answered by the peer's kernel); a peer's Pings count only without them.
 Windows of all agents are aligned by their start; only closed ones count. Each window is judged on

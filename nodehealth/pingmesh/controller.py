@@ -415,7 +415,7 @@ class Controller:
         m = Metric("nodehealth_build_info", "The nodehealth version; always 1.", labels=("version",))
         m.add((__version__,), 1)
         out.append(m)
-        out.append(_gauge("nodehealth_controller_leader", "1 on the replica that runs the pingmesh analysis.",
+        out.append(Metric.one("nodehealth_controller_leader", "1 on the replica that runs the pingmesh analysis.",
                           int(leader)))
         m = Metric("nodehealth_controller_errors_total", "Kubernetes API calls of the controller that failed, "
                    "by kind of error.", "counter", ("kind",))
@@ -430,9 +430,9 @@ class Controller:
         out.append(m)
         if not leader or not last:  # a standby shows no analysis: only the leader's is current
             return out
-        out.append(_gauge("nodehealth_controller_last_analysis_timestamp_seconds",
+        out.append(Metric.one("nodehealth_controller_last_analysis_timestamp_seconds",
                           "Unix time of the last analysis whose verdicts were written.", last["time"]))
-        out.append(_gauge("nodehealth_controller_last_analysis_duration_seconds",
+        out.append(Metric.one("nodehealth_controller_last_analysis_duration_seconds",
                           "How long the last written analysis took: listing, fetching, analyzing, writing.",
                           last["duration"]))
         m = Metric("nodehealth_controller_configmap_bytes", "Bytes of data in each of the controller's ConfigMaps "
@@ -440,9 +440,9 @@ class Controller:
         for name in sorted(stored):
             m.add((name,), stored[name])
         out.append(m)
-        out.append(_gauge("nodehealth_pingmesh_inventory_nodes", "Nodes in the inventory of the last analysis.",
+        out.append(Metric.one("nodehealth_pingmesh_inventory_nodes", "Nodes in the inventory of the last analysis.",
                           last["nodes"]))
-        out.append(_gauge("nodehealth_pingmesh_agents_reporting",
+        out.append(Metric.one("nodehealth_pingmesh_agents_reporting",
                           "Agents whose summary the last analysis used.", last["reporting"]))
         m = Metric("nodehealth_pingmesh_agents_failed",
                    "Agents whose summary the last analysis could not use, by reason.", labels=("reason",))
@@ -464,12 +464,6 @@ class Controller:
 
 def _dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
-
-
-def _gauge(name: str, help_text: str, value: float | None) -> Metric:
-    m = Metric(name, help_text)
-    m.add((), value)
-    return m
 
 
 def _failures(failed: dict[str, list[str]]) -> str:

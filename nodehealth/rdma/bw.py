@@ -1,5 +1,8 @@
 """`nodehealth rdma-bw`: RDMA WRITE bandwidth between two hosts, the way perftest's ib_write_bw measures it.
 
+Long on purpose: perftest's method end to end (out-of-band exchange, verbs set-up, the timed loop,
+teardown on every path) in the one module that imports pyverbs.
+
 The only module that imports pyverbs, and only when a test runs. The method is perftest's: the two
 sides exchange LID, GID, QPN, PSN, rkey and buffer address over TCP, connect an RC queue pair, and
 the client writes `size`-byte messages into the server's registered buffer, at most `tx_depth`

@@ -238,9 +238,11 @@ def find_rails(host: HostPaths, wanted: list[str]) -> list[tuple[str, int]]:
 def daemon_peers(cfg: dict[str, Any], inventory_file: str, node: str) -> list[str]:
     """Whom this node tests: rdma_bw.peers, else its leaf-mates in the pingmesh inventory file (at most
     MAX_PEERS). Raises InventoryError for a file that cannot be read."""
-    if cfg["peers"] or not inventory_file:
-        return list(cfg["peers"])
-    return inventory_peers(inventory_file, node)[:MAX_PEERS]
+    peers = list(cfg["peers"]) if cfg["peers"] or not inventory_file else inventory_peers(inventory_file, node)
+    if not peers:  # no finding says so: a rail never tested has none
+        log.warning("rdma_bw: no peer to test against (no rdma_bw.peers, and no leaf-mates of %s in "
+                    "pingmesh.inventory_file): this node's rails are not tested, only served", node)
+    return peers[:MAX_PEERS]
 
 
 def inventory_peers(path: str, node: str) -> list[str]:
