@@ -23,7 +23,7 @@ from nodehealth.policy import expect
 log = logging.getLogger("nodehealth.daemon")
 
 MAX_EVENTS = 10000  # kernel events kept for the current boot; the oldest go first
-XID_MERGE_SECONDS = 2.0  # an NVML Xid event and its kernel line are one Xid (docs/architecture.md, "Xid events")
+XID_MERGE_SECONDS = 2.0  # an NVML Xid event and its kernel line are one Xid (docs/architecture.md, "The kernel stream")
 NVML_EVENT_WAIT_SECONDS = 0.5
 REOPEN_SECONDS = 5.0  # a reader that failed, or a source that cannot be opened, is tried again this often
 
@@ -156,7 +156,8 @@ class KernelStream:
         self.alive = False  # the follower is reading
 
     def follow(self, stop: threading.Event) -> None:
-        """Follow the kernel log; reopen with a rate limit if the reader dies (NPD#1168)."""
+        """Follow the kernel log; reopen it, at most every REOPEN_SECONDS, if the reader fails
+        (docs/architecture.md, "The kernel stream")."""
         while not stop.is_set():
             try:
                 follower = kmsg.KmsgFollower(self.host, self.cfg, after_seq=self.store.last_seq)
