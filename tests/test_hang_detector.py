@@ -13,7 +13,8 @@ import pytest
 from conftest import require_tool
 
 from nodehealth.hang import merge, record
-from nodehealth.hang.detector import DEFAULTS, Detector, JobState, Rank, judge, limit_for
+from nodehealth.hang.detector import Detector, JobState
+from nodehealth.hang.rules import DEFAULTS, Rank, judge, limit_for
 from nodehealth.hang.stacks import StackCollector, process_state
 from nodehealth.host import HostPaths
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodehealth.hang import merge, record
+from nodehealth.hang import merge, record, rules
 from nodehealth.hang.stacks import parse_text_dump
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hang")
@@ -281,7 +281,7 @@ STRAGGLER_CFG = {"min_samples": 20, "straggler_ratio": 3.0, "straggler_min_wait_
 ])
 def test_stragglers(p50s, samples, expected):
     records = {str(r): timed(r, v, samples) for r, v in enumerate(p50s)}
-    found = merge.stragglers(records, STRAGGLER_CFG)
+    found = rules.stragglers(records, STRAGGLER_CFG)
     assert [s["rank"] for s in found] == expected
     if expected:
         assert f"rank {expected[0]} on n1 is a straggler" in found[0]["summary"]

@@ -103,11 +103,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         job["stacks"].update(extra)
         if job.get("live") and not merge.live_hang(job, time.time()):
             verdicts = []
-            from nodehealth.hang.detector import DEFAULTS
+            from nodehealth.hang.rules import DEFAULTS, stragglers
 
             job["note"] = ("no hang: every pending op is younger than its limit and every heartbeat is fresh "
                            "(records written moments apart are not compared)")
-            job["note"] += "".join(f"\n  {s['summary']}" for s in merge.stragglers(job["records"], DEFAULTS))
+            job["note"] += "".join(f"\n  {s['summary']}" for s in stragglers(job["records"], DEFAULTS))
         else:
             verdicts = merge.verdicts(job)
         found = found or bool(verdicts)

@@ -28,32 +28,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodehealth.config import HANG_DEFAULTS
 from nodehealth.hang import merge, record
 from nodehealth.hang.exits import ExitWatcher
+from nodehealth.hang.rules import DEFAULTS, Rank, judge, stragglers
 from nodehealth.hang.stacks import StackCollector
 from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
 from nodehealth.model import Action, Finding, Metric, Severity
 
 log = logging.getLogger(__name__)
 
-DEFAULTS = HANG_DEFAULTS  # kept in config.py with the other settings
 FR_DUMP_LIMIT = 64 << 20
-
-
-@dataclass
-class Rank:
-    """One record as the detector sees it now."""
-
-    path: str
-    rec: dict[str, Any]
-    host_pid: int | None  # None: the process is gone
-    hung: str | None = None  # why, in words
-    stuck_at: tuple = ()  # (group, seq) pairs or ("heartbeat",): the place of the hang
-    pending_age: float = 0.0
-    heartbeat_age: float = 0.0
-    process: str = "running"  # running, stopped (T), gone, finished, refused
-    exit_status: str | None = None  # how a gone process ended ("exit code 3"), when the kernel told us
 
 
 @dataclass
@@ -142,7 +126,7 @@ class Detector:
         for job, state in jobs.items():
             if state.hung or not all(r.host_pid for r in state.ranks.values()):
                 continue
-            found = merge.stragglers({str(r): rank.rec for r, rank in state.ranks.items()}, self.cfg)
+            found = stragglers({str(r): rank.rec for r, rank in state.ranks.items()}, self.cfg)
             for s in found:
                 streak[(job, s["rank"])] = self.straggler_streak.get((job, s["rank"]), 0) + 1
             state.stragglers = [s for s in found if streak[(job, s["rank"])] >= self.cfg["straggler_scans"]]
@@ -629,39 +613,6 @@ class Detector:
                                device=f"job {job}", action=Action.NONE,
                                evidence={"bundle": state.bundle, "verdicts": state.verdicts}))
         return out
-
-
-def judge(rank: Rank, now: float, cfg: dict[str, Any]) -> None:
-    """Set rank.hung (why, or None), the place it is stuck at and its ages: a pure function of
-    the record, the time and the thresholds."""
-    rec = rank.rec
-    rank.heartbeat_age = max(0.0, now - rec["heartbeat"])
-    reasons, place, oldest = [], [], 0.0
-    for name, group in sorted(rec["groups"].items()):
-        pending = [op for op in group.get("pending", []) if isinstance(op.get("enqueued_at"), (int, float))]
-        if not pending:
-            continue
-        op = min(pending, key=lambda o: o["seq"])
-        age = max(0.0, now - op["enqueued_at"])
-        oldest = max(oldest, age)
-        limit = limit_for(group, op["op"], cfg)
-        if age > limit:
-            reasons.append(f"{op['op']} #{op['seq']} in group {name} pending for {age:.1f} s (limit {limit:.1f} s)")
-            place.append((name, op["seq"]))
-    rank.pending_age = oldest
-    if rank.heartbeat_age > cfg["heartbeat_timeout_seconds"] and not rec.get("exited"):
-        reasons.append(f"no heartbeat for {rank.heartbeat_age:.1f} s (limit {cfg['heartbeat_timeout_seconds']:.1f} s)")
-        place.append(("heartbeat", 0))
-    rank.hung = "; ".join(reasons) or None
-    rank.stuck_at = tuple(place)
-
-
-def limit_for(group: dict[str, Any], op: str, cfg: dict[str, Any]) -> float:
-    stats = group.get("p99", {}).get(op)
-    if isinstance(stats, dict) and isinstance(stats.get("seconds"), (int, float)) \
-            and isinstance(stats.get("samples"), int) and stats["samples"] >= cfg["min_samples"]:
-        return max(cfg["floor_seconds"], cfg["p99_factor"] * stats["seconds"])
-    return cfg["floor_seconds"]
 
 
 def _process_key(rec: dict[str, Any]) -> tuple[str | None, int, int | None]:

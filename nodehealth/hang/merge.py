@@ -255,41 +255,11 @@ def _flight_recorder_status(fr: dict[str, Any]) -> dict[int, dict[str, tuple[int
     return out
 
 
-def stragglers(records: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Ranks the others keep waiting for. A rank that is slow every step arrives last at each
-    collective and waits least in it, while its peers wait for it: its median duration of an op is
-    far below the median of the others' medians. An even job has no such rank."""
-    out = []
-    groups = sorted({g for rec in records.values() for g in rec.get("groups", {}) if not g.endswith("/p2p")})
-    for name in groups:
-        by_op: dict[str, dict[int, float]] = {}
-        for r, rec in records.items():
-            for op, stats in ((rec["groups"].get(name) or {}).get("p99") or {}).items():
-                stats = stats if isinstance(stats, dict) else {}
-                p50, samples = stats.get("p50"), stats.get("samples")
-                if isinstance(p50, (int, float)) and isinstance(samples, int) and samples >= cfg["min_samples"]:
-                    by_op.setdefault(op, {})[int(r)] = float(p50)
-        for op, medians in sorted(by_op.items()):
-            if len(medians) < 2:
-                continue
-            for r, own in sorted(medians.items()):
-                others = sorted(v for q, v in medians.items() if q != r)
-                typical = others[len(others) // 2]
-                if typical >= cfg["straggler_ratio"] * own and typical - own >= cfg["straggler_min_wait_seconds"]:
-                    host = records[str(r)].get("host")
-                    out.append({"rank": r, "host": host, "group": name, "op": op, "own_p50": round(own, 4),
-                                "others_p50": round(typical, 4),
-                                "summary": f"rank {r}{f' on {host}' if host else ''} is a straggler: the others "
-                                           f"wait {typical:.3f} s (median) in {op} of group {name}, it waits "
-                                           f"{own:.3f} s: it arrives last"})
-    return out
-
-
 def live_hang(job: dict[str, Any], now: float) -> bool:
     """Whether live records (written at different moments) show a hang by the detector's own
     thresholds. Between two publishes a healthy rank may be one op ahead of another: only an op
     pending past its limit, or a silent heartbeat, makes the sequence numbers worth comparing."""
-    from nodehealth.hang.detector import DEFAULTS, Rank, judge
+    from nodehealth.hang.rules import DEFAULTS, Rank, judge  # loads the config: only a live report needs it
 
     hung = False
     for r, rec in job.get("records", {}).items():
