@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import require_tool
+from test_hang_merge import lockstep
 
 from nodehealth.hang import merge, record
 from nodehealth.hang.detector import Detector, JobState
@@ -423,10 +424,10 @@ def test_a_rank_that_died_but_is_not_yet_reaped_is_gone_with_its_exit_code(tmp_p
 def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
     procs = sleepers(3)
     recs = [make_record(r, p.pid, start_ticks(p.pid), 60, 60, world=3) for r, p in enumerate(procs)]
+    slow = lockstep(4, lambda step, r: 0.3 if r == 1 else 0.1, ranks=3)
     for r, rec in enumerate(recs):
         rec["host"] = "node-a"
-        rec["groups"]["0"]["p99"] = {"all_reduce": {"seconds": 0.2, "p50": 0.017 if r == 1 else 0.115,
-                                                    "samples": 200}}
+        rec["groups"]["0"] = slow[str(r)]["groups"]["0"]
     publish(tmp_path, recs)
     detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "straggler_scans": 3})
     for _ in range(2):
@@ -437,8 +438,9 @@ def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
     assert finding.reason == "TrainingStraggler" and "rank 1 on node-a is a straggler" in finding.message
     samples = {m.name: m for m in detector.metrics()}["nodehealth_hang_straggler"].samples
     assert samples == [(("j", "1", "node-a"), 1.0)]
-    for rec in recs:  # the job evens out: the finding goes at once
-        rec["groups"]["0"]["p99"]["all_reduce"]["p50"] = 0.1
+    even = lockstep(4, lambda step, r: 0.1, ranks=3)
+    for r, rec in enumerate(recs):  # the job evens out: the finding goes at once
+        rec["groups"]["0"] = even[str(r)]["groups"]["0"]
     publish(tmp_path, recs)
     detector.poll()
     assert not detector.findings()
