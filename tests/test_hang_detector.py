@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,42 @@ def test_hang_bundle_names_culprit_with_real_stacks(tmp_path, sleepers):
     assert bundle["verdicts"][0]["culprits"] == [1]
     frames = [f["name"] for f in bundle["stacks"]["0"]["threads"][0]["frames"]]
     assert "wait_in_collective" in frames
+
+
+LOCKER = ("import threading\ndef wait_for_lock():\n    lock = threading.Lock()\n    lock.acquire()\n"
+          "    lock.acquire()\nwait_for_lock()\n")
+
+
+def test_native_frames_of_many_processes_merge_into_one_tree(tmp_path):
+    """Frames py-spy cannot name (libc's, stripped) are addresses that differ in every process:
+    named by module and offset, the ranks' stacks merge, and the odd rank out comes first."""
+    py_spy = require_tool("py-spy")
+    procs = [subprocess.Popen([sys.executable, "-c", LOCKER if r < 3 else SLEEPER]) for r in range(4)]
+    try:
+        collector = StackCollector(py_spy, native_timeout=60)
+        stacks: dict[str, dict] = {}
+        deadline = time.monotonic() + 60
+        while len(stacks) < 4 and time.monotonic() < deadline:  # until each waits where it should
+            for r, p in enumerate(procs):
+                dump = stacks.get(str(r)) or collector.dump(p.pid, native=True)
+                names = [f["name"] for t in dump.get("threads") or [] for f in t["frames"]]
+                if {"wait_for_lock", "wait_in_collective"} & set(names):
+                    stacks[str(r)] = dump
+        assert len(stacks) == 4, "the processes never reached their wait"
+        tree = merge.stack_tree(stacks, stacks)
+        (thread,) = tree.children.values()  # MainThread, named or not
+        node, path = thread, []
+        while len(node.children) == 1:
+            (node,) = node.children.values()
+            path.append(node.frame)
+        assert path and node.ranks == {0, 1, 2, 3}, f"the ranks split at the first frame: {list(node.children)}"
+        assert [c.ranks for c in node.ordered()] == [{3}, {0, 1, 2}], "the minority branch first"
+        text = merge.to_text({"job": "j", "nodes": ["n"], "records": {}, "stacks": stacks}, tree, [])
+        assert re.search(r"\] libc\.so\.6\+0x[0-9a-f]+ \(libc\.so\.6\)", text), text
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_old_job_with_no_live_process_is_ignored(tmp_path):

@@ -133,6 +133,17 @@ def test_tree_puts_the_minority_first():
     assert "[3] get (queue.py:179)" in text and "[0-2] broadcast (torch/distributed/distributed_c10d.py:1191)" in text
 
 
+def test_native_frames_left_as_bare_addresses_still_merge():
+    """A bundle written before frames were named by module and offset, or a pasted `py-spy dump
+    --native` text: the same frame is a different address in every process."""
+    text = "Thread 7 (idle): \"MainThread\"\n    {} (libc.so.6)\n    main (train.py:3)\n    {} (libc.so.6)\n"
+    stacks = {"0": {"threads": parse_text_dump(text.format("0x7f0a01a3e96", "0x7f0a0145d90"))},
+              "1": {"threads": parse_text_dump(text.format("0x7f5b9ca3e96", "0x7f5b9c45d90"))}}
+    lines = merge._tree_lines(merge.stack_tree(stacks), 0)
+    assert lines == ["[0-1] thread MainThread", "  [0-1] ? (libc.so.6)", "    [0-1] main (train.py:3)",
+                     "      [0-1] ? (libc.so.6)"]
+
+
 def test_folded_lines_and_svg():
     tree = merge.stack_tree(real_stacks())
     folded = merge.to_folded(tree).splitlines()

@@ -18,6 +18,7 @@ import zlib
 from typing import Any
 
 from nodehealth.hang import record
+from nodehealth.hang.stacks import ADDRESS
 
 NETWORK_HINT = ("suspect the links between these ranks: run `nodehealth check --only infiniband,link_events` "
                 "on their nodes")
@@ -347,8 +348,12 @@ def _child(node: Node, frame: str, rank: int) -> Node:
 
 
 def _label(frame: dict[str, Any]) -> str:
-    line = frame.get("line") or 0
-    return f"{frame.get('name', '?')} ({frame.get('file', '?')}{':' + str(line) if line else ''})"
+    """`name (file:line)`; a native frame still a bare address (a pasted dump, an older bundle) differs
+    in every process and would split the ranks: it is an unnamed frame of its library."""
+    name, line = str(frame.get("name", "?")), frame.get("line") or 0
+    if ADDRESS.fullmatch(name):
+        name = "?"
+    return f"{name} ({frame.get('file', '?')}{':' + str(line) if line else ''})"
 
 
 def fold(ranks: Any) -> str:
