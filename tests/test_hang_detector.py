@@ -22,6 +22,7 @@ from nodehealth.host import HostPaths
 
 SLEEPER = "import time\ndef wait_in_collective():\n    time.sleep(600)\nwait_in_collective()\n"
 FAST = {"floor_seconds": 1.0, "native_stacks": False, "heartbeat_timeout_seconds": 30.0}
+NO_SPY = {**FAST, "py_spy": "/nonexistent/py-spy"}
 
 
 def start_ticks(pid: int) -> int:
@@ -415,6 +416,18 @@ def test_a_clean_finish_is_no_hang(tmp_path, sleepers):
     detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "py_spy": "/nonexistent/py-spy"})
     assert detector.poll() == [] and not detector.jobs["j"].hung
     assert detector.jobs["j"].ranks[0].process == "finished"
+
+
+def test_a_hang_seen_only_through_heartbeats_has_its_own_words(tmp_path, sleepers):
+    (a, b) = sleepers(2)
+    silent = make_record(1, b.pid, start_ticks(b.pid), 4, 4)
+    silent["heartbeat"] -= 45
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 4, 4), silent])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), NO_SPY)
+    bundle = json.loads(open(detector.poll()[0]).read())
+    assert bundle["silent"] == {"1": 45.0} and bundle["verdicts"][0]["kind"] == "heartbeat_lost"
+    (finding,) = detector.findings()
+    assert "rank 1 has published no heartbeat for 45 s and has no collective in flight" in finding.message
 
 
 def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):

@@ -260,6 +260,33 @@ def test_gone_or_stopped_rank_is_said_plainly_and_its_old_record_reconciled(proc
     assert "#109" not in json.dumps(vs)
 
 
+def test_a_hang_seen_only_through_heartbeats_is_said_so():
+    """Rank 1's timer stopped publishing while no collective is in flight anywhere: no sequence
+    number can speak, its silence does."""
+    records = {str(r): rec(r, 4, 4) for r in range(3)}
+    bundle = {"records": records, "silent": {"1": 75.2}, "stacks": {"1": {"state": "D", "wchan": "nfs_wait"}}}
+    (v,) = merge.verdicts(bundle)
+    assert (v["kind"], v["culprits"]) == ("heartbeat_lost", [1])
+    assert v["summary"] == ("rank 1 has published no heartbeat for 75 s and has no collective in flight: its process "
+                            "runs no Python (a C call holding the GIL, a deadlock, a wait in the kernel) or cannot "
+                            "write its record (a full or hung file system); its process is in state D (wchan "
+                            "nfs_wait)")
+    records["1"]["groups"]["0"]["pending"] = [{"seq": 5, "op": "all_reduce", "enqueued_at": 0.0}]
+    records["1"]["groups"]["0"]["enqueued"] = 5
+    assert [v["kind"] for v in merge.verdicts(bundle)] == ["never_joined"], "in a collective: its group speaks"
+
+
+def test_live_report_of_ranks_whose_heartbeat_stopped(tmp_path):
+    import time
+
+    for r in range(2):
+        quiet = rec(r, 4, 4, world=2)
+        quiet["heartbeat"] = time.time() - (300 if r == 1 else 0)
+        record.write_json(record.record_path(str(tmp_path), "j", r), quiet)
+    out = run_report(str(tmp_path))
+    assert out.returncode == 1 and "rank 1 has published no heartbeat for 300 s" in out.stdout, out.stdout
+
+
 def test_live_report_of_a_healthy_job_says_no_hang(tmp_path):
     import time
 

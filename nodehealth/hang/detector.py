@@ -283,6 +283,7 @@ class Detector:
             "pids": {str(r): rank.host_pid for r, rank in sorted(ranks.items())},
             "processes": {str(r): rank.process for r, rank in sorted(ranks.items())},
             "exit_statuses": {str(r): rank.exit_status for r, rank in sorted(ranks.items()) if rank.exit_status},
+            "silent": {str(r): round(rank.heartbeat_age, 1) for r, rank in sorted(ranks.items()) if rank.silent},
             "errors": [e for e in self.record_errors if os.path.basename(e.split(":", 1)[0]).startswith(prefix)],
             "durations": {}}
         live: dict[int, int] = {}

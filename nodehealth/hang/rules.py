@@ -21,11 +21,16 @@ class Rank:
     rec: dict[str, Any]
     host_pid: int | None  # None: the process is gone
     hung: str | None = None  # why, in words
-    stuck_at: tuple = ()  # (group, seq) pairs or ("heartbeat",): the place of the hang
+    stuck_at: tuple = ()  # (group, seq) pairs or ("heartbeat", 0): the place of the hang
     pending_age: float = 0.0
     heartbeat_age: float = 0.0
     process: str = "running"  # running, stopped (T), gone, finished, refused
     exit_status: str | None = None  # how a gone process ended ("exit code 3"), when the kernel told us
+
+    @property
+    def silent(self) -> bool:
+        """Its heartbeat stopped (judge() found it so)."""
+        return ("heartbeat", 0) in self.stuck_at
 
 
 def judge(rank: Rank, now: float, cfg: dict[str, Any]) -> None:
