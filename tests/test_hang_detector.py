@@ -430,6 +430,19 @@ def test_a_hang_seen_only_through_heartbeats_has_its_own_words(tmp_path, sleeper
     assert "rank 1 has published no heartbeat for 45 s and has no collective in flight" in finding.message
 
 
+@pytest.mark.parametrize("mode", ["--once", "--exit-on-hang"])
+def test_watch_says_a_hang_whose_bundle_was_refused(tmp_path, sleepers, mode):
+    (a,) = sleepers(1)
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4, world=1)])
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "bundles")  # refused: bundles never go through a link
+    out = subprocess.run([sys.executable, "-m", "nodehealth.hang.cli", "hang", "watch", str(tmp_path), mode,
+                          "--floor", "1", "--interval", "0.1", "--py-spy", "/nonexistent/py-spy", "--no-native"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "hang in job j: no bundle written" in out.stderr and "a link or not a directory; refused" in out.stderr
+
+
 def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):
     a, b = sleepers(2)
     b.kill()

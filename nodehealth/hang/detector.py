@@ -40,6 +40,10 @@ log = logging.getLogger(__name__)
 FR_DUMP_LIMIT = 64 << 20
 
 
+class BundleError(Exception):
+    pass
+
+
 @dataclass
 class JobState:
     ranks: dict[int, Rank] = field(default_factory=dict)
@@ -83,6 +87,7 @@ class Detector:
         self.owner_dumped: dict[int, float] = {}
         self.pid_dumped: dict[int, float] = {}
         self.straggler_streak: dict[tuple[str, int], int] = {}
+        self.unwritten: dict[str, str] = {}  # job -> why its bundle could not be written, in the last scan
 
     # -- one scan ----------------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -97,7 +102,7 @@ class Detector:
             self.jobs, self.record_errors = jobs, errors
             self._stragglers(jobs)
             self.durations = {k: v for k, v in self.durations.items() if k[0] in jobs and jobs[k[0]].hung}
-        written = []
+        written, self.unwritten = [], {}
         due = []
         for job, state in jobs.items():
             if not state.hung:
@@ -300,7 +305,8 @@ class Detector:
             else:
                 live[r] = rank.host_pid
         if not live:
-            log.warning("hang in job %s: no process of it may be dumped now; no bundle", job)
+            self.unwritten[job] = "no process of it may be dumped now"
+            log.warning("hang in job %s: %s; no bundle", job, self.unwritten[job])
             return None
         for pid in live.values():
             self.pid_dumped[pid] = now
@@ -316,8 +322,11 @@ class Detector:
         bundle["durations"]["python_stacks"] = round(time.monotonic() - started, 4)
         state.verdicts = merge.verdicts(bundle)
         bundle["verdicts"] = state.verdicts
-        path = self._write(job, now, bundle)
-        if not path:
+        try:
+            path = self._write(job, now, bundle)
+        except BundleError as e:
+            self.unwritten[job] = str(e)
+            log.error("%s", e)
             return None
         state.bundle = path
         with self.lock:
@@ -362,7 +371,10 @@ class Detector:
             with self.lock:
                 self.durations[(bundle["job"], "native")] = bundle["durations"]["native_stacks"]
         if fr_asked or "native_stacks" in bundle:
-            self._write(bundle["job"], bundle["detected_at"], bundle, os.path.basename(path))
+            try:
+                self._write(bundle["job"], bundle["detected_at"], bundle, os.path.basename(path))
+            except BundleError as e:
+                log.error("%s", e)
 
     def _ask_flight_recorder(self, ranks: dict[int, Rank], errors: list[str]) -> dict[int, dict[str, Any]]:
         """Ask every live rank that runs Flight Recorder for a dump: through the timer's request
@@ -426,17 +438,16 @@ class Detector:
         except OSError as e:  # ENXIO: nobody reads it (not an NCCL process group, or FR off)
             return f"cannot trigger through {pipe}: {e.strerror or e}"
 
-    def _write(self, job: str, now: float, bundle: dict[str, Any], name: str | None = None) -> str | None:
+    def _write(self, job: str, now: float, bundle: dict[str, Any], name: str | None = None) -> str:
         """Write a bundle (size-capped) into our bundle directory and rotate the oldest out; the
-        bundle's path, or None after logging why not."""
+        bundle's path, or BundleError saying why not."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
         name = name or f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json"
         data = _capped(bundle, self.cfg["max_bundle_bytes"])
         try:
             dir_fd = self._bundle_dir_fd()
         except OSError as e:
-            log.error("cannot write hang bundle into %s: %s", self.bundle_dir, e.strerror or e)
-            return None
+            raise BundleError(f"cannot write hang bundle into {self.bundle_dir}: {e.strerror or e}") from None
         try:
             tmp = f".tmp-{secrets.token_hex(6)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
@@ -452,8 +463,7 @@ class Detector:
             self._rotate(dir_fd, name)
             return os.path.join(self.bundle_dir, name)
         except OSError as e:
-            log.error("cannot write hang bundle %s: %s", name, e.strerror or e)
-            return None
+            raise BundleError(f"cannot write hang bundle {name}: {e.strerror or e}") from None
         finally:
             os.close(dir_fd)
 
