@@ -3,6 +3,7 @@ py-spy missing, a rank exiting mid-dump, py-spy killed at its timeout."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
@@ -160,6 +161,37 @@ def test_corrupt_records_and_missing_py_spy_still_give_a_bundle(tmp_path, sleepe
     assert bundle["verdicts"], "the records that could be read still give a verdict"
     assert "py-spy not found" in caplog.text and "corrupt state record" in caplog.text
     assert {m.name: m for m in detector.metrics()}["nodehealth_hang_record_errors"].samples == [((), 2.0)]
+
+
+def test_the_same_refusals_are_logged_once_per_cause_and_counted(tmp_path, sleepers, caplog):
+    """Bad records stay bad scan after scan, and a refused bundle directory refuses every hang: said
+    once per cause (the next time an hour later, with the count), counted every time."""
+    a, b = sleepers(2)
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4, world=1, job="j1"),
+                       make_record(0, b.pid, start_ticks(b.pid), 5, 4, world=1, job="j2")])
+    (tmp_path / "j.1.rank.json").write_text('{"version": 1, "rank": 1, "job": "j", "gro')  # torn
+    (tmp_path / "j.2.rank.json").write_text(json.dumps({"version": 1, "rank": "two"}))
+    (tmp_path / "j.3.rank.json").write_bytes(b"[" * 100)
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "bundles")
+    now = [time.time()]
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**NO_SPY, "job_dump_interval_seconds": 0},
+                        clock=lambda: now[0])
+    for _ in range(5):
+        detector.poll()
+        now[0] += 1
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in lines if "corrupt state record" in m]) == 1, lines
+    assert len([m for m in lines if "over the cap" in m]) == 1, lines
+    assert len([m for m in lines if "cannot write hang bundle" in m]) == 1, lines
+    assert len(detector.record_errors) == 3, "every scan still sees them all"
+    counted = {labels[0]: v for labels, v in
+               {m.name: m for m in detector.metrics()}["nodehealth_hang_warnings_not_logged_total"].samples}
+    assert counted == {"bad_record": 9, "over_cap": 4, "foreign_process": 0, "bundle_dir": 1, "no_dumpable_process": 0}
+    now[0] += 3600
+    caplog.clear()
+    detector.poll()
+    assert "(9 more like it since, not logged)" in caplog.text
 
 
 def test_py_spy_absent_from_path(tmp_path, sleepers, monkeypatch):

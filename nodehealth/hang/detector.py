@@ -30,6 +30,7 @@ from typing import Any
 
 from nodehealth.hang import merge, record
 from nodehealth.hang.exits import ExitWatcher
+from nodehealth.hang.oncelog import CAUSES, OncePerCause
 from nodehealth.hang.rules import DEFAULTS, Rank, judge, stragglers
 from nodehealth.hang.stacks import StackCollector
 from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
@@ -88,6 +89,7 @@ class Detector:
         self.pid_dumped: dict[int, float] = {}
         self.straggler_streak: dict[tuple[str, int], int] = {}
         self.unwritten: dict[str, str] = {}  # job -> why its bundle could not be written, in the last scan
+        self.warnings = OncePerCause(log, clock)
 
     # -- one scan ----------------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -151,6 +153,10 @@ class Detector:
             self.refused[reason] = self.refused.get(reason, 0) + 1
         return False
 
+    def _warn(self, cause: str, message: str, level: int = logging.WARNING) -> None:
+        with self.lock:  # the counts are read by metrics() from another thread
+            self.warnings.warn(cause, message, level)
+
     def _count(self, counter: dict[str, int], reason: str, n: int = 1) -> None:
         with self.lock:
             counter[reason] = counter.get(reason, 0) + n
@@ -167,8 +173,10 @@ class Detector:
                 rec, owner = record.read_owned(path)
             except record.RecordError as e:
                 errors.append(str(e))
-                if "over the cap" in str(e):
+                cause = "over_cap" if "over the cap" in str(e) else "bad_record"
+                if cause == "over_cap":
                     self._count(self.skipped, "over_cap")
+                self._warn(cause, str(e))
                 continue
             if now - rec["heartbeat"] > stale:
                 continue  # left behind by a job long gone: not worth a look in /proc
@@ -187,6 +195,7 @@ class Detector:
                 if why:
                     errors.append(f"{path}: {why}; refused")
                     self._count(self.skipped, "foreign_process")
+                    self._warn("foreign_process", errors[-1])
                     rank.host_pid, rank.process = None, "refused"
                     continue
                 self.last_pids[key] = rank.host_pid
@@ -210,8 +219,6 @@ class Detector:
             job = name if names[name] == 1 else f"{name}@uid{owner}"
             state.hung = any(r.hung for r in state.ranks.values() if r.host_pid)
             jobs[job] = state
-        for e in errors[:20]:
-            log.warning("hang: %s", e)
         self.host_pids = {k: v for k, v in self.host_pids.items() if k in seen}
         self.last_pids = {k: v for k, v in self.last_pids.items() if k in seen}
         self.exits.watch(set(self.last_pids.values()))
@@ -306,7 +313,7 @@ class Detector:
                 live[r] = rank.host_pid
         if not live:
             self.unwritten[job] = "no process of it may be dumped now"
-            log.warning("hang in job %s: %s; no bundle", job, self.unwritten[job])
+            self._warn("no_dumpable_process", f"hang in job {job}: {self.unwritten[job]}; no bundle")
             return None
         for pid in live.values():
             self.pid_dumped[pid] = now
@@ -326,7 +333,7 @@ class Detector:
             path = self._write(job, now, bundle)
         except BundleError as e:
             self.unwritten[job] = str(e)
-            log.error("%s", e)
+            self._warn("bundle_dir", str(e), logging.ERROR)
             return None
         state.bundle = path
         with self.lock:
@@ -374,7 +381,7 @@ class Detector:
             try:
                 self._write(bundle["job"], bundle["detected_at"], bundle, os.path.basename(path))
             except BundleError as e:
-                log.error("%s", e)
+                self._warn("bundle_dir", str(e), logging.ERROR)
 
     def _ask_flight_recorder(self, ranks: dict[int, Rank], errors: list[str]) -> dict[int, dict[str, Any]]:
         """Ask every live rank that runs Flight Recorder for a dump: through the timer's request
@@ -578,6 +585,11 @@ class Detector:
         refused = Metric("nodehealth_hang_dumps_refused_total",
                          "Stack dumps refused by a rate limit (node, job or process).", kind="counter",
                          labels=("limit",))
+        not_logged = Metric("nodehealth_hang_warnings_not_logged_total",
+                            "Warnings not written to the log because one of the same cause was, within the hour: "
+                            "bad or oversized records, records naming another user's process, a refused bundle "
+                            "directory, a hang with no process that may be dumped.",
+                            kind="counter", labels=("cause",))
         straggler = Metric("nodehealth_hang_straggler",
                            "1 for a rank the others keep waiting for in their collectives (a straggler).",
                            labels=("training_job", "rank", "host"))
@@ -604,7 +616,9 @@ class Detector:
                 skipped.add((reason,), self.skipped.get(reason, 0))
             for limit in ("node_rate", "job_rate", "process_rate"):
                 refused.add((limit,), self.refused.get(limit, 0))
-        return [detected, progress, heartbeat, duration, straggler, bundles, errors, skipped, refused]
+            for cause in CAUSES:
+                not_logged.add((cause,), self.warnings.not_logged[cause])
+        return [detected, progress, heartbeat, duration, straggler, bundles, errors, skipped, refused, not_logged]
 
     def findings(self) -> list[Finding]:
         """One finding per hung job, with the verdict in words and where the bundle is."""
