@@ -38,13 +38,14 @@ def require_torch() -> None:
         pytest.skip("torch is not installed")
 
 
-def start_job(records: str, control: str) -> list[subprocess.Popen]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
-           "TORCH_FR_BUFFER_SIZE": "200", "NODEHEALTH_HANG_JOB": "gloo-test"}
-    return [subprocess.Popen([sys.executable, WORKER, records, control],
+def start_ranks(worker: str, world: int, job: str, records: str, control: str, **env: str) -> list[subprocess.Popen]:
+    """One process per rank of a gloo job on this node."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+           "NODEHEALTH_HANG_JOB": job, **env}
+    return [subprocess.Popen([sys.executable, worker, records, control],
                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for r in range(WORLD)]
+            for r in range(world)]
 
 
 def wait_until(what, timeout: float, procs: list[subprocess.Popen]):
@@ -71,7 +72,7 @@ def test_real_gloo_job_healthy_then_culprit_then_communication_hang(tmp_path):
     require_tool("py-spy")
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
     os.makedirs(control)
-    procs = start_job(records, control)
+    procs = start_ranks(WORKER, WORLD, "gloo-test", records, control, TORCH_FR_BUFFER_SIZE="200")
     try:
         detector = Detector(records, bundles, CFG, node="test-node")
 
@@ -259,11 +260,7 @@ def test_real_gloo_straggler_is_named_with_1_4_and_8_collectives_a_step(tmp_path
     require_torch()
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
     os.makedirs(control)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "3",
-           "NODEHEALTH_HANG_JOB": "uneven"}
-    procs = [subprocess.Popen([sys.executable, STRAGGLER_WORKER, records, control],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(3)]
+    procs = start_ranks(STRAGGLER_WORKER, 3, "uneven", records, control)
     try:
         def phases_done() -> list[str] | None:
             names = [n for n in os.listdir(records) if n.endswith(record.SUFFIX)] if os.path.isdir(records) else []
@@ -315,11 +312,7 @@ def test_real_gloo_job_whose_ranks_exit_with_code_3_and_by_sigkill_says_how(tmp_
         pytest.skip("needs root (CAP_NET_ADMIN) for the kernel's process events")
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
     os.makedirs(control)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
-           "NODEHEALTH_HANG_JOB": "dying"}
-    procs = [subprocess.Popen([sys.executable, EXIT_WORKER, records, control],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    procs = start_ranks(EXIT_WORKER, 4, "dying", records, control)
     detector = Detector(records, bundles, CFG, node="test-node")
     assert detector.watch_exits(), detector.exits.error
     try:
