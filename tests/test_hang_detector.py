@@ -17,6 +17,7 @@ from test_hang_merge import lockstep
 
 from nodehealth.hang import merge, record
 from nodehealth.hang.detector import Detector, JobState
+from nodehealth.hang.flight_recorder import poke_pipe
 from nodehealth.hang.rules import DEFAULTS, Rank, judge, limit_for
 from nodehealth.hang.stacks import StackCollector, process_state
 from nodehealth.host import HostPaths
@@ -309,19 +310,18 @@ def test_flight_recorder_dump_is_read_only_from_a_plain_file(tmp_path):
 
 
 def test_nccl_pipe_only_by_name_in_the_directory(tmp_path):
-    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
     os.mkfifo(tmp_path / "nccl0.pipe")
     reader = os.open(tmp_path / "nccl0.pipe", os.O_RDONLY | os.O_NONBLOCK)
     try:
-        assert detector._poke_pipe("nccl0.pipe").startswith("wrote to")
+        assert poke_pipe(str(tmp_path), "nccl0.pipe").startswith("wrote to")
         assert os.read(reader, 10) == b"1\n"
     finally:
         os.close(reader)
     (tmp_path / "plain.pipe").write_text("")
     os.symlink(tmp_path / "nccl0.pipe", tmp_path / "link.pipe")
-    assert "refused" in detector._poke_pipe("plain.pipe") and "refused" in detector._poke_pipe("link.pipe")
+    assert "refused" in poke_pipe(str(tmp_path), "plain.pipe") and "refused" in poke_pipe(str(tmp_path), "link.pipe")
     assert (tmp_path / "plain.pipe").read_text() == ""
-    assert detector._poke_pipe("../nccl0.pipe") is None and detector._poke_pipe("/tmp/x.pipe") is None
+    assert poke_pipe(str(tmp_path), "../nccl0.pipe") is None and poke_pipe(str(tmp_path), "/tmp/x.pipe") is None
 
 
 def test_any_thread_in_d_state_means_hands_off(tmp_path):

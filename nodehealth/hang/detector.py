@@ -16,33 +16,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
-import json
 import logging
 import os
-import secrets
-import stat
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodehealth.hang import merge, record
+from nodehealth.hang import flight_recorder, merge, record
+from nodehealth.hang.bundles import BundleDir, BundleError
 from nodehealth.hang.exits import ExitWatcher
 from nodehealth.hang.oncelog import CAUSES, OncePerCause
 from nodehealth.hang.rules import DEFAULTS, Rank, judge, stragglers
 from nodehealth.hang.stacks import StackCollector
-from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
+from nodehealth.host import HostPaths, list_dir, read_text
 from nodehealth.model import Action, Finding, Metric, Severity
 
 log = logging.getLogger(__name__)
 
-FR_DUMP_LIMIT = 64 << 20
-
-
-class BundleError(Exception):
-    pass
 
 
 @dataclass
@@ -61,7 +53,8 @@ class Detector:
                  node: str = "", host: HostPaths | None = None, clock: Any = time.time):
         self.cfg = {**DEFAULTS, **(cfg or {})}
         self.directory = directory
-        self.bundle_dir = bundle_dir
+        self.bundles = BundleDir(bundle_dir, self.cfg["max_bundle_bytes"], self.cfg["max_bundle_dir_bytes"],
+                                 self.cfg["max_bundles"])
         self.node = node or os.uname().nodename
         self.host = host or HostPaths()
         self.clock = clock
@@ -321,7 +314,7 @@ class Detector:
                            if now - t < self.cfg["process_dump_interval_seconds"]}
         self.bundle_times.append(now)
         self.job_dumped[job] = self.owner_dumped[state.owner] = now
-        fr_asked = self._ask_flight_recorder({r: ranks[r] for r in live}, bundle["errors"])
+        fr_asked = flight_recorder.ask({r: ranks[r] for r in live}, self.directory, bundle["errors"])
         stacks = self.collector.collect(sorted(live.values()))
         bundle["stacks"] = {str(r): stacks[pid] for r, pid in sorted(live.items())}
         self._children(bundle["stacks"], live, state.owner)
@@ -363,7 +356,8 @@ class Detector:
         """Flight Recorder dumps and native stacks, then the bundle again with them."""
         started = time.monotonic()
         if fr_asked:
-            bundle["flight_recorder"] = self._read_flight_recorder(fr_asked)
+            bundle["flight_recorder"] = flight_recorder.read(fr_asked, self.cfg["flight_recorder_timeout_seconds"],
+                                                             self.stop)
             bundle["errors"] += [f"rank {r} (Flight Recorder): {e['error']}"
                                  for r, e in bundle["flight_recorder"].items() if e.get("error")]
             bundle["durations"]["flight_recorder"] = round(time.monotonic() - started, 4)
@@ -383,136 +377,11 @@ class Detector:
             except BundleError as e:
                 self._warn("bundle_dir", str(e), logging.ERROR)
 
-    def _ask_flight_recorder(self, ranks: dict[int, Rank], errors: list[str]) -> dict[int, dict[str, Any]]:
-        """Ask every live rank that runs Flight Recorder for a dump: through the timer's request
-        file (any backend) and, when the rank made it in our directory, PyTorch's NCCL debug-info
-        pipe. Every path is ours, built from the record's own file name: records are written by
-        the training pods, and we act on these files as root."""
-        asked = {}
-        for r, rank in ranks.items():
-            fr = rank.rec.get("flight_recorder")
-            if not rank.host_pid or not isinstance(fr, dict):
-                continue
-            if rank.process == "stopped":  # it can never answer: do not wait for it
-                errors.append(f"rank {r} (Flight Recorder): no dump asked: its process is stopped (SIGSTOP)")
-                continue
-            request, dump = record.flight_recorder_paths(rank.path)
-            info: dict[str, Any] = {"dump": dump, "nccl_pipe": None}
-            with contextlib.suppress(OSError):
-                os.unlink(dump)  # removes a planted link itself, never what it points at
-            try:
-                write_atomic(request, b"1\n")  # a rename: replaces a planted link, never writes through it
-            except OSError as e:
-                info["error"] = f"cannot write the Flight Recorder request file: {e.strerror or e}"
-            info["nccl_pipe"] = self._poke_pipe(fr.get("nccl_pipe"))
-            asked[r] = info
-        return asked
-
-    def _read_flight_recorder(self, asked: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        import json
-
-        limit = self.cfg["flight_recorder_timeout_seconds"]
-        deadline = time.monotonic() + limit
-        out: dict[str, Any] = {}
-        for r, info in sorted(asked.items()):
-            entry: dict[str, Any] = {"nccl_pipe": info["nccl_pipe"]}
-            while not os.path.lexists(info["dump"]) and time.monotonic() < deadline and not self.stop.is_set():
-                time.sleep(0.05)
-            try:
-                entry["dump"] = json.loads(record.read_regular(info["dump"], FR_DUMP_LIMIT))
-            except FileNotFoundError:
-                entry["error"] = f"no Flight Recorder dump from rank {r} within {limit:g} s (is its process stopped?)"
-            except OSError as e:
-                entry["error"] = f"cannot read the Flight Recorder dump of rank {r}: {e.strerror or e}"
-            except ValueError as e:
-                entry["error"] = f"rank {r} wrote a Flight Recorder dump that is not JSON: {e}"
-            out[str(r)] = entry
-        return out
-
-    def _poke_pipe(self, name: Any) -> str | None:
-        """Write to PyTorch's NCCL debug-info FIFO, which makes the rank dump Flight Recorder. Only a
-        FIFO named in the record that lies in our directory, opened without following links."""
-        if not isinstance(name, str) or not name or name != record.safe_name(name) or name.startswith("."):
-            return None
-        pipe = os.path.join(self.directory, name)
-        try:
-            fd = record.open_plain(pipe, os.O_WRONLY | os.O_NONBLOCK, stat.S_ISFIFO)
-            try:
-                os.write(fd, b"1\n")
-            finally:
-                os.close(fd)
-            return f"wrote to {pipe}; the dump goes to the rank's TORCH_FR_DUMP_TEMP_FILE prefix"
-        except OSError as e:  # ENXIO: nobody reads it (not an NCCL process group, or FR off)
-            return f"cannot trigger through {pipe}: {e.strerror or e}"
-
     def _write(self, job: str, now: float, bundle: dict[str, Any], name: str | None = None) -> str:
-        """Write a bundle (size-capped) into our bundle directory and rotate the oldest out; the
-        bundle's path, or BundleError saying why not."""
+        """Write a bundle into our bundle directory; its path, or BundleError saying why not."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-        name = name or f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json"
-        data = _capped(bundle, self.cfg["max_bundle_bytes"])
-        try:
-            dir_fd = self._bundle_dir_fd()
-        except OSError as e:
-            raise BundleError(f"cannot write hang bundle into {self.bundle_dir}: {e.strerror or e}") from None
-        try:
-            tmp = f".tmp-{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
-                         dir_fd=dir_fd)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dir_fd)
-                raise
-            self._rotate(dir_fd, name)
-            return os.path.join(self.bundle_dir, name)
-        except OSError as e:
-            raise BundleError(f"cannot write hang bundle {name}: {e.strerror or e}") from None
-        finally:
-            os.close(dir_fd)
-
-    def _bundle_dir_fd(self) -> int:
-        """The bundle directory, made if missing, opened without following a link and refused unless
-        it is ours and nobody else may write in it: users can write the records directory above it."""
-        parent = os.path.dirname(os.path.abspath(self.bundle_dir))
-        os.makedirs(parent, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.bundle_dir, 0o750)
-        try:
-            fd = os.open(self.bundle_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise OSError(e.errno, "a link or not a directory; refused", self.bundle_dir) from None
-            raise
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            os.close(fd)
-            raise OSError(errno.EPERM, f"owned by uid {st.st_uid} or writable by others; refused", self.bundle_dir)
-        return fd
-
-    def _rotate(self, dir_fd: int, keep: str) -> None:
-        """Remove the oldest bundles while there are too many or they take too much room."""
-        bundles = []
-        for name in os.listdir(dir_fd):
-            if name.startswith("hang-") and name.endswith(".json"):
-                with contextlib.suppress(OSError):
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    bundles.append((st.st_mtime, name, st.st_size))
-        bundles.sort()
-        total = sum(b[2] for b in bundles)
-        count = len(bundles)
-        for _, name, size in bundles:
-            if total <= self.cfg["max_bundle_dir_bytes"] and count <= self.cfg["max_bundles"]:
-                break
-            if name == keep:
-                continue
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-                total, count = total - size, count - 1
-                log.info("hang: removed old bundle %s (the bundle directory is full)", name)
+        return self.bundles.write(name or f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json",
+                                  bundle)
 
     def _host_pid(self, key: tuple) -> int | None:
         """The pid of a record's process as we see it, matched by start time; None if gone.
@@ -666,24 +535,6 @@ def _fair(items: Any, owner: Any) -> list[Any]:
     for i in range(max((len(q) for q in queues.values()), default=0)):
         out += [q[i] for q in queues.values() if i < len(q)]
     return out
-
-
-def _capped(bundle: dict[str, Any], limit: int) -> bytes:
-    """The bundle as JSON within `limit` bytes: the bulkiest evidence goes first, and the bundle says so."""
-    data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
-    for key in ("native_stacks", "flight_recorder", "stacks", "records"):
-        if len(data) <= limit:
-            break
-        if bundle.get(key):
-            bundle = {**bundle, key: {}, "errors": bundle.get("errors", []) + [
-                f"{key} left out: the bundle was over its cap of {limit} bytes"]}
-            data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
-    if len(data) > limit:  # still too big: the verdict and the reasons only
-        small = {k: bundle[k] for k in ("version", "kind", "node", "job", "detected_at", "owner", "reasons",
-                                        "processes", "exit_statuses", "verdicts") if k in bundle}
-        small["errors"] = [f"the bundle was over its cap of {limit} bytes: only the verdict is kept"]
-        data = json.dumps(small, separators=(",", ":"), sort_keys=True).encode()
-    return data
 
 
 def _children(host: HostPaths, pid: int) -> list[int]:
