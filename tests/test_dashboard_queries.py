@@ -22,6 +22,7 @@ import pytest
 from conftest import HERE, DaemonProcess, free_port, http_get, machine, require_tool
 from fake_kube_apiserver import FakeApiServer
 from test_hang_detector import make_record, publish, start_ticks
+from test_hang_merge import lockstep
 
 from nodehealth.hang.detector import DEFAULTS as HANG_DEFAULTS
 
@@ -210,10 +211,10 @@ def fleet(tmp_path_factory):
         stuck = [make_record(r, p.pid, start_ticks(p.pid), 5, 4, job="stuck") for r, p in enumerate(sleepers[:2])]
         slow = [make_record(r, p.pid, start_ticks(p.pid), 60, 60, world=3, job="slow")
                 for r, p in enumerate(sleepers[2:])]
+        uneven = lockstep(4, lambda step, r: 0.3 if r == 1 else 0.1, ranks=3)  # rank 1 computes 3x as long
         for r, rec in enumerate(slow):
             rec["host"] = "fragmented"
-            rec["groups"]["0"]["p99"] = {"all_reduce": {"seconds": 0.2, "p50": 0.017 if r == 1 else 0.115,
-                                                        "samples": 200}}
+            rec["groups"]["0"] = uneven[str(r)]["groups"]["0"]
         publish(hang_dir, stuck + slow)
         hang_cfg = tmp / "hang.json"
         hang_cfg.write_text(json.dumps({"hang": {

@@ -3,7 +3,9 @@ py-spy missing, a rank exiting mid-dump, py-spy killed at its timeout."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,14 +13,18 @@ import time
 
 import pytest
 from conftest import require_tool
+from test_hang_merge import lockstep
 
 from nodehealth.hang import merge, record
-from nodehealth.hang.detector import DEFAULTS, Detector, JobState, Rank, judge, limit_for
+from nodehealth.hang.detector import Detector, JobState
+from nodehealth.hang.flight_recorder import poke_pipe
+from nodehealth.hang.rules import DEFAULTS, Rank, judge, limit_for
 from nodehealth.hang.stacks import StackCollector, process_state
 from nodehealth.host import HostPaths
 
 SLEEPER = "import time\ndef wait_in_collective():\n    time.sleep(600)\nwait_in_collective()\n"
 FAST = {"floor_seconds": 1.0, "native_stacks": False, "heartbeat_timeout_seconds": 30.0}
+NO_SPY = {**FAST, "py_spy": "/nonexistent/py-spy"}
 
 
 def start_ticks(pid: int) -> int:
@@ -100,6 +106,42 @@ def test_hang_bundle_names_culprit_with_real_stacks(tmp_path, sleepers):
     assert "wait_in_collective" in frames
 
 
+LOCKER = ("import threading\ndef wait_for_lock():\n    lock = threading.Lock()\n    lock.acquire()\n"
+          "    lock.acquire()\nwait_for_lock()\n")
+
+
+def test_native_frames_of_many_processes_merge_into_one_tree(tmp_path):
+    """Frames py-spy cannot name (libc's, stripped) are addresses that differ in every process:
+    named by module and offset, the ranks' stacks merge, and the odd rank out comes first."""
+    py_spy = require_tool("py-spy")
+    procs = [subprocess.Popen([sys.executable, "-c", LOCKER if r < 3 else SLEEPER]) for r in range(4)]
+    try:
+        collector = StackCollector(py_spy, native_timeout=60)
+        stacks: dict[str, dict] = {}
+        deadline = time.monotonic() + 60
+        while len(stacks) < 4 and time.monotonic() < deadline:  # until each waits where it should
+            for r, p in enumerate(procs):
+                dump = stacks.get(str(r)) or collector.dump(p.pid, native=True)
+                names = [f["name"] for t in dump.get("threads") or [] for f in t["frames"]]
+                if {"wait_for_lock", "wait_in_collective"} & set(names):
+                    stacks[str(r)] = dump
+        assert len(stacks) == 4, "the processes never reached their wait"
+        tree = merge.stack_tree(stacks, stacks)
+        (thread,) = tree.children.values()  # MainThread, named or not
+        node, path = thread, []
+        while len(node.children) == 1:
+            (node,) = node.children.values()
+            path.append(node.frame)
+        assert path and node.ranks == {0, 1, 2, 3}, f"the ranks split at the first frame: {list(node.children)}"
+        assert [c.ranks for c in node.ordered()] == [{3}, {0, 1, 2}], "the minority branch first"
+        text = merge.to_text({"job": "j", "nodes": ["n"], "records": {}, "stacks": stacks}, tree, [])
+        assert re.search(r"\] libc\.so\.6\+0x[0-9a-f]+ \(libc\.so\.6\)", text), text
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def test_old_job_with_no_live_process_is_ignored(tmp_path):
     publish(tmp_path, [make_record(0, 2 ** 22 + 5, 1, 5, 4)])
     detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
@@ -120,6 +162,37 @@ def test_corrupt_records_and_missing_py_spy_still_give_a_bundle(tmp_path, sleepe
     assert bundle["verdicts"], "the records that could be read still give a verdict"
     assert "py-spy not found" in caplog.text and "corrupt state record" in caplog.text
     assert {m.name: m for m in detector.metrics()}["nodehealth_hang_record_errors"].samples == [((), 2.0)]
+
+
+def test_the_same_refusals_are_logged_once_per_cause_and_counted(tmp_path, sleepers, caplog):
+    """Bad records stay bad scan after scan, and a refused bundle directory refuses every hang: said
+    once per cause (the next time an hour later, with the count), counted every time."""
+    a, b = sleepers(2)
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4, world=1, job="j1"),
+                       make_record(0, b.pid, start_ticks(b.pid), 5, 4, world=1, job="j2")])
+    (tmp_path / "j.1.rank.json").write_text('{"version": 1, "rank": 1, "job": "j", "gro')  # torn
+    (tmp_path / "j.2.rank.json").write_text(json.dumps({"version": 1, "rank": "two"}))
+    (tmp_path / "j.3.rank.json").write_bytes(b"[" * 100)
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "bundles")
+    now = [time.time()]
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**NO_SPY, "job_dump_interval_seconds": 0},
+                        clock=lambda: now[0])
+    for _ in range(5):
+        detector.poll()
+        now[0] += 1
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in lines if "corrupt state record" in m]) == 1, lines
+    assert len([m for m in lines if "over the cap" in m]) == 1, lines
+    assert len([m for m in lines if "cannot write hang bundle" in m]) == 1, lines
+    assert len(detector.record_errors) == 3, "every scan still sees them all"
+    counted = {labels[0]: v for labels, v in
+               {m.name: m for m in detector.metrics()}["nodehealth_hang_warnings_not_logged_total"].samples}
+    assert counted == {"bad_record": 9, "over_cap": 4, "foreign_process": 0, "bundle_dir": 1, "no_dumpable_process": 0}
+    now[0] += 3600
+    caplog.clear()
+    detector.poll()
+    assert "(9 more like it since, not logged)" in caplog.text
 
 
 def test_py_spy_absent_from_path(tmp_path, sleepers, monkeypatch):
@@ -237,19 +310,18 @@ def test_flight_recorder_dump_is_read_only_from_a_plain_file(tmp_path):
 
 
 def test_nccl_pipe_only_by_name_in_the_directory(tmp_path):
-    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), FAST)
     os.mkfifo(tmp_path / "nccl0.pipe")
     reader = os.open(tmp_path / "nccl0.pipe", os.O_RDONLY | os.O_NONBLOCK)
     try:
-        assert detector._poke_pipe("nccl0.pipe").startswith("wrote to")
+        assert poke_pipe(str(tmp_path), "nccl0.pipe").startswith("wrote to")
         assert os.read(reader, 10) == b"1\n"
     finally:
         os.close(reader)
     (tmp_path / "plain.pipe").write_text("")
     os.symlink(tmp_path / "nccl0.pipe", tmp_path / "link.pipe")
-    assert "refused" in detector._poke_pipe("plain.pipe") and "refused" in detector._poke_pipe("link.pipe")
+    assert "refused" in poke_pipe(str(tmp_path), "plain.pipe") and "refused" in poke_pipe(str(tmp_path), "link.pipe")
     assert (tmp_path / "plain.pipe").read_text() == ""
-    assert detector._poke_pipe("../nccl0.pipe") is None and detector._poke_pipe("/tmp/x.pipe") is None
+    assert poke_pipe(str(tmp_path), "../nccl0.pipe") is None and poke_pipe(str(tmp_path), "/tmp/x.pipe") is None
 
 
 def test_any_thread_in_d_state_means_hands_off(tmp_path):
@@ -378,6 +450,31 @@ def test_a_clean_finish_is_no_hang(tmp_path, sleepers):
     assert detector.jobs["j"].ranks[0].process == "finished"
 
 
+def test_a_hang_seen_only_through_heartbeats_has_its_own_words(tmp_path, sleepers):
+    (a, b) = sleepers(2)
+    silent = make_record(1, b.pid, start_ticks(b.pid), 4, 4)
+    silent["heartbeat"] -= 45
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 4, 4), silent])
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), NO_SPY)
+    bundle = json.loads(open(detector.poll()[0]).read())
+    assert bundle["silent"] == {"1": 45.0} and bundle["verdicts"][0]["kind"] == "heartbeat_lost"
+    (finding,) = detector.findings()
+    assert "rank 1 has published no heartbeat for 45 s and has no collective in flight" in finding.message
+
+
+@pytest.mark.parametrize("mode", ["--once", "--exit-on-hang"])
+def test_watch_says_a_hang_whose_bundle_was_refused(tmp_path, sleepers, mode):
+    (a,) = sleepers(1)
+    publish(tmp_path, [make_record(0, a.pid, start_ticks(a.pid), 5, 4, world=1)])
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "bundles")  # refused: bundles never go through a link
+    out = subprocess.run([sys.executable, "-m", "nodehealth.hang.cli", "hang", "watch", str(tmp_path), mode,
+                          "--floor", "1", "--interval", "0.1", "--py-spy", "/nonexistent/py-spy", "--no-native"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "hang in job j: no bundle written" in out.stderr and "a link or not a directory; refused" in out.stderr
+
+
 def test_a_dead_rank_is_named_in_the_bundle(tmp_path, sleepers):
     a, b = sleepers(2)
     b.kill()
@@ -422,10 +519,10 @@ def test_a_rank_that_died_but_is_not_yet_reaped_is_gone_with_its_exit_code(tmp_p
 def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
     procs = sleepers(3)
     recs = [make_record(r, p.pid, start_ticks(p.pid), 60, 60, world=3) for r, p in enumerate(procs)]
+    slow = lockstep(4, lambda step, r: 0.3 if r == 1 else 0.1, ranks=3)
     for r, rec in enumerate(recs):
         rec["host"] = "node-a"
-        rec["groups"]["0"]["p99"] = {"all_reduce": {"seconds": 0.2, "p50": 0.017 if r == 1 else 0.115,
-                                                    "samples": 200}}
+        rec["groups"]["0"] = slow[str(r)]["groups"]["0"]
     publish(tmp_path, recs)
     detector = Detector(str(tmp_path), str(tmp_path / "bundles"), {**FAST, "straggler_scans": 3})
     for _ in range(2):
@@ -436,8 +533,9 @@ def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
     assert finding.reason == "TrainingStraggler" and "rank 1 on node-a is a straggler" in finding.message
     samples = {m.name: m for m in detector.metrics()}["nodehealth_hang_straggler"].samples
     assert samples == [(("j", "1", "node-a"), 1.0)]
-    for rec in recs:  # the job evens out: the finding goes at once
-        rec["groups"]["0"]["p99"]["all_reduce"]["p50"] = 0.1
+    even = lockstep(4, lambda step, r: 0.1, ranks=3)
+    for r, rec in enumerate(recs):  # the job evens out: the finding goes at once
+        rec["groups"]["0"] = even[str(r)]["groups"]["0"]
     publish(tmp_path, recs)
     detector.poll()
     assert not detector.findings()

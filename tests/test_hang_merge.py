@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodehealth.hang import merge, record
+from nodehealth.hang import merge, record, rules, timer
 from nodehealth.hang.stacks import parse_text_dump
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "hang")
@@ -131,6 +133,17 @@ def test_tree_puts_the_minority_first():
     assert "[3] get (queue.py:179)" in text and "[0-2] broadcast (torch/distributed/distributed_c10d.py:1191)" in text
 
 
+def test_native_frames_left_as_bare_addresses_still_merge():
+    """A bundle written before frames were named by module and offset, or a pasted `py-spy dump
+    --native` text: the same frame is a different address in every process."""
+    text = "Thread 7 (idle): \"MainThread\"\n    {} (libc.so.6)\n    main (train.py:3)\n    {} (libc.so.6)\n"
+    stacks = {"0": {"threads": parse_text_dump(text.format("0x7f0a01a3e96", "0x7f0a0145d90"))},
+              "1": {"threads": parse_text_dump(text.format("0x7f5b9ca3e96", "0x7f5b9c45d90"))}}
+    lines = merge._tree_lines(merge.stack_tree(stacks), 0)
+    assert lines == ["[0-1] thread MainThread", "  [0-1] ? (libc.so.6)", "    [0-1] main (train.py:3)",
+                     "      [0-1] ? (libc.so.6)"]
+
+
 def test_folded_lines_and_svg():
     tree = merge.stack_tree(real_stacks())
     folded = merge.to_folded(tree).splitlines()
@@ -247,6 +260,33 @@ def test_gone_or_stopped_rank_is_said_plainly_and_its_old_record_reconciled(proc
     assert "#109" not in json.dumps(vs)
 
 
+def test_a_hang_seen_only_through_heartbeats_is_said_so():
+    """Rank 1's timer stopped publishing while no collective is in flight anywhere: no sequence
+    number can speak, its silence does."""
+    records = {str(r): rec(r, 4, 4) for r in range(3)}
+    bundle = {"records": records, "silent": {"1": 75.2}, "stacks": {"1": {"state": "D", "wchan": "nfs_wait"}}}
+    (v,) = merge.verdicts(bundle)
+    assert (v["kind"], v["culprits"]) == ("heartbeat_lost", [1])
+    assert v["summary"] == ("rank 1 has published no heartbeat for 75 s and has no collective in flight: its process "
+                            "runs no Python (a C call holding the GIL, a deadlock, a wait in the kernel) or cannot "
+                            "write its record (a full or hung file system); its process is in state D (wchan "
+                            "nfs_wait)")
+    records["1"]["groups"]["0"]["pending"] = [{"seq": 5, "op": "all_reduce", "enqueued_at": 0.0}]
+    records["1"]["groups"]["0"]["enqueued"] = 5
+    assert [v["kind"] for v in merge.verdicts(bundle)] == ["never_joined"], "in a collective: its group speaks"
+
+
+def test_live_report_of_ranks_whose_heartbeat_stopped(tmp_path):
+    import time
+
+    for r in range(2):
+        quiet = rec(r, 4, 4, world=2)
+        quiet["heartbeat"] = time.time() - (300 if r == 1 else 0)
+        record.write_json(record.record_path(str(tmp_path), "j", r), quiet)
+    out = run_report(str(tmp_path))
+    assert out.returncode == 1 and "rank 1 has published no heartbeat for 300 s" in out.stdout, out.stdout
+
+
 def test_live_report_of_a_healthy_job_says_no_hang(tmp_path):
     import time
 
@@ -262,29 +302,63 @@ def test_live_report_of_a_healthy_job_says_no_hang(tmp_path):
     assert "never entered" not in out.stdout
 
 
-def timed(r: int, p50: float, samples: int = 100, host: str = "n1") -> dict:
-    out = rec(r, 50, 50)
-    out["host"] = host
-    out["groups"]["0"]["p99"] = {"all_reduce": {"seconds": p50 * 1.5, "p50": p50, "samples": samples}}
-    return out
+def lockstep(per_step: int, compute, steps: int = 60, ranks: int = 4, transfer: float = 0.002,
+             late: dict | None = None, seed: int = 0) -> dict[str, dict]:
+    """Records of a job in lockstep, as its timers publish them: each step every rank computes
+    compute(step, rank) seconds, then issues `per_step` all_reduces; only the first absorbs the
+    wait for the last rank to arrive. Rank r's record is published `late[r]` steps before the end."""
+    rng = random.Random(seed)
+    clock = timer.Timer(os.devnull, 1.0)  # its complete() is the timer's own bookkeeping of an op
+    streams = [timer._Stream(list(range(ranks))) for _ in range(ranks)]
+    records = {}
+    for step in range(steps):
+        arrive = [compute(step, r) + rng.uniform(0, 0.001) for r in range(ranks)]
+        for i in range(per_step):
+            for r, stream in enumerate(streams):
+                op = {"op": "all_reduce", "seq": next(stream.counter), "sizes": [[4]], "dtype": "float32",
+                      "enqueued_at": time.time() - (max(arrive) - arrive[r] if i == 0 else 0.0) - transfer}
+                stream.enqueued = op["seq"]
+                stream.pending[op["seq"]] = op
+                clock.complete(op, stream)
+        for r, stream in enumerate(streams):
+            if step == steps - 1 - (late or {}).get(r, 0):
+                records[str(r)] = {**rec(r, 0, 0, world=ranks), "host": "n1", "groups": {"0": stream.snapshot()}}
+    return records
 
 
-STRAGGLER_CFG = {"min_samples": 20, "straggler_ratio": 3.0, "straggler_min_wait_seconds": 0.05}
+def even(step: int, r: int) -> float:
+    return 0.1
 
 
-@pytest.mark.parametrize("p50s,samples,expected", [
-    ([0.115, 0.112, 0.017, 0.118], 100, [2]),  # the issue's numbers: rank 2 three times slower every step
-    ([0.115, 0.112, 0.017, 0.118], 5, []),  # too few samples
-    ([0.101, 0.097, 0.104, 0.099], 100, []),  # an even job
-    ([0.021, 0.019, 0.002, 0.020], 100, []),  # a 20 ms wait is noise next to a step
-    ([0.3, 0.01], 100, [1]),
+def rank_2_three_times_slower(step: int, r: int) -> float:
+    return 0.3 if r == 2 else 0.1
+
+
+STRAGGLER_CFG = {**rules.DEFAULTS, "straggler_ratio": 3.0, "straggler_min_wait_seconds": 0.05}
+
+
+@pytest.mark.parametrize("per_step,compute,steps,late,expected", [
+    (1, rank_2_three_times_slower, 60, None, [2]),
+    (4, rank_2_three_times_slower, 60, None, [2]),  # the first of 4 collectives absorbs the wait
+    (8, rank_2_three_times_slower, 60, None, [2]),
+    (8, rank_2_three_times_slower, 60, {1: 6, 3: 2}, [2]),  # records published steps apart
+    (4, rank_2_three_times_slower, 4, None, []),  # 16 ops: too few to judge
+    (8, even, 60, None, []),
+    (4, lambda step, r: 0.12 if r == 2 else 0.1, 60, None, []),  # a 20 ms wait per step is noise
+    (8, lambda step, r: 10.0 if (step, r) == (30, 0) else 0.1, 60, None, []),  # one checkpoint on rank 0
+    (8, lambda step, r: 0.4 if step % 4 == r else 0.1, 60, None, []),  # slow in turns: nobody's pace
+    (4, lambda step, r: 0.3 if r == 0 else 0.1, 60, None, [0]),
 ])
-def test_stragglers(p50s, samples, expected):
-    records = {str(r): timed(r, v, samples) for r, v in enumerate(p50s)}
-    found = merge.stragglers(records, STRAGGLER_CFG)
-    assert [s["rank"] for s in found] == expected
+def test_stragglers_are_judged_per_stretch_of_steps(per_step, compute, steps, late, expected):
+    found = rules.stragglers(lockstep(per_step, compute, steps, late=late), STRAGGLER_CFG)
+    assert [s["rank"] for s in found] == expected, [s["summary"] for s in found]
     if expected:
         assert f"rank {expected[0]} on n1 is a straggler" in found[0]["summary"]
+
+
+def test_a_straggler_of_two_ranks():
+    found = rules.stragglers(lockstep(4, lambda step, r: 0.3 if r == 1 else 0.1, ranks=2), STRAGGLER_CFG)
+    assert [s["rank"] for s in found] == [1]
 
 
 def test_native_frames_and_child_processes_in_every_output():

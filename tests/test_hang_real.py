@@ -38,13 +38,14 @@ def require_torch() -> None:
         pytest.skip("torch is not installed")
 
 
-def start_job(records: str, control: str) -> list[subprocess.Popen]:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
-           "TORCH_FR_BUFFER_SIZE": "200", "NODEHEALTH_HANG_JOB": "gloo-test"}
-    return [subprocess.Popen([sys.executable, WORKER, records, control],
+def start_ranks(worker: str, world: int, job: str, records: str, control: str, **env: str) -> list[subprocess.Popen]:
+    """One process per rank of a gloo job on this node."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world),
+           "NODEHEALTH_HANG_JOB": job, **env}
+    return [subprocess.Popen([sys.executable, worker, records, control],
                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for r in range(WORLD)]
+            for r in range(world)]
 
 
 def wait_until(what, timeout: float, procs: list[subprocess.Popen]):
@@ -71,7 +72,7 @@ def test_real_gloo_job_healthy_then_culprit_then_communication_hang(tmp_path):
     require_tool("py-spy")
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
     os.makedirs(control)
-    procs = start_job(records, control)
+    procs = start_ranks(WORKER, WORLD, "gloo-test", records, control, TORCH_FR_BUFFER_SIZE="200")
     try:
         detector = Detector(records, bundles, CFG, node="test-node")
 
@@ -250,6 +251,41 @@ def test_real_ddp_job_with_a_builtin_cpp_hook_is_seen_through_the_flight_recorde
         stop_ranks(procs)
 
 
+STRAGGLER_WORKER = os.path.join(HERE, "fixtures", "hang", "straggler_worker.py")
+
+
+def test_real_gloo_straggler_is_named_with_1_4_and_8_collectives_a_step(tmp_path):
+    """Rank 2 computes three times as long every step; only the first collective of a step absorbs
+    the others' wait for it. It is named in each of the three phases' groups, live and in the report."""
+    require_torch()
+    records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
+    os.makedirs(control)
+    procs = start_ranks(STRAGGLER_WORKER, 3, "uneven", records, control)
+    try:
+        def phases_done() -> list[str] | None:
+            names = [n for n in os.listdir(records) if n.endswith(record.SUFFIX)] if os.path.isdir(records) else []
+            recs = [record.read_record(os.path.join(records, n)) for n in names]
+            done = [sorted(g for g, x in r["groups"].items() if x["completed"] == 48) for r in recs]
+            return done[0] if len(recs) == 3 and len(done[0]) == 3 and done.count(done[0]) == 3 else None
+        groups = wait_until(phases_done, 90, procs)
+        detector = Detector(records, bundles, CFG, node="test-node")
+        findings = wait_until(lambda: detector.poll() == [] and detector.findings(), 10, procs)
+        assert [(f.reason, f.evidence["rank"]) for f in findings] == [("TrainingStraggler", 2)], findings
+        assert findings[0].evidence["groups"] == groups, "named in the groups of 1, 4 and 8 collectives a step"
+        out = subprocess.run([sys.executable, "-m", "nodehealth.hang.cli", "hang", "report", records],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and "no hang" in out.stdout, out.stdout + out.stderr
+        assert "rank 2" in out.stdout and "is a straggler" in out.stdout
+        open(os.path.join(control, "finish"), "w").close()
+        for p in procs:
+            assert p.wait(30) == 0, p.stderr.read()[-2000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
 def run_report(path: str) -> str:
     out = subprocess.run([sys.executable, "-m", "nodehealth.hang.cli", "hang", "report", path],
                          capture_output=True, text=True, timeout=30)
@@ -276,11 +312,7 @@ def test_real_gloo_job_whose_ranks_exit_with_code_3_and_by_sigkill_says_how(tmp_
         pytest.skip("needs root (CAP_NET_ADMIN) for the kernel's process events")
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
     os.makedirs(control)
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "4",
-           "NODEHEALTH_HANG_JOB": "dying"}
-    procs = [subprocess.Popen([sys.executable, EXIT_WORKER, records, control],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    procs = start_ranks(EXIT_WORKER, 4, "dying", records, control)
     detector = Detector(records, bundles, CFG, node="test-node")
     assert detector.watch_exits(), detector.exits.error
     try:

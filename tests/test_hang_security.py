@@ -14,7 +14,7 @@ import time
 
 import pytest
 from conftest import require_tool
-from test_hang_detector import FAST, SLEEPER, fake_py_spy, make_record, publish, start_ticks
+from test_hang_detector import NO_SPY, SLEEPER, fake_py_spy, make_record, publish, start_ticks
 
 from nodehealth.hang import record
 from nodehealth.hang.detector import Detector
@@ -76,7 +76,6 @@ def counter(detector: Detector, name: str) -> dict:
     return {labels[0]: value for labels, value in {m.name: m for m in detector.metrics()}[name].samples}
 
 
-NO_SPY = {**FAST, "py_spy": "/nonexistent/py-spy"}
 
 
 def test_a_record_names_only_processes_of_its_owner(shared_dir, procs, tmp_path):

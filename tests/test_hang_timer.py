@@ -52,6 +52,21 @@ def test_collectives_are_counted_and_timed(world_of_one):
     assert read(t)["step"] == 1 and read(t)["regions"] == []
 
 
+def test_blocks_of_op_durations_are_the_same_ops_on_every_rank(world_of_one):
+    """Durations by sequence number, summed over aligned blocks of 8 ops (seq 1-8, 9-16, ...), only
+    blocks whose ops all completed, and only while their slots were not written over."""
+    t, torch, dist = world_of_one
+    for _ in range(20):
+        dist.all_reduce(torch.ones(2))
+    blocks = read(t)["groups"]["0"]["blocks"]
+    assert (blocks["ops"], blocks["first"], len(blocks["seconds"])) == (8, 0, 2), "ops 17-20 make no block yet"
+    assert all(0 <= longest <= total for total, longest in zip(blocks["seconds"], blocks["longest"]))
+    for _ in range(timer.BY_SEQ_KEPT):
+        dist.all_reduce(torch.ones(2))
+    blocks = read(t)["groups"]["0"]["blocks"]  # 532 ops: the slots of ops 1-20 were written over
+    assert (blocks["first"], blocks["first"] + len(blocks["seconds"])) == (3, 532 // 8)
+
+
 def test_failed_call_is_not_left_pending(world_of_one):
     t, torch, dist = world_of_one
     with pytest.raises(RuntimeError, match="invalid root rank"):

@@ -30,7 +30,8 @@ def add_subcommands(subparsers: Any) -> None:
     w.add_argument("--py-spy", metavar="PATH", help="py-spy binary (default: py-spy on PATH)")
     w.add_argument("--no-native", action="store_true", help="skip the slower native-frames pass")
     w.add_argument("--once", action="store_true", help="scan once and exit (1 if a hang was found)")
-    w.add_argument("--exit-on-hang", action="store_true", help="exit 1 after the first bundle")
+    w.add_argument("--exit-on-hang", action="store_true",
+                   help="exit 1 after the first hang (its bundle written, or refused)")
     w.set_defaults(func=cmd_watch)
 
     r = sub.add_parser("report", help="desync verdict and merged stacks from bundles or a record directory")
@@ -56,14 +57,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     detector = Detector(args.directory, args.out or os.path.join(args.directory, "bundles"), cfg)
     if args.once:
-        return EXIT_HANG if _print_bundles(detector.poll()) else EXIT_OK
+        _scan(detector)
+        return EXIT_HANG if any(state.hung for state in detector.jobs.values()) else EXIT_OK
     stop = detector.stop  # set by a signal: a dump in flight is interrupted, its target resumed
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     detector.watch_exits()
     try:
         while not stop.is_set():
-            if _print_bundles(detector.poll()) and args.exit_on_hang:
+            if _scan(detector) and args.exit_on_hang:
                 return EXIT_HANG
             stop.wait(detector.cfg["scan_interval_seconds"])
     finally:
@@ -71,10 +73,14 @@ def cmd_watch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_bundles(paths: list[str]) -> bool:
+def _scan(detector: Any) -> bool:
+    """Scan once; print the bundles written and the hangs whose bundle could not be. Whether either."""
+    paths = detector.poll()
     for path in paths:
         print(f"hang bundle: {path}", flush=True)
-    return bool(paths)
+    for job, why in sorted(detector.unwritten.items()):
+        print(f"hang in job {job}: no bundle written: {why}", file=sys.stderr, flush=True)
+    return bool(paths or detector.unwritten)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -103,11 +109,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         job["stacks"].update(extra)
         if job.get("live") and not merge.live_hang(job, time.time()):
             verdicts = []
-            from nodehealth.hang.detector import DEFAULTS
+            from nodehealth.hang.rules import DEFAULTS, stragglers
 
             job["note"] = ("no hang: every pending op is younger than its limit and every heartbeat is fresh "
                            "(records written moments apart are not compared)")
-            job["note"] += "".join(f"\n  {s['summary']}" for s in merge.stragglers(job["records"], DEFAULTS))
+            job["note"] += "".join(f"\n  {s['summary']}" for s in stragglers(job["records"], DEFAULTS))
         else:
             verdicts = merge.verdicts(job)
         found = found or bool(verdicts)

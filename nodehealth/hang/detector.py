@@ -1,8 +1,5 @@
 """Daemon side: read the ranks' state records, decide what is a hang, collect the evidence.
 
-Long on purpose: the hang rules and the bundle's collection share one scan's state (being split in
-the hang branch).
-
 A rank is hung when its oldest pending op is older than max(floor, factor x that op's p99 in
 its group) or when its watchdog heartbeat has stopped. On the first poll that sees a job hung
 (or hung at a new place), the detector writes one bundle for this node: every record of the job,
@@ -19,43 +16,25 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import errno
-import json
 import logging
 import os
-import secrets
-import stat
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodehealth.hang import merge, record
-from nodehealth.hang.defaults import DEFAULTS
+from nodehealth.hang import flight_recorder, merge, record
+from nodehealth.hang.bundles import BundleDir, BundleError
 from nodehealth.hang.exits import ExitWatcher
+from nodehealth.hang.oncelog import CAUSES, OncePerCause
+from nodehealth.hang.rules import DEFAULTS, Rank, judge, stragglers
 from nodehealth.hang.stacks import StackCollector
-from nodehealth.host import HostPaths, list_dir, read_text, write_atomic
+from nodehealth.host import HostPaths, list_dir, read_text
 from nodehealth.model import Action, Finding, Metric, Severity
 
 log = logging.getLogger(__name__)
 
-FR_DUMP_LIMIT = 64 << 20
-
-
-@dataclass
-class Rank:
-    """One record as the detector sees it now."""
-
-    path: str
-    rec: dict[str, Any]
-    host_pid: int | None  # None: the process is gone
-    hung: str | None = None  # why, in words
-    stuck_at: tuple = ()  # (group, seq) pairs or ("heartbeat",): the place of the hang
-    pending_age: float = 0.0
-    heartbeat_age: float = 0.0
-    process: str = "running"  # running, stopped (T), gone, finished, refused
-    exit_status: str | None = None  # how a gone process ended ("exit code 3"), when the kernel told us
 
 
 @dataclass
@@ -74,7 +53,8 @@ class Detector:
                  node: str = "", host: HostPaths | None = None, clock: Any = time.time):
         self.cfg = {**DEFAULTS, **(cfg or {})}
         self.directory = directory
-        self.bundle_dir = bundle_dir
+        self.bundles = BundleDir(bundle_dir, self.cfg["max_bundle_bytes"], self.cfg["max_bundle_dir_bytes"],
+                                 self.cfg["max_bundles"])
         self.node = node or os.uname().nodename
         self.host = host or HostPaths()
         self.clock = clock
@@ -101,6 +81,8 @@ class Detector:
         self.owner_dumped: dict[int, float] = {}
         self.pid_dumped: dict[int, float] = {}
         self.straggler_streak: dict[tuple[str, int], int] = {}
+        self.unwritten: dict[str, str] = {}  # job -> why its bundle could not be written, in the last scan
+        self.warnings = OncePerCause(log, clock)
 
     # -- one scan ----------------------------------------------------------------------------
     def poll(self) -> list[str]:
@@ -115,7 +97,7 @@ class Detector:
             self.jobs, self.record_errors = jobs, errors
             self._stragglers(jobs)
             self.durations = {k: v for k, v in self.durations.items() if k[0] in jobs and jobs[k[0]].hung}
-        written = []
+        written, self.unwritten = [], {}
         due = []
         for job, state in jobs.items():
             if not state.hung:
@@ -144,7 +126,7 @@ class Detector:
         for job, state in jobs.items():
             if state.hung or not all(r.host_pid for r in state.ranks.values()):
                 continue
-            found = merge.stragglers({str(r): rank.rec for r, rank in state.ranks.items()}, self.cfg)
+            found = stragglers({str(r): rank.rec for r, rank in state.ranks.items()}, self.cfg)
             for s in found:
                 streak[(job, s["rank"])] = self.straggler_streak.get((job, s["rank"]), 0) + 1
             state.stragglers = [s for s in found if streak[(job, s["rank"])] >= self.cfg["straggler_scans"]]
@@ -164,6 +146,10 @@ class Detector:
             self.refused[reason] = self.refused.get(reason, 0) + 1
         return False
 
+    def _warn(self, cause: str, message: str, level: int = logging.WARNING) -> None:
+        with self.lock:  # the counts are read by metrics() from another thread
+            self.warnings.warn(cause, message, level)
+
     def _count(self, counter: dict[str, int], reason: str, n: int = 1) -> None:
         with self.lock:
             counter[reason] = counter.get(reason, 0) + n
@@ -180,8 +166,10 @@ class Detector:
                 rec, owner = record.read_owned(path)
             except record.RecordError as e:
                 errors.append(str(e))
-                if "over the cap" in str(e):
+                cause = "over_cap" if "over the cap" in str(e) else "bad_record"
+                if cause == "over_cap":
                     self._count(self.skipped, "over_cap")
+                self._warn(cause, str(e))
                 continue
             if now - rec["heartbeat"] > stale:
                 continue  # left behind by a job long gone: not worth a look in /proc
@@ -200,6 +188,7 @@ class Detector:
                 if why:
                     errors.append(f"{path}: {why}; refused")
                     self._count(self.skipped, "foreign_process")
+                    self._warn("foreign_process", errors[-1])
                     rank.host_pid, rank.process = None, "refused"
                     continue
                 self.last_pids[key] = rank.host_pid
@@ -223,8 +212,6 @@ class Detector:
             job = name if names[name] == 1 else f"{name}@uid{owner}"
             state.hung = any(r.hung for r in state.ranks.values() if r.host_pid)
             jobs[job] = state
-        for e in errors[:20]:
-            log.warning("hang: %s", e)
         self.host_pids = {k: v for k, v in self.host_pids.items() if k in seen}
         self.last_pids = {k: v for k, v in self.last_pids.items() if k in seen}
         self.exits.watch(set(self.last_pids.values()))
@@ -301,6 +288,7 @@ class Detector:
             "pids": {str(r): rank.host_pid for r, rank in sorted(ranks.items())},
             "processes": {str(r): rank.process for r, rank in sorted(ranks.items())},
             "exit_statuses": {str(r): rank.exit_status for r, rank in sorted(ranks.items()) if rank.exit_status},
+            "silent": {str(r): round(rank.heartbeat_age, 1) for r, rank in sorted(ranks.items()) if rank.silent},
             "errors": [e for e in self.record_errors if os.path.basename(e.split(":", 1)[0]).startswith(prefix)],
             "durations": {}}
         live: dict[int, int] = {}
@@ -317,7 +305,8 @@ class Detector:
             else:
                 live[r] = rank.host_pid
         if not live:
-            log.warning("hang in job %s: no process of it may be dumped now; no bundle", job)
+            self.unwritten[job] = "no process of it may be dumped now"
+            self._warn("no_dumpable_process", f"hang in job {job}: {self.unwritten[job]}; no bundle")
             return None
         for pid in live.values():
             self.pid_dumped[pid] = now
@@ -325,7 +314,7 @@ class Detector:
                            if now - t < self.cfg["process_dump_interval_seconds"]}
         self.bundle_times.append(now)
         self.job_dumped[job] = self.owner_dumped[state.owner] = now
-        fr_asked = self._ask_flight_recorder({r: ranks[r] for r in live}, bundle["errors"])
+        fr_asked = flight_recorder.ask({r: ranks[r] for r in live}, self.directory, bundle["errors"])
         stacks = self.collector.collect(sorted(live.values()))
         bundle["stacks"] = {str(r): stacks[pid] for r, pid in sorted(live.items())}
         self._children(bundle["stacks"], live, state.owner)
@@ -333,8 +322,11 @@ class Detector:
         bundle["durations"]["python_stacks"] = round(time.monotonic() - started, 4)
         state.verdicts = merge.verdicts(bundle)
         bundle["verdicts"] = state.verdicts
-        path = self._write(job, now, bundle)
-        if not path:
+        try:
+            path = self._write(job, now, bundle)
+        except BundleError as e:
+            self.unwritten[job] = str(e)
+            self._warn("bundle_dir", str(e), logging.ERROR)
             return None
         state.bundle = path
         with self.lock:
@@ -364,7 +356,8 @@ class Detector:
         """Flight Recorder dumps and native stacks, then the bundle again with them."""
         started = time.monotonic()
         if fr_asked:
-            bundle["flight_recorder"] = self._read_flight_recorder(fr_asked)
+            bundle["flight_recorder"] = flight_recorder.read(fr_asked, self.cfg["flight_recorder_timeout_seconds"],
+                                                             self.stop)
             bundle["errors"] += [f"rank {r} (Flight Recorder): {e['error']}"
                                  for r, e in bundle["flight_recorder"].items() if e.get("error")]
             bundle["durations"]["flight_recorder"] = round(time.monotonic() - started, 4)
@@ -379,140 +372,16 @@ class Detector:
             with self.lock:
                 self.durations[(bundle["job"], "native")] = bundle["durations"]["native_stacks"]
         if fr_asked or "native_stacks" in bundle:
-            self._write(bundle["job"], bundle["detected_at"], bundle, os.path.basename(path))
-
-    def _ask_flight_recorder(self, ranks: dict[int, Rank], errors: list[str]) -> dict[int, dict[str, Any]]:
-        """Ask every live rank that runs Flight Recorder for a dump: through the timer's request
-        file (any backend) and, when the rank made it in our directory, PyTorch's NCCL debug-info
-        pipe. Every path is ours, built from the record's own file name: records are written by
-        the training pods, and we act on these files as root."""
-        asked = {}
-        for r, rank in ranks.items():
-            fr = rank.rec.get("flight_recorder")
-            if not rank.host_pid or not isinstance(fr, dict):
-                continue
-            if rank.process == "stopped":  # it can never answer: do not wait for it
-                errors.append(f"rank {r} (Flight Recorder): no dump asked: its process is stopped (SIGSTOP)")
-                continue
-            request, dump = record.flight_recorder_paths(rank.path)
-            info: dict[str, Any] = {"dump": dump, "nccl_pipe": None}
-            with contextlib.suppress(OSError):
-                os.unlink(dump)  # removes a planted link itself, never what it points at
             try:
-                write_atomic(request, b"1\n")  # a rename: replaces a planted link, never writes through it
-            except OSError as e:
-                info["error"] = f"cannot write the Flight Recorder request file: {e.strerror or e}"
-            info["nccl_pipe"] = self._poke_pipe(fr.get("nccl_pipe"))
-            asked[r] = info
-        return asked
+                self._write(bundle["job"], bundle["detected_at"], bundle, os.path.basename(path))
+            except BundleError as e:
+                self._warn("bundle_dir", str(e), logging.ERROR)
 
-    def _read_flight_recorder(self, asked: dict[int, dict[str, Any]]) -> dict[str, Any]:
-        import json
-
-        limit = self.cfg["flight_recorder_timeout_seconds"]
-        deadline = time.monotonic() + limit
-        out: dict[str, Any] = {}
-        for r, info in sorted(asked.items()):
-            entry: dict[str, Any] = {"nccl_pipe": info["nccl_pipe"]}
-            while not os.path.lexists(info["dump"]) and time.monotonic() < deadline and not self.stop.is_set():
-                time.sleep(0.05)
-            try:
-                entry["dump"] = json.loads(record.read_regular(info["dump"], FR_DUMP_LIMIT))
-            except FileNotFoundError:
-                entry["error"] = f"no Flight Recorder dump from rank {r} within {limit:g} s (is its process stopped?)"
-            except OSError as e:
-                entry["error"] = f"cannot read the Flight Recorder dump of rank {r}: {e.strerror or e}"
-            except ValueError as e:
-                entry["error"] = f"rank {r} wrote a Flight Recorder dump that is not JSON: {e}"
-            out[str(r)] = entry
-        return out
-
-    def _poke_pipe(self, name: Any) -> str | None:
-        """Write to PyTorch's NCCL debug-info FIFO, which makes the rank dump Flight Recorder. Only a
-        FIFO named in the record that lies in our directory, opened without following links."""
-        if not isinstance(name, str) or not name or name != record.safe_name(name) or name.startswith("."):
-            return None
-        pipe = os.path.join(self.directory, name)
-        try:
-            fd = record.open_plain(pipe, os.O_WRONLY | os.O_NONBLOCK, stat.S_ISFIFO)
-            try:
-                os.write(fd, b"1\n")
-            finally:
-                os.close(fd)
-            return f"wrote to {pipe}; the dump goes to the rank's TORCH_FR_DUMP_TEMP_FILE prefix"
-        except OSError as e:  # ENXIO: nobody reads it (not an NCCL process group, or FR off)
-            return f"cannot trigger through {pipe}: {e.strerror or e}"
-
-    def _write(self, job: str, now: float, bundle: dict[str, Any], name: str | None = None) -> str | None:
-        """Write a bundle (size-capped) into our bundle directory and rotate the oldest out; the
-        bundle's path, or None after logging why not."""
+    def _write(self, job: str, now: float, bundle: dict[str, Any], name: str | None = None) -> str:
+        """Write a bundle into our bundle directory; its path, or BundleError saying why not."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-        name = name or f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json"
-        data = _capped(bundle, self.cfg["max_bundle_bytes"])
-        try:
-            dir_fd = self._bundle_dir_fd()
-        except OSError as e:
-            log.error("cannot write hang bundle into %s: %s", self.bundle_dir, e.strerror or e)
-            return None
-        try:
-            tmp = f".tmp-{secrets.token_hex(6)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
-                         dir_fd=dir_fd)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=dir_fd)
-                raise
-            self._rotate(dir_fd, name)
-            return os.path.join(self.bundle_dir, name)
-        except OSError as e:
-            log.error("cannot write hang bundle %s: %s", name, e.strerror or e)
-            return None
-        finally:
-            os.close(dir_fd)
-
-    def _bundle_dir_fd(self) -> int:
-        """The bundle directory, made if missing, opened without following a link and refused unless
-        it is ours and nobody else may write in it: users can write the records directory above it."""
-        parent = os.path.dirname(os.path.abspath(self.bundle_dir))
-        os.makedirs(parent, exist_ok=True)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(self.bundle_dir, 0o750)
-        try:
-            fd = os.open(self.bundle_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise OSError(e.errno, "a link or not a directory; refused", self.bundle_dir) from None
-            raise
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            os.close(fd)
-            raise OSError(errno.EPERM, f"owned by uid {st.st_uid} or writable by others; refused", self.bundle_dir)
-        return fd
-
-    def _rotate(self, dir_fd: int, keep: str) -> None:
-        """Remove the oldest bundles while there are too many or they take too much room."""
-        bundles = []
-        for name in os.listdir(dir_fd):
-            if name.startswith("hang-") and name.endswith(".json"):
-                with contextlib.suppress(OSError):
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    bundles.append((st.st_mtime, name, st.st_size))
-        bundles.sort()
-        total = sum(b[2] for b in bundles)
-        count = len(bundles)
-        for _, name, size in bundles:
-            if total <= self.cfg["max_bundle_dir_bytes"] and count <= self.cfg["max_bundles"]:
-                break
-            if name == keep:
-                continue
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=dir_fd)
-                total, count = total - size, count - 1
-                log.info("hang: removed old bundle %s (the bundle directory is full)", name)
+        return self.bundles.write(name or f"hang-{record.safe_name(job)}-{record.safe_name(self.node)}-{stamp}.json",
+                                  bundle)
 
     def _host_pid(self, key: tuple) -> int | None:
         """The pid of a record's process as we see it, matched by start time; None if gone.
@@ -585,6 +454,11 @@ class Detector:
         refused = Metric("nodehealth_hang_dumps_refused_total",
                          "Stack dumps refused by a rate limit (node, job or process).", kind="counter",
                          labels=("limit",))
+        not_logged = Metric("nodehealth_hang_warnings_not_logged_total",
+                            "Warnings not written to the log because one of the same cause was, within the hour: "
+                            "bad or oversized records, records naming another user's process, a refused bundle "
+                            "directory, a hang with no process that may be dumped.",
+                            kind="counter", labels=("cause",))
         straggler = Metric("nodehealth_hang_straggler",
                            "1 for a rank the others keep waiting for in their collectives (a straggler).",
                            labels=("training_job", "rank", "host"))
@@ -611,7 +485,9 @@ class Detector:
                 skipped.add((reason,), self.skipped.get(reason, 0))
             for limit in ("node_rate", "job_rate", "process_rate"):
                 refused.add((limit,), self.refused.get(limit, 0))
-        return [detected, progress, heartbeat, duration, straggler, bundles, errors, skipped, refused]
+            for cause in CAUSES:
+                not_logged.add((cause,), self.warnings.not_logged[cause])
+        return [detected, progress, heartbeat, duration, straggler, bundles, errors, skipped, refused, not_logged]
 
     def findings(self) -> list[Finding]:
         """One finding per hung job, with the verdict in words and where the bundle is."""
@@ -631,39 +507,6 @@ class Detector:
                                device=f"job {job}", action=Action.NONE,
                                evidence={"bundle": state.bundle, "verdicts": state.verdicts}))
         return out
-
-
-def judge(rank: Rank, now: float, cfg: dict[str, Any]) -> None:
-    """Set rank.hung (why, or None), the place it is stuck at and its ages: a pure function of
-    the record, the time and the thresholds."""
-    rec = rank.rec
-    rank.heartbeat_age = max(0.0, now - rec["heartbeat"])
-    reasons, place, oldest = [], [], 0.0
-    for name, group in sorted(rec["groups"].items()):
-        pending = [op for op in group.get("pending", []) if isinstance(op.get("enqueued_at"), (int, float))]
-        if not pending:
-            continue
-        op = min(pending, key=lambda o: o["seq"])
-        age = max(0.0, now - op["enqueued_at"])
-        oldest = max(oldest, age)
-        limit = limit_for(group, op["op"], cfg)
-        if age > limit:
-            reasons.append(f"{op['op']} #{op['seq']} in group {name} pending for {age:.1f} s (limit {limit:.1f} s)")
-            place.append((name, op["seq"]))
-    rank.pending_age = oldest
-    if rank.heartbeat_age > cfg["heartbeat_timeout_seconds"] and not rec.get("exited"):
-        reasons.append(f"no heartbeat for {rank.heartbeat_age:.1f} s (limit {cfg['heartbeat_timeout_seconds']:.1f} s)")
-        place.append(("heartbeat", 0))
-    rank.hung = "; ".join(reasons) or None
-    rank.stuck_at = tuple(place)
-
-
-def limit_for(group: dict[str, Any], op: str, cfg: dict[str, Any]) -> float:
-    stats = group.get("p99", {}).get(op)
-    if isinstance(stats, dict) and isinstance(stats.get("seconds"), (int, float)) \
-            and isinstance(stats.get("samples"), int) and stats["samples"] >= cfg["min_samples"]:
-        return max(cfg["floor_seconds"], cfg["p99_factor"] * stats["seconds"])
-    return cfg["floor_seconds"]
 
 
 def _process_key(rec: dict[str, Any]) -> tuple[str | None, int, int | None]:
@@ -692,24 +535,6 @@ def _fair(items: Any, owner: Any) -> list[Any]:
     for i in range(max((len(q) for q in queues.values()), default=0)):
         out += [q[i] for q in queues.values() if i < len(q)]
     return out
-
-
-def _capped(bundle: dict[str, Any], limit: int) -> bytes:
-    """The bundle as JSON within `limit` bytes: the bulkiest evidence goes first, and the bundle says so."""
-    data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
-    for key in ("native_stacks", "flight_recorder", "stacks", "records"):
-        if len(data) <= limit:
-            break
-        if bundle.get(key):
-            bundle = {**bundle, key: {}, "errors": bundle.get("errors", []) + [
-                f"{key} left out: the bundle was over its cap of {limit} bytes"]}
-            data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
-    if len(data) > limit:  # still too big: the verdict and the reasons only
-        small = {k: bundle[k] for k in ("version", "kind", "node", "job", "detected_at", "owner", "reasons",
-                                        "processes", "exit_statuses", "verdicts") if k in bundle}
-        small["errors"] = [f"the bundle was over its cap of {limit} bytes: only the verdict is kept"]
-        data = json.dumps(small, separators=(",", ":"), sort_keys=True).encode()
-    return data
 
 
 def _children(host: HostPaths, pid: int) -> list[int]:

@@ -18,6 +18,7 @@ import zlib
 from typing import Any
 
 from nodehealth.hang import record
+from nodehealth.hang.stacks import ADDRESS
 
 NETWORK_HINT = ("suspect the links between these ranks: run `nodehealth check --only infiniband,link_events` "
                 "on their nodes")
@@ -90,11 +91,11 @@ def combine(bundles: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     for b in sorted(bundles, key=lambda b: b.get("detected_at") or 0):
         job = jobs.setdefault(str(b.get("job")), {"job": b.get("job"), "nodes": [], "records": {}, "stacks": {},
                                                   "native_stacks": {}, "flight_recorder": {}, "processes": {},
-                                                  "exit_statuses": {}, "errors": [],
+                                                  "exit_statuses": {}, "silent": {}, "errors": [],
                                                   "live": True})
         job["live"] = job["live"] and bool(b.get("live"))
         job["nodes"].append(b.get("node"))
-        for key in ("records", "stacks", "native_stacks", "flight_recorder", "processes", "exit_statuses"):
+        for key in ("records", "stacks", "native_stacks", "flight_recorder", "processes", "exit_statuses", "silent"):
             job[key].update(b.get(key) or {})
         job["errors"] += b.get("errors") or []
         job["detected_at"] = b.get("detected_at")
@@ -112,6 +113,7 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
     names = sorted({g for rec in records.values() for g in rec["groups"]} | {g for st in fr.values() for g in st})
     statuses = bundle.get("exit_statuses") or {}
     out = [_process_verdict(r, processes[r], records[r], statuses.get(str(r))) for r in sorted(stale)]
+    out += _silent(bundle, records, stale)
     for name in names:
         if name.endswith("/p2p"):
             out += _p2p(name, records)
@@ -123,8 +125,8 @@ def verdicts(bundle: dict[str, Any]) -> list[dict[str, Any]]:
         # the Flight Recorder's groups ("fr/NAME", read every few seconds) are the door for ops issued
         # from C++; when our own exact counts give a verdict, they would only repeat it, staler
         out = [v for v in out if not v["group"].startswith("fr/")]
-    order = {"rank_gone": 0, "rank_stopped": 0, "never_joined": 1, "diverged": 2, "communication_hang": 3,
-             "not_finished": 4, "incomplete": 5, "p2p_pending": 6}
+    order = {"rank_gone": 0, "rank_stopped": 0, "never_joined": 1, "heartbeat_lost": 2, "diverged": 3,
+             "communication_hang": 4, "not_finished": 5, "incomplete": 6, "p2p_pending": 7}
     return sorted(out, key=lambda v: (order.get(v["kind"], 9), v["group"]))
 
 
@@ -147,6 +149,24 @@ def _process_verdict(r: int, process: str, rec: dict[str, Any], status: Any = No
     else:
         summary = f"rank {r}'s process is gone: killed or crashed without exiting normally (exit code not known)"
     return {"kind": f"rank_{process}", "group": "", "culprits": [r], "summary": summary}
+
+
+def _silent(bundle: dict[str, Any], records: dict[int, dict[str, Any]], stale: set[int]) -> list[dict[str, Any]]:
+    """Ranks whose heartbeat stopped with no collective in flight: no sequence number can speak, so
+    their silence does. `silent` (rank -> seconds without a heartbeat) is what the detector saw."""
+    out = []
+    for r, age in sorted((int(r), a) for r, a in (bundle.get("silent") or {}).items() if str(r).isdigit()):
+        rec = records.get(r)
+        if rec is None or r in stale or any(g.get("pending") for g in rec["groups"].values()):
+            continue
+        stack = (bundle.get("stacks") or {}).get(str(r)) or {}
+        state = f"; its process is in state {stack['state']}" if stack.get("state") else ""
+        state += f" (wchan {stack['wchan']})" if state and stack.get("wchan") else ""
+        out.append({"kind": "heartbeat_lost", "group": "", "culprits": [r],
+                    "summary": f"rank {r} has published no heartbeat for {float(age):.0f} s and has no collective "
+                               "in flight: its process runs no Python (a C call holding the GIL, a deadlock, a wait "
+                               f"in the kernel) or cannot write its record (a full or hung file system){state}"})
+    return out
 
 
 def _group_verdict(name: str, records: dict[int, dict[str, Any]], fr: dict[int, dict[str, Any]],
@@ -255,41 +275,12 @@ def _flight_recorder_status(fr: dict[str, Any]) -> dict[int, dict[str, tuple[int
     return out
 
 
-def stragglers(records: dict[str, dict[str, Any]], cfg: dict[str, Any]) -> list[dict[str, Any]]:
-    """Ranks the others keep waiting for. A rank that is slow every step arrives last at each
-    collective and waits least in it, while its peers wait for it: its median duration of an op is
-    far below the median of the others' medians. An even job has no such rank."""
-    out = []
-    groups = sorted({g for rec in records.values() for g in rec.get("groups", {}) if not g.endswith("/p2p")})
-    for name in groups:
-        by_op: dict[str, dict[int, float]] = {}
-        for r, rec in records.items():
-            for op, stats in ((rec["groups"].get(name) or {}).get("p99") or {}).items():
-                stats = stats if isinstance(stats, dict) else {}
-                p50, samples = stats.get("p50"), stats.get("samples")
-                if isinstance(p50, (int, float)) and isinstance(samples, int) and samples >= cfg["min_samples"]:
-                    by_op.setdefault(op, {})[int(r)] = float(p50)
-        for op, medians in sorted(by_op.items()):
-            if len(medians) < 2:
-                continue
-            for r, own in sorted(medians.items()):
-                others = sorted(v for q, v in medians.items() if q != r)
-                typical = others[len(others) // 2]
-                if typical >= cfg["straggler_ratio"] * own and typical - own >= cfg["straggler_min_wait_seconds"]:
-                    host = records[str(r)].get("host")
-                    out.append({"rank": r, "host": host, "group": name, "op": op, "own_p50": round(own, 4),
-                                "others_p50": round(typical, 4),
-                                "summary": f"rank {r}{f' on {host}' if host else ''} is a straggler: the others "
-                                           f"wait {typical:.3f} s (median) in {op} of group {name}, it waits "
-                                           f"{own:.3f} s: it arrives last"})
-    return out
-
-
 def live_hang(job: dict[str, Any], now: float) -> bool:
     """Whether live records (written at different moments) show a hang by the detector's own
     thresholds. Between two publishes a healthy rank may be one op ahead of another: only an op
-    pending past its limit, or a silent heartbeat, makes the sequence numbers worth comparing."""
-    from nodehealth.hang.detector import DEFAULTS, Rank, judge
+    pending past its limit, or a silent heartbeat, makes the sequence numbers worth comparing.
+    Ranks whose heartbeat stopped go into job["silent"], as the detector puts them in a bundle."""
+    from nodehealth.hang.rules import DEFAULTS, Rank, judge  # loads the config: only a live report needs it
 
     hung = False
     for r, rec in job.get("records", {}).items():
@@ -298,6 +289,8 @@ def live_hang(job: dict[str, Any], now: float) -> bool:
         rank = Rank(str(r), rec, rec.get("pid"))
         judge(rank, now, DEFAULTS)
         hung = hung or bool(rank.hung)
+        if rank.silent:
+            job.setdefault("silent", {})[str(r)] = round(rank.heartbeat_age, 1)
     return hung
 
 
@@ -377,8 +370,12 @@ def _child(node: Node, frame: str, rank: int) -> Node:
 
 
 def _label(frame: dict[str, Any]) -> str:
-    line = frame.get("line") or 0
-    return f"{frame.get('name', '?')} ({frame.get('file', '?')}{':' + str(line) if line else ''})"
+    """`name (file:line)`; a native frame still a bare address (a pasted dump, an older bundle) differs
+    in every process and would split the ranks: it is an unnamed frame of its library."""
+    name, line = str(frame.get("name", "?")), frame.get("line") or 0
+    if ADDRESS.fullmatch(name):
+        name = "?"
+    return f"{name} ({frame.get('file', '?')}{':' + str(line) if line else ''})"
 
 
 def fold(ranks: Any) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import stat
@@ -28,6 +29,7 @@ MAX_DEPTH = 12  # a record nests 6 deep (record, groups, group, pending, op, siz
 MAX_WORLD = 1 << 16
 MAX_GROUPS = 64
 MAX_OPS = 64  # pending and recent ops per group
+MAX_BLOCKS = 64  # blocks of op durations per group (the timer keeps 64)
 
 
 class RecordError(Exception):
@@ -169,4 +171,28 @@ def validate(obj: Any, where: str) -> dict[str, Any]:
                 raise RecordError(f"{where}: corrupt state record (group {name} op {op['seq']} has a bad time)")
         if not isinstance(group.get("p99", {}), dict):
             raise RecordError(f"{where}: corrupt state record (group {name} p99 is not an object)")
+        _check_blocks(group.get("blocks"), where, name)
     return obj
+
+
+def _check_blocks(blocks: Any, where: str, group: str) -> None:
+    """The durations of a group's blocks of ops (timer._Stream.blocks), when the record has them."""
+    if blocks is None:
+        return
+    corrupt = RecordError(f"{where}: corrupt state record (group {group} has malformed blocks of ops)")
+    if not isinstance(blocks, dict):
+        raise corrupt
+    seconds, longest = blocks.get("seconds"), blocks.get("longest")
+    if not isinstance(seconds, list) or not isinstance(longest, list) or len(seconds) != len(longest):
+        raise corrupt
+    if len(seconds) > MAX_BLOCKS:
+        raise RecordError(f"{where}: over the cap: group {group} has more than {MAX_BLOCKS} blocks of ops")
+    if not all(_count(blocks.get(key), least) for key, least in (("ops", 1), ("first", 0))):
+        raise corrupt
+    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+               for x in seconds + longest):
+        raise corrupt
+
+
+def _count(value: Any, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

@@ -12,6 +12,7 @@ namespace, otherwise the bundle says why they are missing.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -31,6 +32,8 @@ from nodehealth.host import HostPaths, list_dir, read_text
 
 log = logging.getLogger(__name__)
 OUTPUT_LIMIT = 16 << 20
+MAPS_LIMIT = 16 << 20  # /proc/PID/maps of a CUDA training process: thousands of mappings
+ADDRESS = re.compile(r"0x[0-9a-fA-F]+")  # a native frame py-spy could not name
 STOP_POLL_SECONDS = 0.1  # how soon a shutdown reaches a running py-spy
 RECHECKS, RECHECK_SECONDS = 5, 0.1  # after a killed py-spy: watch the target ~0.5 s for a late stop
 
@@ -175,7 +178,28 @@ class StackCollector:
             out["threads"] = [_thread(t) for t in json.loads(stdout)]
         except (ValueError, TypeError, AttributeError, KeyError) as e:
             return {**out, "error": f"py-spy printed something that is not its JSON stack dump: {e}"}
+        if native:
+            self._name_addresses(pid, out["threads"])
         return out
+
+    def _name_addresses(self, pid: int, threads: list[dict[str, Any]]) -> None:
+        """Native frames py-spy could not name (a stripped libc's) are bare addresses, which differ in
+        every process (ASLR): name them by file and offset in it ("libc.so.6+0x2924a"), the same in
+        every process of that build, so the ranks' stacks merge. Left bare if the process is gone."""
+        try:
+            maps = _file_mappings(read_text(self.host.proc(str(pid), "maps"), MAPS_LIMIT))
+        except OSError:
+            return
+        starts = [m[0] for m in maps]
+        for thread in threads:
+            for frame in thread["frames"]:
+                if not ADDRESS.fullmatch(frame["name"]):
+                    continue
+                address = int(frame["name"], 16)
+                i = bisect.bisect_right(starts, address) - 1
+                if i >= 0 and address < maps[i][1]:
+                    start, _, offset, path = maps[i]
+                    frame["name"] = f"{os.path.basename(path)}+0x{address - start + offset:x}"
 
     def _never_leave_stopped(self, pid: int, out: dict[str, Any], killed: bool) -> None:
         """Resume a target that py-spy left stopped. A py-spy killed mid-attach may leave it stopped
@@ -230,10 +254,25 @@ def _error_text(text: str) -> str:
     return " / ".join(errors or lines[-2:]) or "no message"
 
 
+def _file_mappings(maps: str) -> list[tuple[int, int, int, str]]:
+    """(start, end, offset in the file, path) of the file-backed mappings in /proc/PID/maps, by start."""
+    out = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            start, _, end = fields[0].partition("-")
+            with contextlib.suppress(ValueError):
+                out.append((int(start, 16), int(end, 16), int(fields[2], 16), fields[5].strip()))
+    return sorted(out)
+
+
 def _thread(raw: dict[str, Any]) -> dict[str, Any]:
-    """A py-spy JSON thread, kept small: no locals, short file names, innermost frame first."""
+    """A py-spy JSON thread, kept small: no locals, short file names, innermost frame first. py-spy
+    names threads from the `threading` module; a process that never imported it has them unnamed,
+    and its main thread (the one whose id is the pid) is named here, so it merges with the others'."""
+    main = raw.get("os_thread_id") is not None and raw.get("os_thread_id") == raw.get("pid")
     return {"thread_id": raw.get("thread_id"), "os_thread_id": raw.get("os_thread_id"),
-            "name": raw.get("thread_name") or "", "active": bool(raw.get("active")),
+            "name": raw.get("thread_name") or ("MainThread" if main else ""), "active": bool(raw.get("active")),
             "owns_gil": bool(raw.get("owns_gil")),
             "frames": [{"name": str(f.get("name", "?")),
                         "file": str(f.get("short_filename") or f.get("filename") or f.get("module") or "?"),

@@ -50,6 +50,10 @@ POLL_BATCH = 64  # async handles queried per poll
 # for tens of milliseconds, and it only matters for collectives issued from C++, judged in minutes.
 FR_POLL_INTERVALS = 20
 DURATIONS_KEPT = 256
+# Every op's duration by its sequence number, for the straggler rule: summed over aligned blocks of
+# BLOCK_OPS ops, the same ops on every rank of a group (a wait lands in whichever op it lands in).
+BY_SEQ_KEPT = 512  # 64 blocks: stretches long enough for jobs of up to ~100 collectives a step
+BLOCK_OPS = 8
 RECENT_KEPT = 8
 PENDING_PUBLISHED = 8
 
@@ -108,7 +112,7 @@ class _Stream:
     the GIL, and the watchdog reads it through copies made in one C call each.
     """
 
-    __slots__ = ("ranks", "counter", "enqueued", "pending", "recent", "durations")
+    __slots__ = ("ranks", "counter", "enqueued", "pending", "recent", "durations", "by_seq")
 
     def __init__(self, ranks: list[int] | None):
         self.ranks = ranks
@@ -117,6 +121,7 @@ class _Stream:
         self.pending: dict[int, dict[str, Any]] = {}
         self.recent: collections.deque = collections.deque(maxlen=RECENT_KEPT)
         self.durations: dict[str, collections.deque] = {}
+        self.by_seq = [0.0] * BY_SEQ_KEPT  # slot seq % BY_SEQ_KEPT: the duration of op seq
 
     def snapshot(self) -> dict[str, Any]:
         enqueued = self.enqueued
@@ -130,7 +135,22 @@ class _Stream:
                 "pending": [_public(op) for op in pending[:PENDING_PUBLISHED]], "pending_count": len(pending),
                 "recent": [_public(op) for op in list(self.recent)],
                 "p99": {op: {"seconds": _quantile(d, 0.99), "p50": _quantile(d, 0.5), "samples": len(d)}
-                        for op, d in list(self.durations.items()) if d}}
+                        for op, d in list(self.durations.items()) if d},
+                "blocks": self.blocks(completed, enqueued)}
+
+    def blocks(self, completed: int, enqueued: int) -> dict[str, Any]:
+        """Seconds spent in each block of BLOCK_OPS ops (block b: ops b*BLOCK_OPS+1 to (b+1)*BLOCK_OPS),
+        in total and in the longest op, for the blocks whose ops all completed and are still kept."""
+        durations = list(self.by_seq)  # one C call; every op up to `completed` had written its slot
+        issued = max(enqueued, self.enqueued)  # read after the copy: no slot beyond it was written
+        first = max(0, (issued - BY_SEQ_KEPT - 1) // BLOCK_OPS + 1)  # older slots were written over
+        total, longest = [], []
+        for b in range(first, completed // BLOCK_OPS):
+            start = b * BLOCK_OPS + 1
+            block = [durations[s % BY_SEQ_KEPT] for s in range(start, start + BLOCK_OPS)]
+            total.append(round(sum(block), 4))
+            longest.append(round(max(block), 4))
+        return {"ops": BLOCK_OPS, "first": first, "seconds": total, "longest": longest}
 
 
 def _public(op: dict[str, Any]) -> dict[str, Any]:
@@ -328,6 +348,7 @@ class Timer:
             op["error"] = error
             self.last_error = error
         stream.recent.append(op)
+        stream.by_seq[op["seq"] % BY_SEQ_KEPT] = seconds
         durations = stream.durations.get(op["op"])
         if durations is None:
             durations = stream.durations.setdefault(op["op"], collections.deque(maxlen=DURATIONS_KEPT))
@@ -621,6 +642,7 @@ def _wrap(timer: Timer, name: str, fn: Any, p2p: bool) -> Any:
         seconds = op["seconds"] = clock() - op["enqueued_at"]
         del stream.pending[seq]
         stream.recent.append(op)
+        stream.by_seq[seq % BY_SEQ_KEPT] = seconds
         durations = stream.durations.get(name)
         if durations is None:
             durations = stream.durations.setdefault(name, collections.deque(maxlen=DURATIONS_KEPT))
