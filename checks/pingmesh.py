@@ -6,10 +6,12 @@ here. A verdict about a node reaches it only through its own agent, which is wha
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodehealth.collectors.pingmesh import Verdicts
 from nodehealth.model import Action, Finding, Observed, Severity
+
+if TYPE_CHECKING:  # the facts' type only: `check` never has them, and need not load their module
+    from nodehealth.collectors.pingmesh import Verdicts
 
 NAME = "pingmesh"
 NEEDS = ("pingmesh",)
