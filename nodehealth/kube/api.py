@@ -148,13 +148,17 @@ class ClientApi:
     def create_event(self, namespace: str, event: dict[str, Any]) -> None:
         self._call(self.core.create_namespaced_event, namespace, event)
 
-    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _found(self, method: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """The object, or None where there is none (404)."""
         try:
-            return self._call(self.coordination.read_namespaced_lease, name, namespace)
+            return self._call(method, *args, **kwargs)
         except KubeError as e:
             if e.kind == "not_found":
                 return None
             raise
+
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._found(self.coordination.read_namespaced_lease, name, namespace)
 
     def create_lease(self, namespace: str, lease: dict[str, Any]) -> dict[str, Any]:
         return self._call(self.coordination.create_namespaced_lease, namespace, lease)
@@ -206,13 +210,8 @@ class ClientApi:
                 return pods
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self._call(self.core.read_namespaced_config_map, name, namespace,
-                              max_bytes=MAX_CONFIGMAP_RESPONSE_BYTES)
-        except KubeError as e:
-            if e.kind == "not_found":
-                return None
-            raise
+        return self._found(self.core.read_namespaced_config_map, name, namespace,
+                           max_bytes=MAX_CONFIGMAP_RESPONSE_BYTES)
 
     def create_configmap(self, namespace: str, configmap: dict[str, Any]) -> dict[str, Any]:
         return self._call(self.core.create_namespaced_config_map, namespace, configmap)

@@ -1,13 +1,11 @@
 """`nodehealth netcheck serve | run | job`: the argument parsers; the commands (preflight.py) are
 imported only when one runs, so that every `nodehealth` start stays cheap.
 
-nodehealth/cli.py calls add_subcommands(); `python -m nodehealth.netcheck.cli` runs them alone.
+nodehealth/cli.py calls add_subcommands().
 """
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 
@@ -84,14 +82,3 @@ def _preflight(name: str):
 
         return getattr(preflight, name)(args)
     return run
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="nodehealth")
-    add_subcommands(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -137,32 +137,32 @@ def decode_inventory(value: str) -> inventory.Inventory:
 
 
 def read_verdicts(api: KubeApi, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """The controller's verdicts (validated, see probe/py), or None while it has written none.
+    """The controller's verdicts (validated by parse_verdicts), or None while it has written none.
 
     `cfg` is the `pingmesh` section. Raises KubeError: the API's errors, and kind "invalid" for a
     document that fails validation (treat it like no document; never act on part of it).
     """
-    data = _pingmesh_configmap(api, cfg, "configmap").get("data") or {}
-    if VERDICTS_KEY not in data:
-        return None
-    try:
-        return parse_verdicts(str(data[VERDICTS_KEY]))
-    except VerdictError as e:
-        raise KubeError("invalid", f"ConfigMap {cfg['controller_namespace']}/{cfg['configmap']}: {e}") from None
+    return _read(api, cfg, "configmap", "data", VERDICTS_KEY, parse_verdicts)
 
 
 def read_inventory(api: KubeApi, cfg: dict[str, Any]) -> inventory.Inventory | None:
     """The inventory the controller built from the Nodes (bad entries in its problems), or None while it
     has written none. It has a ConfigMap of its own (`inventory_configmap`): the agents read the
     verdicts every window, this one only every `refresh_seconds`. Raises KubeError as read_verdicts does."""
-    binary = _pingmesh_configmap(api, cfg, "inventory_configmap").get("binaryData") or {}
-    if INVENTORY_KEY not in binary:
+    return _read(api, cfg, "inventory_configmap", "binaryData", INVENTORY_KEY, decode_inventory)
+
+
+def _read(api: KubeApi, cfg: dict[str, Any], setting: str, part: str, key: str, parse: Callable[[str], Any]) -> Any:
+    """`key` in the `part` (data or binaryData) of the ConfigMap the `pingmesh` setting `setting` names,
+    parsed; None while there is none."""
+    configmap = api.get_configmap(cfg["controller_namespace"], cfg[setting])
+    values = (configmap.get(part) if isinstance(configmap, dict) else None) or {}
+    if key not in values:
         return None
     try:
-        return decode_inventory(str(binary[INVENTORY_KEY]))
+        return parse(str(values[key]))
     except VerdictError as e:
-        raise KubeError("invalid", f"ConfigMap {cfg['controller_namespace']}/{cfg['inventory_configmap']}: "
-                                   f"{e}") from None
+        raise KubeError("invalid", f"ConfigMap {cfg['controller_namespace']}/{cfg[setting]}: {e}") from None
 
 
 def inventory_source(pingmesh: dict[str, Any], kube: dict[str, Any]) -> Callable[[], inventory.Inventory]:
@@ -200,12 +200,6 @@ def follow_verdicts(api: KubeApi, pingmesh: dict[str, Any], on_read: Callable[[d
         on_read(doc, time.time())
         # Jittered, so that thousands of agents do not read the ConfigMap in the same second.
         stop.wait(pingmesh["window_seconds"] * (1 + 0.1 * random.random()))
-
-
-def _pingmesh_configmap(api: KubeApi, cfg: dict[str, Any], key: str) -> dict[str, Any]:
-    """The ConfigMap named by the `pingmesh` setting `key`, or {} while there is none."""
-    configmap = api.get_configmap(cfg["controller_namespace"], cfg[key])
-    return configmap if isinstance(configmap, dict) else {}
 
 
 # -- the controller's ConfigMaps, as it writes them -------------------------------------------------

@@ -1,14 +1,13 @@
 """`nodehealth rdma-bw`: its argument parser, and the command, which imports pyverbs (bw.py) only
 when a test runs.
 
-nodehealth/cli.py calls add_subcommands(); `python -m nodehealth.rdma.cli` runs it alone.
+nodehealth/cli.py calls add_subcommands().
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 EXIT_OK, EXIT_FAULT = 0, 1
@@ -58,14 +57,3 @@ def cmd_rdma_bw(args: argparse.Namespace) -> int:
               f"{result.bw_avg_gbps:<20.2f} {result.msg_rate_mpps:.6f}")
         print(f"device {result.device}; bytes verified: {'yes' if result.verified else 'no'}")
     return EXIT_OK
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="nodehealth")
-    add_subcommands(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(argv)
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
