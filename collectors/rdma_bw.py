@@ -1,6 +1,6 @@
 """The daemon's periodic RDMA WRITE bandwidth tests as facts and metric families.
 
-Not a polled collector: `nodehealth/rdma_periodic.py` runs the tests on its own thread (a test
+Not a polled collector: `nodehealth/rdma/periodic.py` runs the tests on its own thread (a test
 takes seconds and must not hold up a pass) and hands the daemon these facts; the `rdma_bw` check
 judges them and this module describes them for /metrics. `nodehealth check` runs no test, so it
 has no such facts and the check stays silent there.

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 STATE_VERSION = 1
 STATE_FILE = "state.json"
 STICKY_ACTIONS = (Action.RESET_GPU, Action.REBOOT, Action.HW_INSPECTION)
-# Read no more than this: 10,000 kernel events (daemon.MAX_EVENTS) and the sticky faults fit in a few
+# Read no more than this: 10,000 kernel events (kernel_stream.MAX_EVENTS) and the sticky faults fit in a few
 # MiB; a larger file was not written by us, and parsing it whole would stall the start.
 MAX_STATE_BYTES = 16 << 20
 TEMP_MAX_AGE_SECONDS = 60.0  # a write_atomic temporary this old was left by a writer that died

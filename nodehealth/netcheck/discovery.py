@@ -12,7 +12,7 @@ tests the nodes that joined and names the ones that did not.
   $PET_MASTER_ADDR or $PET_RDZV_ENDPOINT (the training operator and JobSet set these), and gives its
   workers $WORLD_SIZE, $LOCAL_WORLD_SIZE, $GROUP_RANK and $MASTER_ADDR: the count and the master's
   address, not a host list, so the other nodes announce themselves when they join;
-- Kubernetes: the job's pods by label selector, through the API (nodehealth/kube.py); pod index 0
+- Kubernetes: the job's pods by label selector, through the API (nodehealth/kube/api.py); pod index 0
   coordinates. Pods have their IP during init containers, so this works as an init container.
   Without API access, an Indexed Job with a headless service (`subdomain`) names its pods
   `JOB-INDEX.SUBDOMAIN...`: $JOB_COMPLETION_INDEX, the hostname and the job's size give them all.
