@@ -1,1 +1,3 @@
-"""Pingmesh on each node: the gRPC Ping agent, the prober, the pinglist and the window statistics."""
+"""Pingmesh: every daemon's agent (agent, prober, pinglist, stats, mesh), the cluster's controller
+(fetch, analysis, controller) and the ConfigMaps between them (verdicts). grpc is imported only where
+probes run."""

@@ -1,0 +1,1 @@
+"""Slurm: scontrol (the only caller), the drainer face of the daemon, and `nodehealth slurm`."""
