@@ -22,7 +22,8 @@ from nodehealth.model import Action, Finding, Report, Severity, Status
 DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
 AGENT = "system:serviceaccount:nodehealth:nodehealth"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
-COMPONENTS = ("monitoring", "pingmesh", "hang", "hang-exit-codes", "kernel-log-privileged", "metrics-network-policy")
+COMPONENTS = ("monitoring", "grafana-dashboards", "pingmesh", "hang", "hang-exit-codes", "kernel-log-privileged",
+              "metrics-network-policy")
 KUBERNETES_VERSIONS = ("1.30.0", "1.32.0", "1.35.0")
 
 
