@@ -204,7 +204,8 @@ def node_rows() -> list[tuple[str, list[Panel]]]:
                   "GPUs whose PCIe link trained to fewer lanes than it has (the value): reseat or replace.",
                   "suffix: lanes"),
             Panel("GPU PCIe replays per second", "timeseries",
-                  (q(f"rate(nodehealth_gpu_pcie_replays_total{{{SEL}}}[$__rate_interval])", "{{instance}} GPU {{gpu}}"),),
+                  (q(f"rate(nodehealth_gpu_pcie_replays_total{{{SEL}}}[$__rate_interval])",
+                     "{{instance}} GPU {{gpu}}"),),
                   "PCIe transactions each GPU had to replay, per second: a steady rate is a marginal link.", "cps"),
             Panel("PCIe throughput per GPU (NVML)", "timeseries",
                   (q(f"nodehealth_gpu_pcie_transmit_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} TX"),
@@ -295,8 +296,8 @@ def node_rows() -> list[tuple[str, list[Panel]]]:
         ]),
         ("Pingmesh", [
             Panel("Pingmesh: lost fraction by leaf and peer group", "table",
-                  (q("sum by (leaf, peer_group) (rate(nodehealth_pingmesh_lost_total[$__rate_interval]) * on (instance) "
-                     "group_left (leaf) nodehealth_pingmesh_info) / sum by (leaf, peer_group) "
+                  (q("sum by (leaf, peer_group) (rate(nodehealth_pingmesh_lost_total[$__rate_interval]) "
+                     "* on (instance) group_left (leaf) nodehealth_pingmesh_info) / sum by (leaf, peer_group) "
                      "(rate(nodehealth_pingmesh_probes_total[$__rate_interval]) * on (instance) group_left (leaf) "
                      "nodehealth_pingmesh_info)"),),
                   "The share of probes lost, by the prober's leaf and the peers' group (same leaf, other leaves); "
@@ -319,8 +320,10 @@ def node_rows() -> list[tuple[str, list[Panel]]]:
                   "The controller's open verdicts: a faulty node, leaf or leaf-to-leaf path.", "none",
                   mapping=flag("open")),
             Panel("Pingmesh: lost fraction of the selected nodes' probes by peer group", "timeseries",
-                  (q(f"sum by (instance, peer_group) (rate(nodehealth_pingmesh_lost_total{{{SEL}}}[$__rate_interval])) / "
-                     f"sum by (instance, peer_group) (rate(nodehealth_pingmesh_probes_total{{{SEL}}}[$__rate_interval]))",
+                  (q(f"sum by (instance, peer_group) "
+                     f"(rate(nodehealth_pingmesh_lost_total{{{SEL}}}[$__rate_interval])) / "
+                     f"sum by (instance, peer_group) "
+                     f"(rate(nodehealth_pingmesh_probes_total{{{SEL}}}[$__rate_interval]))",
                      "{{instance}} {{peer_group}}"),),
                   "The share of the selected nodes' probes lost, by peer group; yellow at a node's loss threshold, "
                   "red at a path's.", "percentunit", width=24, thresholds=limits["loss"]),
