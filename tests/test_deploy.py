@@ -279,7 +279,7 @@ def test_the_daemonset_carries_only_what_the_base_checks_need():
     security = container["securityContext"]
     assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG", "SYS_PTRACE"]}
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not any(spec.get(k) for k in ("hostPID", "hostIPC", "hostNetwork"))
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
@@ -384,7 +384,7 @@ def test_the_hang_component_adds_exactly_what_hang_detection_needs(tmp_path):
     spec, base = pod_spec(docs), pod_spec(manifests())
     assert spec["hostPID"] is True
     context = spec["containers"][0]["securityContext"]
-    assert context["capabilities"]["add"] == ["SYSLOG", "SYS_PTRACE", "DAC_READ_SEARCH"]
+    assert context["capabilities"]["add"] == ["SYSLOG", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the last one its own
     assert not context.get("privileged")
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
     assert "readOnly" not in mounts["/run/nodehealth/hang"]  # the detector writes Flight Recorder requests there

@@ -75,3 +75,25 @@ def test_with_the_kmsg_device_refused_the_kernel_log_checks_say_unknown():
     assert (code, report["status"]) == (2, "unknown"), report
     unknown = {(f["check"], f["reason"]) for f in report["findings"] if f["severity"] == "unknown"}
     assert unknown == {(c, "CollectorFailed") for c in KERNEL_LOG_CHECKS}
+
+
+def test_without_sys_ptrace_a_mount_point_under_a_root_process_root_is_refused():
+    """The mounts check stats the host's mount points through /host/proc/1/root (collectors/mounts.py):
+    the kernel refuses that to a root process without SYS_PTRACE when the target holds capabilities
+    it lacks, before the stat reaches the mount. The base keeps SYS_PTRACE for it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("drops capabilities through setpriv, which needs root")
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        path = f"/proc/{target.pid}/root/"
+        results = {}
+        for caps in ("-all", "-all,+sys_ptrace"):
+            done = subprocess.run(["setpriv", f"--bounding-set={caps}", "--inh-caps=-all", sys.executable, "-c",
+                                   f"import os; os.stat({path!r}); print('ok')"], capture_output=True, text=True,
+                                  timeout=60)
+            results[caps] = "ok" if done.stdout.strip() == "ok" else done.stderr.strip().splitlines()[-1]
+    finally:
+        target.kill()
+        target.wait()
+    assert results["-all"].startswith("PermissionError"), results
+    assert results["-all,+sys_ptrace"] == "ok", results
