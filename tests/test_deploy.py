@@ -96,7 +96,7 @@ class Policy:
     """The policy's CEL run the way the API server runs it: match conditions, variables, validations."""
 
     def __init__(self) -> None:
-        spec = of_kind("ValidatingAdmissionPolicy")["spec"]
+        spec = next(d for d in load("admission-policy.yaml") if d["kind"] == "ValidatingAdmissionPolicy")["spec"]
         env = celpy.Environment()
         self.match = [env.program(env.compile(m["expression"])) for m in spec["matchConditions"]]
         self.variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in spec["variables"]]
