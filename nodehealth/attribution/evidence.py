@@ -6,6 +6,8 @@ finding (an Xid) is attributed only while it is fresh: the GPU's users may have 
 event. When a source fails, one `info` finding says attribution is unavailable and why. It is `info`
 on purpose: attribution decorates a verdict, it is no part of one, so it must never make a node
 unhealthy, nor `unknown` (which would fail `check` with exit code 2 and mark the node in Kubernetes).
+`pods_inferred: true` says the GPU's holders were found by elimination (gpus.assign): NVML gave no UUID
+for it, as for a GPU that fell off the bus.
 """
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ def attribute(findings: Sequence[Finding], gpus: Sequence[GpuRef], lookup: Looku
             pods = [p for p in lookup.pods.by_gpu.get(gpu.index, ()) if _on_instances(p, gpu, f)]
             if pods or not lookup.pods.unresolved:
                 evidence["pods"] = [p.to_dict() for p in pods]
+            if gpu.index in lookup.pods.inferred:
+                evidence["pods_inferred"] = True  # NVML had no UUID for this GPU: placed by elimination
         if lookup.pods is not None and (isinstance(lookup.pods, str) or lookup.pods.unresolved):
             needed["kubelet"].append(label)
         jobs = _jobs(f, gpu, lookup)

@@ -75,6 +75,7 @@ class PodRef:
 class Assignment:
     by_gpu: dict[int, tuple[PodRef, ...]]  # NVML index -> the containers holding it, sorted
     unresolved: tuple[str, ...]  # GPU-like ids that match no GPU here, in answer order
+    inferred: tuple[int, ...] = ()  # GPUs placed by elimination: NVML had no UUID for them (lost)
 
 
 def gpu_refs(facts: NvmlFacts | None, migs: Mapping[str, Sequence[MigDevice]] | None = None) -> tuple[GpuRef, ...]:
@@ -113,21 +114,42 @@ def assign(entries: Iterable[ContainerDevices], gpus: Sequence[GpuRef]) -> Assig
         for mig in g.migs:
             by_uuid[mig.uuid.lower()] = g.index
     placed: dict[int, set[PodRef]] = {}
-    unresolved: list[str] = []
+    pending: list[tuple[str | int, PodRef]] = []  # ids no GPU here matches
     for entry in entries:
         nvidia = entry.resource.startswith(NVIDIA_RESOURCE_PREFIX)
         for raw in entry.device_ids:
             key = _gpu_key(raw, nvidia)
             if key is None:
                 continue
+            ref = PodRef(entry.namespace, entry.pod, entry.container, raw)
             index = by_uuid.get(key) if isinstance(key, str) else by_index.get(key)
             if index is None:
-                shown = raw if len(raw) <= SHOWN_ID_CHARS else raw[:SHOWN_ID_CHARS] + "..."
-                if shown not in unresolved:
-                    unresolved.append(shown)
-                continue
-            placed.setdefault(index, set()).add(PodRef(entry.namespace, entry.pod, entry.container, raw))
-    return Assignment({i: tuple(sorted(refs)) for i, refs in sorted(placed.items())}, tuple(unresolved))
+                pending.append((key, ref))
+            else:
+                placed.setdefault(index, set()).add(ref)
+    inferred = _by_elimination(pending, gpus)
+    if inferred is not None:
+        placed.setdefault(inferred, set()).update(ref for _, ref in pending)
+        pending = []
+    unresolved: list[str] = []
+    for _, ref in pending:
+        shown = ref.device if len(ref.device) <= SHOWN_ID_CHARS else ref.device[:SHOWN_ID_CHARS] + "..."
+        if shown not in unresolved:
+            unresolved.append(shown)
+    return Assignment({i: tuple(sorted(refs)) for i, refs in sorted(placed.items())}, tuple(unresolved),
+                      () if inferred is None else (inferred,))
+
+
+def _by_elimination(pending: list[tuple[str | int, PodRef]], gpus: Sequence[GpuRef]) -> int | None:
+    """The GPU that unplaced ids belong to when it can be only one: NVML gives every GPU's UUID but one
+    (a GPU that fell off the bus answers nothing), and the ids left over name one and the same GPU UUID.
+    The device plugin lists only this node's GPUs, so that UUID is the unnamed GPU's."""
+    unnamed = [g.index for g in gpus if not g.uuid]
+    keys = {key for key, _ in pending}
+    if len(unnamed) != 1 or len(keys) != 1:
+        return None
+    (key,) = keys
+    return unnamed[0] if isinstance(key, str) and key.startswith("gpu-") else None
 
 
 def _gpu_key(raw: str, nvidia: bool) -> str | int | None:
