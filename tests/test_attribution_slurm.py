@@ -10,7 +10,9 @@ import pytest
 from conftest import IN_CI, require_tool
 from slurm_cluster import NODE, TOOLS, SlurmCluster
 
+from nodehealth.attribution.attributor import Attributor
 from nodehealth.attribution.gpus import GpuRef
+from nodehealth.attribution.notices import drain_detail
 from nodehealth.attribution.slurm_jobs import (
     SlurmJob,
     SlurmJobs,
@@ -22,7 +24,9 @@ from nodehealth.attribution.slurm_jobs import (
     parse_listpids,
     slurm_numbers,
 )
+from nodehealth.collectors.gpu_facts import Gpu, NvmlFacts
 from nodehealth.host import HostPaths
+from nodehealth.model import Finding, Severity
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "slurm")
 
@@ -236,18 +240,38 @@ def test_jobs_and_their_gpus_from_a_real_slurmctld(gres_cluster, tmp_path):
     try:
         c.wait_for(lambda: all("JobState=RUNNING" in c.scontrol("show", "job", i).stdout for i in ids),
                    "both jobs to run", 60)
+        c.wait_for(lambda: set(SlurmJobs(HostPaths("/"), run).local_pids().values()) == set(ids),
+                   "slurmd to list both jobs' pids", 30)  # a reader asks listpids once: a new one each time
         reader = SlurmJobs(HostPaths("/"), run)
-        c.wait_for(lambda: set(reader.local_pids().values()) == set(ids), "slurmd to list both jobs' pids", 30)
         jobs = reader.jobs(NODE)
         assert sorted(j.job_id for j in jobs) == sorted(ids)
         assert sorted(g for j in jobs for g in j.gpus) == [0, 1] and all(len(j.gpus) == 1 for j in jobs)
         assert {j.user for j in jobs} == {"root"}
-        # The batch script's pid: no job cgroup under proctrack/linuxproc, so listpids names the job.
-        pid, job = next(iter(reader.local_pids().items()))
-        assert reader.job_of_pid(pid, at=time.time()) == job
-        # Slurm's GPU 0 is the lower bus id: here NVML's index 1.
         gpus = [GpuRef(0, "GPU-a", "0000:cb:00.0"), GpuRef(1, "GPU-b", "0000:18:00.0")]
-        by_gpu = assign_jobs(jobs, gpus).by_gpu
-        assert [j.job_id for j in by_gpu[1]] == [next(j.job_id for j in jobs if j.gpus == (0,))]
+        on_slurm_gpu_0 = next(j.job_id for j in jobs if j.gpus == (0,))
+        assert [j.job_id for j in assign_jobs(jobs, gpus).by_gpu[1]] == [on_slurm_gpu_0]
+
+        # The whole round as the daemon will run it: an Xid on NVML's GPU 1 (Slurm's GPU 0) with the pid of
+        # one job's batch script, then of the other's. No job cgroup under proctrack/linuxproc: listpids
+        # names the pid's job.
+        facts = NvmlFacts("fake:slurm", "565.57.01", "12.7", 2, (
+            Gpu(0, uuid="GPU-a", pci_bus_id="0000:cb:00.0"), Gpu(1, uuid="GPU-b", pci_bus_id="0000:18:00.0")))
+        pids = {job: pid for pid, job in sorted(reader.local_pids().items())}
+        assert sorted(pids) == sorted(ids)
+        for job, pid in pids.items():
+            assert reader.job_of_pid(pid, at=time.time()) == job
+            now = time.time()
+            xid = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "GPU 0000:18:00.0 logged Xid 79.",
+                          device="0000:18:00.0", evidence={"code": 79, "pids": [pid]}, first_seen=now, last_seen=now)
+            a = Attributor({"enabled": True, "sources": ["slurm"]}, HostPaths("/"), NODE, scontrol=run)
+            [out] = a.annotate([xid], facts, now)
+            named = {j["job_id"]: j for j in out.evidence["slurm_jobs"]}
+            if job == on_slurm_gpu_0:  # the Xid's process is in the job that holds the GPU
+                assert named == {job: {"job_id": job, "user": "root", "via": ["gres", "pid"]}}
+                assert drain_detail(out) == f"job {job}"
+            else:  # the process is the other job's: both are named, each with how it was found
+                assert named == {on_slurm_gpu_0: {"job_id": on_slurm_gpu_0, "user": "root", "via": ["gres"]},
+                                 job: {"job_id": job, "user": None, "via": ["pid"]}}
+                assert drain_detail(out) == f"jobs {','.join(sorted(named, key=int))}"
     finally:
         subprocess.run(["scancel", *ids], env=c.env, timeout=30)
