@@ -7,8 +7,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import IN_CI, require_tool
-from slurm_cluster import NODE, TOOLS, SlurmCluster
+from slurm_cluster import NODE, SlurmCluster, running
 
 from nodehealth.attribution.attributor import Attributor
 from nodehealth.attribution.gpus import GpuRef
@@ -92,7 +91,8 @@ def test_parse_listpids_of_a_real_slurmd():
 
 @pytest.mark.parametrize("case, text, want", [
     ("a real proctrack/cgroup v1 process", fixture("proc-pid-cgroup.proctrack-cgroup-v1.txt"), "1"),
-    ("cgroup v2 (Slurm's documented layout)", "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", "4242"),
+    ("cgroup v2 (Slurm's documented layout)",
+     "0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n", "4242"),
     ("cgroup v1, one slurmd", "6:freezer:/slurm/uid_1000/job_77/step_batch\n", "77"),
     ("a process outside any job", "0::/user.slice/user-1000.slice/session-3.scope\n", None),
     ("a directory that only looks like a job", "0::/system.slice/job_runner.service\n", None),
@@ -183,42 +183,10 @@ def test_jobs_asks_for_at_most_max_jobs(tmp_path):
 
 # -- a real slurmctld and slurmd with two GRES GPUs ----------------------------------------------------
 
-class GresCluster(SlurmCluster):
-    """The tests' one-node cluster, its node with two GPUs as GRES (/dev/tty0-1 stand in for the device
-    files: slurmd only checks they exist) and the cons_tres selector that gives jobs GPU indices."""
-
-    def _write_conf(self, host: str, ctld_port: int, slurmd_port: int, prolog: str | None) -> None:
-        super()._write_conf(host, ctld_port, slurmd_port, prolog)
-        with open(self.conf) as f:
-            text = f.read()
-        text = (text.replace("SelectType=select/linear", "SelectType=select/cons_tres\nSelectTypeParameters=CR_Core\n"
-                                                         "GresTypes=gpu")
-                .replace("CPUs=1 RealMemory=64 State=UNKNOWN", "CPUs=2 RealMemory=64 Gres=gpu:2 State=UNKNOWN"))
-        with open(self.conf, "w") as f:
-            f.write(text)
-        with open(os.path.join(self.top, "gres.conf"), "w") as f:
-            f.write("Name=gpu File=/dev/tty[0-1]\n")
-
-
 @pytest.fixture(scope="module")
 def gres_cluster(tmp_path_factory):
-    for tool in TOOLS:
-        require_tool(tool)
-    if os.geteuid() != 0:
-        if IN_CI:
-            pytest.fail("the Slurm tests run slurmd as root; CI runs as root")
-        pytest.skip("slurmd and slurmctld need root here (SlurmUser=root)")
-    c = GresCluster(str(tmp_path_factory.mktemp("slurm-gres")))
-    try:
-        try:
-            c.start()
-        except RuntimeError as e:
-            if IN_CI:
-                pytest.fail(f"the Slurm cluster did not start: {e}")
-            pytest.skip(f"the Slurm cluster did not start: {e}")
-        yield c
-    finally:
-        c.stop()
+    """The tests' one-node cluster, its node with two GPUs as GRES."""
+    yield from running(lambda: SlurmCluster(str(tmp_path_factory.mktemp("slurm-gres")), gres_gpus=2))
 
 
 def test_jobs_and_their_gpus_from_a_real_slurmctld(gres_cluster, tmp_path):

@@ -78,7 +78,8 @@ def drain_detail(finding: Finding) -> str:
     ids = [str(j.get("job_id")) for j in finding.evidence.get("slurm_jobs") or [] if isinstance(j, dict)]
     if not ids:
         return ""
-    shown = ",".join(ids[:DRAIN_JOBS_SHOWN]) + (f"+{len(ids) - DRAIN_JOBS_SHOWN}" if len(ids) > DRAIN_JOBS_SHOWN else "")
+    more = len(ids) - DRAIN_JOBS_SHOWN
+    shown = ",".join(ids[:DRAIN_JOBS_SHOWN]) + (f"+{more}" if more > 0 else "")
     return f"{'job' if len(ids) == 1 else 'jobs'} {shown}"
 
 
