@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodehealth.attribution.gpus import ContainerDevices, GpuRef, MigDevice, PodRef, assign, gpu_of, gpu_refs
 from nodehealth.collectors.gpu_facts import Gpu, NvmlFacts
@@ -116,3 +118,14 @@ def test_a_lost_gpu_without_its_uuid_gets_the_one_uuid_no_other_gpu_has():
     assert 3 not in two.by_gpu and len(two.unresolved) == 3 and two.inferred == ()
     both = assign(lost, (GpuRef(0, None, H100[0][2]), GpuRef(3, None, H100[3][2])))
     assert both.by_gpu == {} and both.inferred == ()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["nvidia.com/gpu", "nvidia.com/mig-1g.10gb", "example.com/x"]),
+                          st.lists(st.one_of(st.sampled_from([H100[0][1], H100[3][1] + "::2", A100_MIGS[1],
+                                                              f"MIG-{LEGACY_GPU}/1/0", "3", "4:1"]),
+                                             st.text(max_size=200)), max_size=4)), max_size=6))
+def test_assign_takes_any_device_ids(rows):
+    got = assign([ContainerDevices("n", "p", "c", resource, tuple(ids)) for resource, ids in rows], NODE)
+    assert set(got.by_gpu) <= {g.index for g in NODE}
+    assert all(len(u) <= 67 for u in got.unresolved)

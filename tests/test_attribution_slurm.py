@@ -7,6 +7,8 @@ import subprocess
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from slurm_cluster import NODE, SlurmCluster, running
 
 from nodehealth.attribution.attributor import Attributor
@@ -243,3 +245,17 @@ def test_jobs_and_their_gpus_from_a_real_slurmctld(gres_cluster, tmp_path):
                 assert drain_detail(out) == f"jobs {','.join(sorted(named, key=int))}"
     finally:
         subprocess.run(["scancel", *ids], env=c.env, timeout=30)
+
+
+# -- any text in, facts out: never an exception -------------------------------------------------------
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from("JobId=UserId()Nodes=GRES_IDX:gpu:a100,-[]0123456789 nh\n/job_"),
+               max_size=300))
+def test_the_parsers_take_any_text(text):
+    for job in parse_jobs(text, "nh1"):
+        assert job.job_id.isdigit() and all(0 <= g <= 1023 for g in job.gpus)
+    assert all(isinstance(p, int) and j.isdigit() for p, j in parse_listpids(text).items())
+    job = job_of_cgroup(text)
+    assert job is None or job.isdigit()
+    assert in_hostlist("nh1", text) in (True, False)
