@@ -111,17 +111,18 @@ def _jobs(f: Finding, gpu: GpuRef, lookup: Lookup) -> list[dict[str, Any]] | Non
 
 
 def unavailable(source: str, answer: Answer, gpus: list[str]) -> Finding:
-    """The info finding that says whose work a GPU fault hit could not be told, and why."""
+    """The info finding that says whose work a GPU fault hit could not be told (fully), and why."""
+    whose = "pods" if source == "kubelet" else "Slurm jobs"
     if isinstance(answer, str):
-        why, evidence = answer, {"error": answer}
+        message = f"Which {whose} used GPU {', '.join(gpus)} is not known: {answer}."
+        evidence: dict[str, Any] = {"error": answer}
     else:
         missing = list(answer.unresolved) if answer is not None else []
         shown = ", ".join(missing[:MAX_SHOWN]) + (f" and {len(missing) - MAX_SHOWN} more" if len(missing) > MAX_SHOWN
                                                    else "")
         what = "device ids" if source == "kubelet" else "GPU numbers"
-        why = f"the {source} names {what} no GPU of this node matches ({shown})"
+        message = (f"The {whose} named for GPU {', '.join(gpus)} may not be all of them: the {source} names {what} "
+                   f"no GPU of this node matches ({shown}).")
         evidence = {"unresolved": missing[:50]}
-    whose = "pods" if source == "kubelet" else "Slurm jobs"
-    return Finding(CHECK, Severity.INFO, UNAVAILABLE,
-                   f"Which {whose} used GPU {', '.join(gpus)} is not known: {why}.", device=source,
+    return Finding(CHECK, Severity.INFO, UNAVAILABLE, message, device=source,
                    evidence=dict(evidence, source=source, gpus=gpus))
