@@ -48,7 +48,7 @@ class SlurmCluster:
         t = self.top
         n = self.gres_gpus
         select = "select/cons_tres\nSelectTypeParameters=CR_Core\nGresTypes=gpu" if n else "select/linear"
-        node = f"CPUs={n} RealMemory=64 Gres=gpu:{n}" if n else "CPUs=1 RealMemory=64"
+        node = f"CPUs=2 RealMemory=64 Gres=gpu:{n}" if n else "CPUs=1 RealMemory=64"  # two jobs at once
         if n:
             with open(os.path.join(t, "gres.conf"), "w") as f:
                 f.write(f"Name=gpu File=/dev/tty[0-{n - 1}]\n")
