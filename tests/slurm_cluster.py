@@ -10,6 +10,9 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+
+from conftest import require_tool, unavailable
 
 NODE = "nh1"
 TOOLS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "scancel")
@@ -22,8 +25,12 @@ def _free_port() -> int:
 
 
 class SlurmCluster:
-    def __init__(self, top: str, prolog: str | None = None):
+    """`gres_gpus` > 0 gives the node that many GPUs as GRES (/dev/tty0... stand in for their device files:
+    slurmd only checks they exist) and the cons_tres selector, which gives jobs GPU indices."""
+
+    def __init__(self, top: str, prolog: str | None = None, gres_gpus: int = 0):
         self.top = top
+        self.gres_gpus = gres_gpus
         self.procs: dict[str, subprocess.Popen] = {}
         self.conf = os.path.join(top, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf)
@@ -39,6 +46,12 @@ class SlurmCluster:
 
     def _write_conf(self, host: str, ctld_port: int, slurmd_port: int, prolog: str | None) -> None:
         t = self.top
+        n = self.gres_gpus
+        select = "select/cons_tres\nSelectTypeParameters=CR_Core\nGresTypes=gpu" if n else "select/linear"
+        node = f"CPUs=2 RealMemory=64 Gres=gpu:{n}" if n else "CPUs=1 RealMemory=64"  # two jobs at once
+        if n:
+            with open(os.path.join(t, "gres.conf"), "w") as f:
+                f.write(f"Name=gpu File=/dev/tty[0-{n - 1}]\n")
         with open(self.conf, "w") as f:
             f.write(f"""ClusterName=nodehealth-test
 SlurmctldHost={host}(127.0.0.1)
@@ -60,13 +73,13 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SchedulerType=sched/builtin
-SelectType=select/linear
+SelectType={select}
 MpiDefault=none
 ReturnToService=2
 MessageTimeout=3
 SlurmctldTimeout=5
 SlurmdTimeout=30
-NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} CPUs=1 RealMemory=64 State=UNKNOWN
+NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname={host} {node} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES State=UP
 """)
             if prolog:
@@ -152,3 +165,21 @@ PartitionName=debug Nodes=ALL Default=YES State=UP
     def stop(self) -> None:
         for name in ("slurmd", "slurmctld", "munged"):
             self._stop(name)
+
+
+def running(make: Callable[[], SlurmCluster]) -> Iterator[SlurmCluster]:
+    """A module fixture's body: the cluster `make` builds, started, then stopped. Where it cannot run
+    here (no tools, not root, does not start) the tests skip, and fail under CI."""
+    for tool in TOOLS:
+        require_tool(tool)
+    if os.geteuid() != 0:
+        unavailable("slurmd and slurmctld need root here (SlurmUser=root); CI runs as root")
+    cluster = make()
+    try:
+        try:
+            cluster.start()
+        except RuntimeError as e:
+            unavailable(f"the Slurm cluster did not start: {e}")
+        yield cluster
+    finally:
+        cluster.stop()

@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 import urllib.parse
+import urllib.request
 
 import pytest
 import yaml
@@ -158,3 +159,38 @@ def test_alerts_reach_the_webhook_routed_and_a_lost_gpu_pages_once(tmp_path, dae
             p.terminate()
             p.wait(10)
         hook.server.shutdown()
+
+
+def test_a_node_blind_to_its_kernel_log_raises_one_alert_not_two(tmp_path):
+    """The shipped routing in a real Alertmanager: NodeHealthKernelLogUnreadable holds back the
+    NodeHealthCannotJudge its unknown kernel-log checks also raise on that node, and only there."""
+    alertmanager = alertmanager_binary()
+    port = free_port()
+    am = start([alertmanager, f"--config.file={ROUTING}", f"--storage.path={tmp_path / 'am'}",
+                f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="], "alertmanager", tmp_path)
+    base = f"http://127.0.0.1:{port}"
+    sent = [{"labels": {"alertname": name, "instance": node, "severity": "warning"}}
+            for name, node in (("NodeHealthKernelLogUnreadable", "gpu-1:9456"), ("NodeHealthCannotJudge", "gpu-1:9456"),
+                               ("NodeHealthCannotJudge", "gpu-2:9456"))]
+    try:
+        deadline = time.monotonic() + 30
+        while api(base, "/api/v2/status") is None:
+            if am.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"alertmanager did not start: {(tmp_path / 'alertmanager.log').read_text()[-2000:]}")
+            time.sleep(0.2)
+        request = urllib.request.Request(base + "/api/v2/alerts", data=json.dumps(sent).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as r:
+            assert r.status == 200
+
+        def state() -> dict[tuple[str, str], bool]:
+            return {(a["labels"]["alertname"], a["labels"]["instance"]): bool(a["status"]["inhibitedBy"])
+                    for a in api(base, "/api/v2/alerts?inhibited=true") or []}
+        while len(state()) < 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state() == {("NodeHealthKernelLogUnreadable", "gpu-1:9456"): False,
+                           ("NodeHealthCannotJudge", "gpu-1:9456"): True,
+                           ("NodeHealthCannotJudge", "gpu-2:9456"): False}
+    finally:
+        am.terminate()
+        am.wait(10)

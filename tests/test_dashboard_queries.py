@@ -75,7 +75,7 @@ THROUGHPUT = Empty("a rate between two passes; a replayed machine's clock (its p
 # (file, panel title, refId) -> the fixture machines whose instance the query returns.
 N, F = FILES
 EXPECTED = {
-    (N, "Node verdict (0 healthy, 1 unhealthy, 2 unknown)", "A"): EVERY,
+    (N, "Node verdict", "A"): EVERY,
     (N, "Current findings by severity", "A"): AGGREGATE,
     (N, "Collectors failing", "A"): Empty("every fixture machine's supported collectors succeed"),
     (N, "Findings", "A"): UNHEALTHY,
@@ -93,16 +93,16 @@ EXPECTED = {
     (N, "Row remaps pending (reset the GPU) or failed (RMA candidate)", "B"): {"nvml-a100-remap-failure"},
     (N, "NVLink links down", "A"): {"nvml-h100-nvlink-down"},
     (N, "Active NVLink links per GPU", "A"): GPU_NODES,
-    (N, "NVLink errors per second, by type (5m)", "A"): GPU_NODES,
+    (N, "NVLink errors per second, by type", "A"): GPU_NODES,
     (N, "NVLink throughput per GPU (sum of its links, by direction)", "A"): THROUGHPUT,
     (N, "GPU PCIe generation and width (current and max)", "A"): GPU_NODES,
     (N, "GPU PCIe generation and width (current and max)", "B"): GPU_NODES,
     (N, "GPU PCIe links narrower than their max", "A"): {"nvml-h100-pcie-downtrained"},
-    (N, "GPU PCIe replays per second (5m)", "A"): GPU_NODES,
+    (N, "GPU PCIe replays per second", "A"): GPU_NODES,
     (N, "PCIe throughput per GPU (NVML)", "A"): GPU_NODES,
     (N, "PCIe throughput per GPU (NVML)", "B"): GPU_NODES,
     (N, "Clock event reasons active", "A"): GPU_NODES - {"nvml-a100-remap-failure"},  # its GPUs: none
-    (N, "Share of time in each slowdown (5m)", "A"): GPU_NODES - {"nvml-a100-remap-failure"},  # no fields 269-271
+    (N, "Share of time in each slowdown", "A"): GPU_NODES - {"nvml-a100-remap-failure"},  # no fields 269-271
     (N, "GPU temperature", "A"): GPU_NODES,
     (N, "GPU power draw and limit", "A"): GPU_NODES,
     (N, "GPU power draw and limit", "B"): GPU_NODES,
@@ -114,7 +114,7 @@ EXPECTED = {
     (N, "InfiniBand errors (per second)", "C"): {"h100-8x-cx7"},
     (N, "InfiniBand port throughput", "A"): THROUGHPUT,
     (N, "InfiniBand port throughput as a fraction of its trained rate", "A"): THROUGHPUT,
-    (N, "GPU to nearest RDMA NIC (0 same switch, 1 root complex, 2 NUMA node, 3 across sockets)", "A"):
+    (N, "GPU to nearest RDMA NIC", "A"):
         Empty("the PCIe trees with GPUs and NICs are in tests/fixtures/topology, not in a whole fixture machine"),
     (N, "RDMA memlock (smallest limit among RDMA processes)", "A"): {"h100-8x-cx7"},
     (N, "RDMA WRITE bandwidth per rail and peer (the daemon's periodic tests)", "A"): RDMA,
@@ -122,8 +122,8 @@ EXPECTED = {
     (N, "PCIe links below their width", "A"): Empty("no fixture machine has a sysfs link narrower than its max"),
     (N, "Memory: unusable free space at 2 MiB (Normal zones)", "A"): BUDDY,
     (N, "Memory errors by DIMM (EDAC, since boot)", "A"): {"host-faults"},
-    (N, "Pingmesh: lost fraction by leaf and peer group (5m)", "A"): AGGREGATE,
-    (N, "Pingmesh: p99 round trip by leaf and peer group (TCP connect, 5m)", "A"): AGGREGATE,
+    (N, "Pingmesh: lost fraction by leaf and peer group", "A"): AGGREGATE,
+    (N, "Pingmesh: p99 round trip by leaf and peer group (TCP connect)", "A"): AGGREGATE,
     (N, "Pingmesh: worst peers of the selected nodes (last closed window)", "A"): PINGMESH,
     (N, "Pingmesh: worst peers of the selected nodes (last closed window)", "B"): PINGMESH,
     (N, "Pingmesh verdicts (controller)", "A"): Empty("the controller (tests/test_controller.py) is not scraped here"),
@@ -131,19 +131,19 @@ EXPECTED = {
     (F, "Nodes by status", "A"): AGGREGATE,
     (F, "Nodes by status", "B"): AGGREGATE,
     (F, "Nodes by status", "C"): AGGREGATE,
-    (F, "Nodes that are not healthy (1 unhealthy, 2 unknown)", "A"): UNHEALTHY,
+    (F, "Nodes that are not healthy", "A"): UNHEALTHY,
     (F, "Nodes by finding", "A"): AGGREGATE,
     (F, "Fatal and degraded findings by node", "A"): UNHEALTHY,
     (F, "Tainted nodes (nodehealth taints on the Node)", "A"): {"nvml-h100-xid79-lost"},
     (F, "Taints the circuit breaker withholds", "A"): {"nvml-h100-nvlink-down"},
     (F, "Circuit breaker", "A"): AGGREGATE,
-    (F, "Circuit breaker", "B"): AGGREGATE,
-    (F, "Circuit breaker", "C"): AGGREGATE,
+    (F, "Quarantined nodes and the cap", "A"): AGGREGATE,
+    (F, "Quarantined nodes and the cap", "B"): AGGREGATE,
     (F, "Nodes in dry run or under an operator's hold", "A"): Empty("the --kube daemons write (no --dry-run)"),
     (F, "Nodes in dry run or under an operator's hold", "B"): Empty("no hold annotation on their Nodes"),
-    (F, "Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)", "A"): SLURM,
-    (F, "Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)", "B"): SLURM,
-    (F, "Slurm: nodes drained by nodehealth, by an administrator, and scontrol failing (daemon --slurm)", "C"): SLURM,
+    (F, "Slurm: nodes drained by nodehealth or by someone else (daemon --slurm)", "A"): SLURM,
+    (F, "Slurm: nodes drained by nodehealth or by someone else (daemon --slurm)", "B"): SLURM,
+    (F, "Slurm: scontrol failing (daemon --slurm)", "A"): SLURM,
     (F, "Top Xid codes across the fleet (nodes that logged each this boot)", "A"): AGGREGATE,
     (F, "GPUs with the most Xid errors this boot", "A"): {"h100-8x-cx7", "nvml-h100-xid79-lost"},
     (F, "GPU faults by node", "A"): {"nvml-h100-xid79-lost"},
@@ -151,15 +151,14 @@ EXPECTED = {
     (F, "GPU faults by node", "C"): {"nvml-h100-volatile-dbe"},
     (F, "GPU faults by node", "D"): {"nvml-a100-remap-failure"},
     (F, "GPU faults by node", "E"): {"nvml-h100-hw-slowdown"},
-    (F, "Worst InfiniBand ports (symbol errors, link recoveries and downs per second, 5m)", "A"): {"h100-8x-cx7"},
-    (F, "Worst InfiniBand ports (symbol errors, link recoveries and downs per second, 5m)", "B"):
-        Empty("every InfiniBand port of h100-8x-cx7 is ACTIVE"),
+    (F, "Worst InfiniBand ports (symbol errors, link recoveries and downs per second)", "A"): {"h100-8x-cx7"},
+    (F, "InfiniBand ports not ACTIVE", "A"): Empty("every InfiniBand port of h100-8x-cx7 is ACTIVE"),
     (F, "PCIe downtrained links", "A"): Empty("no fixture machine has a sysfs link narrower than its max"),
     (F, "PCIe downtrained links", "B"): {"nvml-h100-pcie-downtrained"},
-    (F, "Slowest RDMA rails (average WRITE bandwidth of the last test, Gb/s)", "A"): RDMA,
-    (F, "Slowest RDMA rails (average WRITE bandwidth of the last test, Gb/s)", "B"): RDMA,
+    (F, "Slowest RDMA rails (average WRITE bandwidth of the last test)", "A"): RDMA,
+    (F, "RDMA tests whose last run failed", "A"): RDMA,
     (F, "Pingmesh verdicts (controller)", "A"): Empty("the controller (tests/test_controller.py) is not scraped here"),
-    (F, "Pingmesh: lost fraction per node (5m)", "A"): PINGMESH,
+    (F, "Pingmesh: lost fraction per node", "A"): PINGMESH,
     (F, "Memory fragmentation outliers (unusable free space at 2 MiB, Normal zones)", "A"): BUDDY,
     (F, "Hung training jobs and stragglers", "A"): {"fragmented"},
     (F, "Hung training jobs and stragglers", "B"): {"fragmented"},
@@ -167,9 +166,13 @@ EXPECTED = {
 
 
 def substitute(expr: str, instances: list[str]) -> str:
-    """The node dashboard with every node selected: Grafana's `All` is the values as a regex alternation."""
+    """The dashboards as Grafana runs them with every node selected: `All` nodes are the values as a regex
+    alternation; `All` clusters the variable's `.*` (the fixture series carry no cluster label, as in a
+    Prometheus of one cluster); $__rate_interval 5 minutes (Grafana derives it from the step and the
+    scrape interval; any window of a few scrapes serves here)."""
     alternation = "(" + "|".join(re.escape(i) for i in instances) + ")"
-    return expr.replace("$instance", alternation.replace("\\", "\\\\"))
+    return (expr.replace("$node", alternation.replace("\\", "\\\\")).replace("$cluster", ".*")
+            .replace("$__rate_interval", "5m"))
 
 
 def query(base: str, expr: str) -> dict:
@@ -324,9 +327,9 @@ def test_panel_query_returns_the_machines_it_should(fleet, file, title, ref, exp
     assert series, "no series"
     if expected == AGGREGATE:
         assert all("instance" not in s["metric"] for s in series), series[:3]
-        assert file == N or link_of(title).endswith("var-instance=$__all"), "a count over nodes opens them all"
+        assert file == N or link_of(title).endswith("var-node=$__all"), "a count over nodes opens them all"
         return
-    assert file == N or not link_of(title).endswith("var-instance=$__all"), "a node's series opens its node"
+    assert file == N or not link_of(title).endswith("var-node=$__all"), "a node's series opens its node"
     by_instance = {v: k for k, v in instance.items()}
     got = {by_instance.get(s["metric"].get("instance"), s["metric"].get("instance")) for s in series}
     assert got == expected, (sorted(got - expected), sorted(expected - got))
@@ -337,3 +340,16 @@ def test_hang_series_keep_their_training_job_label_after_the_scrape(fleet):
     base, _ = fleet
     series = query(base, "nodehealth_hang_detected")["data"]["result"]
     assert series and all(s["metric"].get("training_job") and "exported_job" not in s["metric"] for s in series), series
+
+
+def test_the_annotation_queries_run_and_mark_the_tainted_node(fleet):
+    base, instance = fleet
+    by_instance = {v: k for k, v in instance.items()}
+    for name in FILES:
+        with open(os.path.join(DASHBOARDS, name)) as f:
+            annotations = {a["name"]: a["expr"] for a in json.load(f)["annotations"]["list"]}
+        for title, expr in annotations.items():
+            body = query(base, substitute(expr, sorted(instance.values())))
+            assert body["status"] == "success", (name, title, body)
+        tainted = query(base, substitute(annotations["nodehealth taints"], sorted(instance.values())))
+        assert {by_instance[s["metric"]["instance"]] for s in tainted["data"]["result"]} == {"nvml-h100-xid79-lost"}

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import shutil
 import subprocess
+import sys
+import tempfile
 
 import celpy
 import kubernetes_validate
@@ -21,6 +24,9 @@ from nodehealth.model import Action, Finding, Report, Severity, Status
 DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
 AGENT = "system:serviceaccount:nodehealth:nodehealth"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+COMPONENTS = ("monitoring", "grafana-dashboards", "pingmesh", "hang", "hang-exit-codes", "kernel-log-privileged",
+              "metrics-network-policy")
+KUBERNETES_VERSIONS = ("1.30.0", "1.32.0", "1.35.0")
 
 
 def load(name: str) -> list[dict]:
@@ -28,20 +34,62 @@ def load(name: str) -> list[dict]:
         return [d for d in yaml.safe_load_all(f) if d]
 
 
-def kustomization() -> dict:
-    return load("kustomization.yaml")[0]
+def build(*components: str, files: dict[str, str] | None = None) -> list[dict]:
+    """kustomize itself (kubectl kustomize): the base, or an overlay of it with our components and
+    `files` (an overlay's kustomization.yaml and what it names), built from a copy of deploy/."""
+    return [d for d in yaml.safe_load_all(_build(components, tuple(sorted((files or {}).items())))) if d]
 
 
-def manifests() -> list[tuple[str, dict]]:
-    return [(name, doc) for name in kustomization()["resources"] for doc in load(name)]
+@functools.cache
+def _build(components: tuple[str, ...], files: tuple[tuple[str, str], ...]) -> str:
+    kubectl = require_tool("kubectl")
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copytree(DEPLOY, os.path.join(tmp, "deploy"))
+        root = os.path.join(tmp, "deploy")
+        if components or files:
+            root = os.path.join(tmp, "overlay")
+            os.mkdir(root)
+            written = dict(files)
+            written.setdefault("kustomization.yaml", yaml.safe_dump(
+                {"resources": ["../deploy"], "components": [f"../deploy/components/{c}" for c in components]}))
+            for name, text in written.items():
+                with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+                    f.write(text)
+        done = subprocess.run([kubectl, "kustomize", root], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
 
-def of_kind(kind: str, name: str | None = None) -> dict:
-    return next(doc for _, doc in manifests() if doc["kind"] == kind and name in (None, doc["metadata"]["name"]))
+def manifests(*components: str) -> list[dict]:
+    return build(*components)
 
 
-def workloads() -> list[dict]:
-    return [doc for _, doc in manifests() if doc["kind"] in ("DaemonSet", "Deployment")]
+def of_kind(kind: str, name: str | None = None, docs: list[dict] | None = None) -> dict:
+    return next(doc for doc in (manifests() if docs is None else docs)
+                if doc["kind"] == kind and name in (None, doc["metadata"]["name"]))
+
+
+def workloads(docs: list[dict]) -> list[dict]:
+    return [doc for doc in docs if doc["kind"] in ("DaemonSet", "Deployment")]
+
+
+def pod_spec(docs: list[dict], kind: str = "DaemonSet") -> dict:
+    return of_kind(kind, docs=docs)["spec"]["template"]["spec"]
+
+
+def merged_config(docs: list[dict], tmp_path) -> dict:
+    """The config the daemon loads: the ConfigMap's files merged by its own merge.py, then loaded and
+    validated by nodehealth's loader."""
+    data = of_kind("ConfigMap", docs=docs)["data"]
+    source = tmp_path / "config.d"
+    source.mkdir(parents=True)
+    for name, text in data.items():
+        (source / name).write_text(text)
+    target = tmp_path / "config.yaml"
+    done = subprocess.run([sys.executable, str(source / "merge.py"), str(source), str(target)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return config.load(str(target))
 
 
 # -- the ValidatingAdmissionPolicy, evaluated ------------------------------------------------------
@@ -50,7 +98,7 @@ class Policy:
     """The policy's CEL run the way the API server runs it: match conditions, variables, validations."""
 
     def __init__(self) -> None:
-        spec = of_kind("ValidatingAdmissionPolicy")["spec"]
+        spec = next(d for d in load("admission-policy.yaml") if d["kind"] == "ValidatingAdmissionPolicy")["spec"]
         env = celpy.Environment()
         self.match = [env.program(env.compile(m["expression"])) for m in spec["matchConditions"]]
         self.variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in spec["variables"]]
@@ -187,77 +235,189 @@ def test_admission_policy_admits_every_write_the_publisher_makes(policy, tmp_pat
         server.close()
 
 
-# -- schemas and the kustomize base ---------------------------------------------------------------
+# -- the kustomize base and its components, built by kustomize ---------------------------------------
 
-def test_kustomization_lists_files_that_exist_and_parse():
-    k = kustomization()
-    assert k["kind"] == "Kustomization"
-    for name in k["resources"]:
-        docs = load(name)
-        assert docs and all("apiVersion" in d and "kind" in d and d["metadata"].get("name") for d in docs), name
-    component = yaml.safe_load(open(os.path.join(DEPLOY, "components", "kernel-log-privileged", "kustomization.yaml")))
-    assert component["kind"] == "Component"
-    image = of_kind("DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert [i["name"] for i in k["images"]] == [image]
+def validate(doc: dict) -> None:
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
 
 
-@pytest.mark.parametrize("name, doc", manifests(), ids=lambda x: x if isinstance(x, str) else x["kind"])
-def test_manifest_validates_against_kubernetes_1_30(name, doc):
-    if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-        # A CRD kind: kubernetes-validate bundles only built-in schemas, so check its structure:
-        # it selects the pods of exactly one workload, on a port they have.
-        assert doc["kind"] == "PodMonitor" and doc["apiVersion"] == "monitoring.coreos.com/v1"
-        wanted = doc["spec"]["selector"]["matchLabels"].items()
-        selected = [w for w in workloads() if wanted <= w["spec"]["template"]["metadata"]["labels"].items()]
-        assert len(selected) == 1
-        ports = {p["name"] for p in selected[0]["spec"]["template"]["spec"]["containers"][0]["ports"]}
-        assert {e["port"] for e in doc["spec"]["podMetricsEndpoints"]} <= ports
-        return
-    kubernetes_validate.validate(doc, "1.30.0", strict=True)
+def test_the_base_needs_no_crd_and_validates_against_kubernetes_1_30_to_1_35():
+    docs = manifests()
+    assert not [d["kind"] for d in docs if not d["apiVersion"].startswith(
+        ("v1", "apps/", "rbac.authorization.k8s.io/", "admissionregistration.k8s.io/", "scheduling.k8s.io/"))]
+    assert {d["kind"] for d in docs} == {"Namespace", "PriorityClass", "ServiceAccount", "ClusterRole",
+                                        "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy",
+                                        "ValidatingAdmissionPolicyBinding", "ConfigMap", "DaemonSet", "Service"}
+    for doc in docs:
+        validate(doc)
 
 
-def test_daemonset_is_the_unprivileged_agent_the_issue_asks_for():
-    spec = of_kind("DaemonSet")["spec"]["template"]["spec"]
+def test_every_component_builds_and_validates():
+    docs = build(*COMPONENTS)
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # CRDs: test_the_monitoring_component_scrapes_what_the_workloads_serve
+        validate(doc)
+    assert {d["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") for d in docs} == {"nodehealth"}
+
+
+def test_the_monitoring_component_scrapes_what_the_workloads_serve():
+    docs = build("monitoring", "pingmesh")
+    monitors = [d for d in docs if d["kind"] == "PodMonitor"]
+    assert len(monitors) == 2
+    for monitor in monitors:
+        wanted = monitor["spec"]["selector"]["matchLabels"].items()
+        [selected] = [w for w in workloads(docs) if wanted <= w["spec"]["template"]["metadata"]["labels"].items()]
+        ports = {p["name"] for p in selected["spec"]["template"]["spec"]["containers"][0]["ports"]}
+        assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
+    [rule] = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] and rule["metadata"]["namespace"] == "nodehealth"
+
+
+def test_the_daemonset_carries_only_what_the_base_checks_need():
+    spec = pod_spec(manifests())
     container = spec["containers"][0]
     security = container["securityContext"]
     assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
-    assert {"SYS_PTRACE", "IPC_LOCK"} <= set(security["capabilities"]["add"])
-    assert security["capabilities"]["drop"] == ["ALL"]
-    assert spec["hostPID"] is True and spec["priorityClassName"] == "system-node-critical"
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG", "SYS_PTRACE"]}
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not any(spec.get(k) for k in ("hostPID", "hostIPC", "hostNetwork"))
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"host-proc": "/proc", "host-sys": "/sys", "host-kmsg": "/dev/kmsg",
+                          "state": "/var/lib/nodehealth"}
+    for path in ("/host/proc", "/host/sys", "/host/dev/kmsg"):
+        assert mounts[path]["readOnly"] is True
+    assert "readOnly" not in mounts["/var/lib/nodehealth"]
+    assert "/run/nodehealth/hang" not in mounts
     assert "nvidia.com/gpu" not in str(container["resources"])  # never takes GPUs from jobs
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
     assert {"name": "NODE_NAME",
             "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "spec.nodeName"}}} in container["env"]
-    assert "runtimeClassName" in spec
     assert container["args"][:3] == ["daemon", "--root", "/host"]
-    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    for path in ("/host/proc", "/host/sys", "/host/dev/kmsg"):
-        assert mounts[path]["readOnly"] is True
-    assert "readOnly" not in mounts["/var/lib/nodehealth"]
-    assert "readOnly" not in mounts["/run/nodehealth/hang"]  # the detector writes Flight Recorder requests there
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     effects = {t["effect"] for t in spec["tolerations"] if t["operator"] == "Exists" and "key" not in t}
     assert effects == {"NoSchedule", "PreferNoSchedule", "NoExecute"}  # its own taints never evict it
+
+
+def test_the_agent_listens_on_its_pod_address_only():
+    container = pod_spec(manifests())["containers"][0]
+    args = container["args"]
+    assert args[args.index("--listen") + 1] == "[$(POD_IP)]:9456"
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "status.podIP"}}} in \
+        container["env"]
+
+
+def test_the_agent_has_its_own_priority_class():
+    docs = manifests()
+    [priority] = [d for d in docs if d["kind"] == "PriorityClass"]
+    assert pod_spec(docs)["priorityClassName"] == priority["metadata"]["name"] == "nodehealth-node-critical"
+    assert priority["value"] == 1000000000  # the highest a user-defined class may have
+    assert not priority.get("globalDefault")
+
+
+def test_gpu_operator_conventions_are_defaults():
+    spec = pod_spec(manifests())
+    assert spec["runtimeClassName"] == "nvidia"
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert KUBE_DEFAULTS["managed_node_selector"] == "nvidia.com/gpu.present=true"  # the breaker counts the same
 
 
-def test_rbac_is_least_privilege():
-    cluster = of_kind("ClusterRole", "nodehealth")["rules"]
-    assert {(tuple(r["resources"]), tuple(r["verbs"])) for r in cluster} == {
-        (("nodes",), ("get", "list", "patch")),
-        (("nodes/status",), ("patch",)),
-        (("events",), ("create",)),
-    }
-    role = of_kind("Role", "nodehealth-breaker")
-    assert role["metadata"]["namespace"] == KUBE_DEFAULTS["breaker_namespace"]
-    assert {v for r in role["rules"] for v in r["verbs"]} == {"create", "get", "update"}
-    assert [r.get("resourceNames") for r in role["rules"] if "get" in r["verbs"]] == [[KUBE_DEFAULTS["breaker_name"]]]
-    # Pingmesh: the agents read the controller's two ConfigMaps (verdicts, inventory), nothing more.
-    reader = of_kind("Role", "nodehealth-pingmesh-reader")
-    assert reader["metadata"]["namespace"] == PINGMESH["controller_namespace"]
-    assert rules(reader) == {("", "configmaps", "get", PINGMESH_CONFIGMAPS)}
+def readme_block(after: str) -> str:
+    """The first ```yaml block after the line `after` in deploy/README.md."""
+    with open(os.path.join(DEPLOY, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    rest = text[text.index(after):]
+    return rest.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_overlay_without_the_gpu_operator_builds_and_changes_one_key(tmp_path):
+    kustomization = readme_block("<!-- overlay: without-gpu-operator -->").replace("../../deploy", "../deploy")
+    site = readme_block("<!-- overlay: 90-site.yaml -->")
+    docs = build(files={"kustomization.yaml": kustomization, "90-site.yaml": site})
+    spec = pod_spec(docs)
+    assert "runtimeClassName" not in spec
+    assert spec["nodeSelector"] == {"example.com/accelerator": "nvidia"}
+    cfg = merged_config(docs, tmp_path / "site")
+    base = merged_config(manifests(), tmp_path / "base")
+    assert cfg["kube"]["managed_node_selector"] == "example.com/accelerator=nvidia"
+    cfg["kube"]["managed_node_selector"] = base["kube"]["managed_node_selector"]
+    assert cfg == base  # every other key as the base has it
+    for doc in docs:
+        validate(doc)
+
+
+def test_a_config_change_renames_the_configmap_so_the_pods_roll(tmp_path):
+    overlay = {"kustomization.yaml": yaml.safe_dump({
+        "resources": ["../deploy"],
+        "configMapGenerator": [{"name": "nodehealth-config", "namespace": "nodehealth", "behavior": "merge",
+                                "files": ["90-site.yaml"]}]})}
+    names = set()
+    for interval in (30, 60):
+        docs = build(files=dict(overlay, **{"90-site.yaml": f"daemon:\n  interval_seconds: {interval}\n"}))
+        [configmap] = [d for d in docs if d["kind"] == "ConfigMap"]
+        volumes = {v["name"]: v for v in pod_spec(docs)["volumes"]}
+        assert volumes["config"]["configMap"]["name"] == configmap["metadata"]["name"]
+        assert merged_config(docs, tmp_path / str(interval))["daemon"]["interval_seconds"] == interval
+        names.add(configmap["metadata"]["name"])
+    assert len(names) == 2 and all(n.startswith("nodehealth-config-") for n in names)
+
+
+def test_the_merge_script_refuses_a_file_that_is_no_mapping(tmp_path):
+    (tmp_path / "00-base.yaml").write_text("daemon: {}\n")
+    (tmp_path / "90-site.yaml").write_text("- a list\n")
+    done = subprocess.run([sys.executable, os.path.join(DEPLOY, "config", "merge.py"), str(tmp_path),
+                           str(tmp_path / "out.yaml")], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "90-site.yaml: expected a mapping of settings, got list" in done.stderr
+    assert not (tmp_path / "out.yaml").exists()
+
+
+def test_shipped_config_starts_in_dry_run_with_hang_detection_and_pingmesh_off(tmp_path):
+    cfg = merged_config(manifests(), tmp_path)
+    assert cfg["kube"]["enabled"] is True and cfg["kube"]["dry_run"] is True
+    assert cfg["hang"]["enabled"] is False and cfg["pingmesh"]["enabled"] is False
+
+
+def test_the_hang_component_adds_exactly_what_hang_detection_needs(tmp_path):
+    docs = build("hang")
+    spec, base = pod_spec(docs), pod_spec(manifests())
+    assert spec["hostPID"] is True
+    context = spec["containers"][0]["securityContext"]
+    assert context["capabilities"]["add"] == ["SYSLOG", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the last one its own
+    assert not context.get("privileged")
+    mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
+    assert "readOnly" not in mounts["/run/nodehealth/hang"]  # the detector writes Flight Recorder requests there
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/run/nodehealth/hang"]["name"]]["hostPath"]["path"] == "/run/nodehealth/hang"
+    assert len(spec["volumes"]) == len(base["volumes"]) + 1
+    assert merged_config(docs, tmp_path)["hang"]["enabled"] is True
+
+
+def test_the_hang_exit_codes_component_adds_only_net_admin_and_host_network():
+    spec, hang = pod_spec(build("hang", "hang-exit-codes")), pod_spec(build("hang"))
+    assert spec["hostNetwork"] is True and spec["hostPID"] is True
+    context, hang_context = spec["containers"][0]["securityContext"], hang["containers"][0]["securityContext"]
+    assert context["capabilities"]["add"] == hang_context["capabilities"]["add"] + ["NET_ADMIN"]
+    assert context["capabilities"]["drop"] == ["ALL"] and not context.get("privileged")
+
+
+def test_the_kernel_log_privileged_component_makes_only_the_agent_privileged():
+    docs = build("kernel-log-privileged")
+    spec = pod_spec(docs)
+    assert spec["containers"][0]["securityContext"]["privileged"] is True
+    assert spec["initContainers"][0]["securityContext"] == pod_spec(manifests())["initContainers"][0]["securityContext"]
+
+
+def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_port():
+    docs = build("metrics-network-policy")
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = of_kind("DaemonSet", docs=docs)["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    [rule] = policy["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == ["metrics"] and rule["from"]
 
 
 PINGMESH = config.defaults()["pingmesh"]
@@ -271,22 +431,38 @@ def rules(role: dict) -> set[tuple]:
             for r in role["rules"] for group in r["apiGroups"] for resource in r["resources"] for verb in r["verbs"]}
 
 
-def granted(subject: str) -> set[tuple]:
+def granted(subject: str, docs: list[dict]) -> set[tuple]:
     """(scope, rule) of everything the RBAC objects bind to `subject` (namespace "" = cluster-wide)."""
     out = set()
-    for _, binding in manifests():
+    for binding in docs:
         if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
             continue
         names = {f"system:serviceaccount:{s['namespace']}:{s['name']}" for s in binding["subjects"]}
         if subject in names:
-            role = of_kind(binding["roleRef"]["kind"], binding["roleRef"]["name"])
+            role = of_kind(binding["roleRef"]["kind"], binding["roleRef"]["name"], docs)
             scope = binding["metadata"].get("namespace", "") if binding["kind"] == "RoleBinding" else ""
             out |= {(scope, *rule) for rule in rules(role)}
     return out
 
 
+def test_rbac_is_least_privilege():
+    ns = KUBE_DEFAULTS["breaker_namespace"]
+    base = {
+        ("", "", "nodes", "get", ()), ("", "", "nodes", "list", ()), ("", "", "nodes", "patch", ()),
+        ("", "", "nodes/status", "patch", ()),
+        ("", "", "events", "create", ()),
+        (ns, "coordination.k8s.io", "leases", "create", ()),  # RBAC cannot restrict create by name
+        (ns, "coordination.k8s.io", "leases", "get", (KUBE_DEFAULTS["breaker_name"],)),
+        (ns, "coordination.k8s.io", "leases", "update", (KUBE_DEFAULTS["breaker_name"],)),
+    }
+    assert granted(AGENT, manifests()) == base
+    # Pingmesh: the agents read the controller's two ConfigMaps (verdicts, inventory), nothing more.
+    assert granted(AGENT, build("pingmesh")) == base | {
+        (PINGMESH["controller_namespace"], "", "configmaps", "get", PINGMESH_CONFIGMAPS)}
+
+
 def test_no_rbac_rule_has_a_wildcard():
-    for _, doc in manifests():
+    for doc in build(*COMPONENTS):
         if doc["kind"] in ("Role", "ClusterRole"):
             for group, resource, verb, names in rules(doc):
                 assert "*" not in (group, resource, verb, *names), doc["metadata"]["name"]
@@ -294,7 +470,8 @@ def test_no_rbac_rule_has_a_wildcard():
 
 def test_the_controller_may_write_only_its_lease_and_its_configmaps():
     ns = PINGMESH["controller_namespace"]
-    assert granted(CONTROLLER) == {
+    docs = build("pingmesh")
+    assert granted(CONTROLLER, docs) == {
         ("", "", "nodes", "list", ()),  # the managed Nodes, page by page; no get, no write
         (ns, "coordination.k8s.io", "leases", "create", ()),  # RBAC cannot restrict create by name
         (ns, "coordination.k8s.io", "leases", "get", (PINGMESH["controller_lease"],)),
@@ -303,30 +480,27 @@ def test_the_controller_may_write_only_its_lease_and_its_configmaps():
         (ns, "", "configmaps", "get", PINGMESH_CONFIGMAPS),
         (ns, "", "configmaps", "update", PINGMESH_CONFIGMAPS),
     }
-    deployment = of_kind("Deployment", "nodehealth-controller")
-    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "nodehealth-controller"
+    assert pod_spec(docs, "Deployment")["serviceAccountName"] == "nodehealth-controller"
     # The admission policy stays about the agent alone, exactly as strict as before.
-    policy = of_kind("ValidatingAdmissionPolicy")["spec"]
+    policy = of_kind("ValidatingAdmissionPolicy", docs=docs)["spec"]
     assert [m["expression"] for m in policy["matchConditions"]] == [
         "request.userInfo.username == 'system:serviceaccount:nodehealth:nodehealth'"]
 
 
-def test_the_agents_may_read_the_verdicts_and_the_inventory_and_write_no_configmap():
-    agent = granted(AGENT)
-    assert PINGMESH["configmap"] != PINGMESH["inventory_configmap"]
-    assert {r for r in agent if r[2] == "configmaps"} == {
-        (PINGMESH["controller_namespace"], "", "configmaps", "get", PINGMESH_CONFIGMAPS)}
-    assert not {r for r in agent if r[2] == "leases" and PINGMESH["controller_lease"] in r[4]}
+def test_the_controller_comes_with_the_pingmesh_component_only():
+    assert not [d for d in manifests() if d["metadata"]["name"].startswith("nodehealth-controller")]
+    assert not granted(CONTROLLER, manifests())
 
 
-def test_controller_deployment():
-    spec = of_kind("Deployment", "nodehealth-controller")["spec"]
-    pod = spec["template"]["spec"]
+def test_controller_deployment(tmp_path):
+    docs = build("pingmesh")
+    deployment = of_kind("Deployment", "nodehealth-controller", docs)
+    spec, pod = deployment["spec"], pod_spec(docs, "Deployment")
     container = pod["containers"][0]
-    assert spec["replicas"] >= 1 and spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"][
+    assert spec["replicas"] >= 2 and spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"][
         "labels"].items()
-    assert container["args"][0] == "controller" and container["image"] == of_kind("DaemonSet")["spec"]["template"][
-        "spec"]["containers"][0]["image"]
+    assert container["args"][0] == "controller"
+    assert container["image"] == pod_spec(docs)["containers"][0]["image"] == "ghcr.io/example/nodehealth:0.1.0"
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     security = container["securityContext"]
@@ -336,68 +510,51 @@ def test_controller_deployment():
     [port] = container["ports"]
     assert port["containerPort"] == int(PINGMESH["controller_listen"].rpartition(":")[2])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    # The agents' config, merged by the same init container.
+    assert pod["initContainers"] == pod_spec(docs)["initContainers"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["config"]["configMap"]["name"] == of_kind("ConfigMap")["metadata"]["name"]  # the agents' config
+    assert volumes["config"] == {v["name"]: v for v in pod_spec(docs)["volumes"]}["config"]
+    assert merged_config(docs, tmp_path)["pingmesh"]["enabled"] is True
+
+
+def test_the_controller_has_a_disruption_budget_that_keeps_one_replica():
+    docs = build("pingmesh")
+    [budget] = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    deployment = of_kind("Deployment", "nodehealth-controller", docs)
+    assert budget["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"][
+        "labels"].items()
+    assert budget["spec"]["maxUnavailable"] == 1 < deployment["spec"]["replicas"]
+
+
+def test_components_with_resources_give_them_the_base_images_and_labels():
+    """A component's resources get none of the base's transformers."""
+    with open(os.path.join(DEPLOY, "kustomization.yaml")) as f:
+        base = yaml.safe_load(f)
+    for name in COMPONENTS:
+        with open(os.path.join(DEPLOY, "components", name, "kustomization.yaml")) as f:
+            component = yaml.safe_load(f)
+        if component.get("resources"):
+            assert component["labels"] == base["labels"], name
+        if any(d["kind"] in ("DaemonSet", "Deployment") for r in component.get("resources", [])
+               for d in load(os.path.join("components", name, r))):
+            assert component["images"] == base["images"], name
 
 
 def test_the_daemonset_declares_the_ping_port_and_the_base_stays_off_the_host_network():
-    spec = of_kind("DaemonSet")["spec"]["template"]["spec"]
+    spec = pod_spec(manifests())
     ports = {p["name"]: p["containerPort"] for p in spec["containers"][0]["ports"]}
     assert ports == {"metrics": 9456, "pingmesh": int(PINGMESH["listen"].rpartition(":")[2])}
     assert "hostNetwork" not in spec
-    config_ = yaml.safe_load(of_kind("ConfigMap")["data"]["config.yaml"])
-    assert not config_.get("pingmesh", {}).get("enabled")
 
 
-def test_the_pingmesh_component_turns_on_host_network_and_the_probe():
-    folder = os.path.join(DEPLOY, "components", "pingmesh")
-    component = yaml.safe_load(open(os.path.join(folder, "kustomization.yaml")))
-    assert component["kind"] == "Component"
-    [patch] = [p for p in component["patches"] if "target" in p]
-    assert yaml.safe_load(patch["patch"]) == [
-        {"op": "add", "path": "/spec/template/spec/hostNetwork", "value": True},
-        {"op": "add", "path": "/spec/template/spec/dnsPolicy", "value": "ClusterFirstWithHostNet"}]
-    [configmap] = load(os.path.join("components", "pingmesh", "configmap.yaml"))
-    assert configmap["metadata"]["name"] == of_kind("ConfigMap")["metadata"]["name"]
-    # The whole config.yaml is replaced: it must be the base's with pingmesh enabled, nothing else.
-    base = yaml.safe_load(of_kind("ConfigMap")["data"]["config.yaml"])
-    assert yaml.safe_load(configmap["data"]["config.yaml"]) == dict(base, pingmesh={"enabled": True})
-    kubernetes_validate.validate(configmap, "1.30.0", strict=True)
-
-
-def build_overlay(tmp_path, component: str) -> list[dict]:
-    """kustomize itself: an overlay of the base with one of our components, built."""
-    kubectl = require_tool("kubectl")
-    shutil.copytree(DEPLOY, tmp_path / "deploy")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        f"resources: [../deploy]\ncomponents: [../deploy/components/{component}]\n")
-    out = subprocess.run([kubectl, "kustomize", str(tmp_path / "overlay")], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
-
-
-def test_an_overlay_with_the_pingmesh_component_builds(tmp_path):
-    """kustomize itself: the component applies to the base and the result still validates."""
-    docs = build_overlay(tmp_path, "pingmesh")
-    daemonset = next(d for d in docs if d["kind"] == "DaemonSet")
-    assert daemonset["spec"]["template"]["spec"]["hostNetwork"] is True
-    cfg = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"])
-    assert cfg["pingmesh"]["enabled"] is True and cfg["kube"]["dry_run"] is True
-    for doc in docs:
-        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            kubernetes_validate.validate(doc, "1.30.0", strict=True)
-
-
-def test_an_overlay_with_the_hang_exit_codes_component_adds_only_net_admin_and_host_network(tmp_path):
-    """kustomize itself; the exit listener's needs (tests/test_hang_exits.py) and nothing else widened."""
-    daemonset = next(d for d in build_overlay(tmp_path, "hang-exit-codes") if d["kind"] == "DaemonSet")
-    spec, base = daemonset["spec"]["template"]["spec"], of_kind("DaemonSet")["spec"]["template"]["spec"]
-    assert spec["hostNetwork"] is True and spec["hostPID"] is True
-    context, base_context = spec["containers"][0]["securityContext"], base["containers"][0]["securityContext"]
-    assert context["capabilities"]["add"] == base_context["capabilities"]["add"] + ["NET_ADMIN"]
-    assert context["capabilities"]["drop"] == ["ALL"] and not context.get("privileged")
-    kubernetes_validate.validate(daemonset, "1.30.0", strict=True)
+def test_the_pingmesh_component_turns_on_host_network_and_the_probe(tmp_path):
+    docs = build("pingmesh")
+    spec = pod_spec(docs)
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    cfg, base = merged_config(docs, tmp_path / "pingmesh"), merged_config(manifests(), tmp_path / "base")
+    assert cfg["pingmesh"]["enabled"] is True
+    cfg["pingmesh"]["enabled"] = False
+    assert cfg == base
 
 
 def test_service_selects_the_agent_pods():
@@ -405,9 +562,3 @@ def test_service_selects_the_agent_pods():
     service = of_kind("Service")
     assert service["spec"]["selector"].items() <= pod_labels.items()
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
-
-
-def test_shipped_config_starts_in_dry_run():
-    config = yaml.safe_load(of_kind("ConfigMap")["data"]["config.yaml"])
-    assert config["kube"]["enabled"] is True and config["kube"]["dry_run"] is True
-    assert set(config["kube"]) <= set(KUBE_DEFAULTS)

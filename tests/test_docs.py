@@ -19,7 +19,7 @@ from nodehealth import config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
 # Pages other branches are writing right now; a link to one is accepted while it does not exist yet.
-PENDING = {"docs/runbooks.md": "the operator branch"}
+PENDING: dict[str, str] = {}
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
 

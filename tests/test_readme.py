@@ -26,6 +26,13 @@ def test_the_test_command_works_as_root_and_not_and_ci_runs_it():
     assert 'sudo="sudo"' in ci and '[ "$(id -u)" -eq 0 ]' in ci
 
 
+def test_the_test_command_installs_every_debian_package_ci_installs():
+    """A fresh machine that runs the README's command has every package .ci/run would add."""
+    command = readme_test_command().split()
+    ci_packages = {p for group in re.findall(r"need\+=\(([^)]*)\)", read(".ci/run")) for p in group.split()}
+    assert ci_packages and sorted(ci_packages - set(command)) == []
+
+
 # Where each command's synopsis lives: the page that documents the command.
 SYNOPSES = {
     "check": "docs/commands.md",

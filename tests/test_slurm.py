@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-from conftest import IN_CI, DaemonProcess, machine, require_tool
-from slurm_cluster import NODE, TOOLS, SlurmCluster
+from conftest import DaemonProcess, machine, require_tool
+from slurm_cluster import NODE, SlurmCluster, running
 
 from nodehealth.model import Finding, Severity
 from nodehealth.slurm.drainer import drain_reason
@@ -82,12 +82,6 @@ def test_an_scontrol_that_cannot_run_or_prints_garbage_never_ends_the_drainer(tm
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    for tool in TOOLS:
-        require_tool(tool)
-    if os.geteuid() != 0:
-        if IN_CI:
-            pytest.fail("the Slurm tests run slurmd as root; CI runs as root")
-        pytest.skip("slurmd and slurmctld need root here (SlurmUser=root)")
     top = tmp_path_factory.mktemp("slurm")
     # The Prolog: `nodehealth slurm` on the machine named in prolog-root (healthy unless a test says otherwise).
     (top / "prolog-root").write_text(HEALTHY)
@@ -97,17 +91,7 @@ def cluster(tmp_path_factory):
                       f"sys.exit(main(['slurm', '--root', root, '--node-name', {NODE!r}, "
                       f"'--state-dir', {str(top / 'prolog-state')!r}]))\n")
     prolog.chmod(0o755)
-    c = SlurmCluster(str(top), prolog=str(prolog))
-    try:
-        try:
-            c.start()
-        except RuntimeError as e:
-            if IN_CI:
-                pytest.fail(f"the Slurm cluster did not start: {e}")
-            pytest.skip(f"the Slurm cluster did not start: {e}")
-        yield c
-    finally:
-        c.stop()
+    yield from running(lambda: SlurmCluster(str(top), prolog=str(prolog)))
 
 
 @pytest.fixture

@@ -1,0 +1,172 @@
+"""deploy/components/attribution: built onto the base by kustomize itself, the RBAC it renders, and its
+admission policy's CEL run on the Events the agent posts (and on the ones it must not)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+from conftest import require_tool
+
+from nodehealth.attribution import DEFAULTS
+from nodehealth.attribution.notices import PodNotice, pod_event
+
+DEPLOY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy")
+COMPONENT = os.path.join(DEPLOY, "components", "attribution")
+AGENT = "system:serviceaccount:nodehealth:nodehealth"
+SOCKET_DIR = "/var/lib/kubelet/pod-resources"
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory) -> list[dict]:
+    """The base with the component, as `kubectl kustomize` builds it."""
+    kubectl = require_tool("kubectl")
+    top = tmp_path_factory.mktemp("overlay")
+    shutil.copytree(DEPLOY, top / "deploy")
+    (top / "overlay").mkdir()
+    (top / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../deploy]\ncomponents: [../deploy/components/attribution]\n")
+    out = subprocess.run([kubectl, "kustomize", str(top / "overlay")], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def base_daemonset() -> dict:
+    with open(os.path.join(DEPLOY, "daemonset.yaml"), encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def test_the_component_mounts_only_the_pod_resources_directory_read_only(rendered):
+    ds = next(d for d in rendered if d["kind"] == "DaemonSet")
+    spec, base = ds["spec"]["template"]["spec"], base_daemonset()["spec"]["template"]["spec"]
+    [volume] = [v for v in spec["volumes"] if v["name"] not in {b["name"] for b in base["volumes"]}]
+    assert volume == {"name": "pod-resources", "hostPath": {"path": SOCKET_DIR, "type": "Directory"}}
+    container, base_container = spec["containers"][0], base["containers"][0]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount == {"name": "pod-resources", "mountPath": SOCKET_DIR, "readOnly": True}
+    assert container["securityContext"] == base_container["securityContext"]  # no new capability
+    assert len(container["volumeMounts"]) == len(base_container["volumeMounts"]) + 1
+    assert os.path.dirname(DEFAULTS["kubelet_socket"]) == SOCKET_DIR
+    for doc in rendered:
+        if not doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            kubernetes_validate.validate(doc, "1.30.0", strict=True)
+
+
+def agent_rules(docs: list[dict]) -> list[dict]:
+    """Every rule of every Role and ClusterRole bound to the agent's service account."""
+    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in docs if b["kind"] in ("RoleBinding",
+                                                                                          "ClusterRoleBinding")
+             for s in b.get("subjects", []) if (s["kind"], s["name"], s.get("namespace")) ==
+             ("ServiceAccount", "nodehealth", "nodehealth")}
+    return [r for d in docs if (d["kind"], d["metadata"]["name"]) in bound for r in d.get("rules", [])]
+
+
+def test_the_component_adds_event_creation_and_nothing_on_pods(rendered):
+    [role] = [d for d in rendered if d["kind"] == "ClusterRole" and d["metadata"]["name"] ==
+              "nodehealth-attribution-events"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}]
+    for rule in agent_rules(rendered):
+        assert not {"pods", "pods/log", "pods/exec", "nodes/proxy", "*"} & set(rule["resources"]), rule
+        if "events" in rule["resources"]:
+            assert rule["verbs"] == ["create"], rule
+
+
+class EventPolicy:
+    """The component's ValidatingAdmissionPolicy run the way the API server runs it."""
+
+    def __init__(self, docs: list[dict]):
+        spec = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
+                    and d["metadata"]["name"] == "nodehealth-events-own-node-only")["spec"]
+        self.spec = spec
+        env = celpy.Environment()
+        compile_ = lambda text: env.program(env.compile(text))  # noqa: E731
+        self.match = [compile_(m["expression"]) for m in spec["matchConditions"]]
+        self.variables = [(v["name"], compile_(v["expression"])) for v in spec["variables"]]
+        self.validations = [(v.get("message") or compile_(v["messageExpression"]), compile_(v["expression"]))
+                            for v in spec["validations"]]
+
+    def admit(self, event: dict, node_name: str | None = "gpu-1", group: str = "", user: str = AGENT) -> str:
+        user_info: dict = {"username": user}
+        if node_name is not None:
+            user_info["extra"] = {"authentication.kubernetes.io/node-name": [node_name]}
+        request = {"operation": "CREATE", "userInfo": user_info,
+                   "resource": {"group": group, "version": "v1", "resource": "events"}}
+        activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(event)}
+        if not all(bool(p.evaluate(activation)) for p in self.match):
+            return "not matched"
+        variables = celpy.celtypes.MapType({})
+        for name, program in self.variables:
+            variables[celpy.celtypes.StringType(name)] = program.evaluate(dict(activation, variables=variables))
+        activation["variables"] = variables
+        for message, program in self.validations:
+            result = program.evaluate(activation)
+            if isinstance(result, Exception) or not bool(result):
+                return message if isinstance(message, str) else str(message.evaluate(activation))
+        return "allowed"
+
+
+@pytest.fixture(scope="module")
+def policy(rendered) -> EventPolicy:
+    return EventPolicy(rendered)
+
+
+def test_the_policy_matches_event_writes_of_the_agent(policy):
+    [rule] = policy.spec["matchConstraints"]["resourceRules"]
+    assert rule["resources"] == ["events"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
+
+
+NOTICE = PodNotice("research", "llm-pretrain-worker-3", "Xid79FallenOffBus",
+                   "Xid 79 on GPU 0000:5d:00.0 (GPU-d1838e76-90e6-4408-711d-aeeaa2e1fd14) that this pod was using",
+                   "Warning", ())
+
+
+def node_event(node: str = "gpu-1") -> dict:
+    """The shape of the base publisher's Node Events (nodehealth/kube.py `_event`)."""
+    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{node}.1", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "reason": "NodeHealthCleared", "message": "m", "type": "Normal",
+            "source": {"component": "nodehealth", "host": node}, "reportingComponent": "nodehealth",
+            "reportingInstance": node}
+
+
+def edited(event: dict, **changes) -> dict:
+    out = yaml.safe_load(yaml.safe_dump(event))
+    for path, value in changes.items():
+        *parents, leaf = path.split("__")
+        target = out
+        for p in parents:
+            target = target[p]
+        target[leaf] = value
+    return out
+
+
+POD_EVENT = pod_event(NOTICE, "gpu-1", 1_731_567_614.0)
+
+
+@pytest.mark.parametrize("case, event, kwargs, want", [
+    ("the pod Event attribution posts", POD_EVENT, {}, "allowed"),
+    ("the publisher's Node Event", node_event(), {}, "allowed"),
+    ("a Node Event about another node", node_event("gpu-2"), {},
+     "the nodehealth agent on gpu-1 may only report as gpu-1"),
+    ("a Node Event about another node, in its own name", edited(node_event(), involvedObject__name="gpu-2"), {},
+     "the nodehealth agent on gpu-1 may only post Events about its own Node"),
+    ("a pod Event in another node's name", edited(POD_EVENT, source__host="gpu-2", reportingInstance="gpu-2"), {},
+     "the nodehealth agent on gpu-1 may only report as gpu-1"),
+    ("a pod Event without a reporting instance", {k: v for k, v in POD_EVENT.items() if k != "reportingInstance"},
+     {}, "the nodehealth agent on gpu-1 may only report as gpu-1"),
+    ("a pod Event outside the pod's namespace", edited(POD_EVENT, metadata__namespace="kube-system"), {},
+     "a Pod Event belongs in the Pod's own namespace"),
+    ("an Event about a Service", edited(POD_EVENT, involvedObject__kind="Service"), {},
+     "the nodehealth agent posts core/v1 Events about a Node or a Pod only"),
+    ("an events.k8s.io Event", POD_EVENT, {"group": "events.k8s.io"},
+     "the nodehealth agent posts core/v1 Events about a Node or a Pod only"),
+    ("no node-bound token", POD_EVENT, {"node_name": None},
+     "the nodehealth agent must use a node-bound service account token"),
+    ("the kubelet's own Event", POD_EVENT, {"user": "system:node:gpu-1"}, "not matched"),
+])
+def test_the_event_policy(policy, case, event, kwargs, want):
+    assert policy.admit(event, **kwargs) == want, case

@@ -1,0 +1,99 @@
+"""The measured rows of deploy/README.md's "Privileges" table: what `nodehealth check` says on a fixture
+machine when one of the DaemonSet's host paths is missing or unreadable. If one of these changes (a
+check that learns to say `unknown` instead of being skipped), change the table with it."""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from conftest import machine
+
+KERNEL_LOG_CHECKS = {"xid", "kernel", "crashes", "link_events", "memory_errors", "nic_health", "storage_errors"}
+
+
+def check(root, tmp_path, *prefix: str) -> tuple[int, dict | str]:
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    done = subprocess.run([*prefix, sys.executable, "-m", "nodehealth.cli", "check", "--root", str(root),
+                           "--state-dir", str(state), "--json"], capture_output=True, text=True, timeout=120)
+    try:
+        return done.returncode, json.loads(done.stdout)
+    except ValueError:
+        return done.returncode, done.stderr
+
+
+def copy_without(name: str, tmp_path, rel: str | None):
+    root = tmp_path / "machine"
+    shutil.copytree(machine(name), root, symlinks=True)
+    if rel is not None:
+        path = root / rel
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    return root
+
+
+def unsupported(report: dict) -> set[str]:
+    return {c["name"] for c in report["collectors"] if not c["supported"]}
+
+
+def test_without_host_proc_the_agent_refuses_to_start(tmp_path):
+    code, out = check(copy_without("h100-8x-cx7", tmp_path, "proc"), tmp_path)
+    assert code == 2 and "no proc/ directory there" in out
+
+
+def test_without_host_sys_the_sysfs_collectors_are_skipped_not_unknown(tmp_path):
+    _, full = check(copy_without("host-faults", tmp_path / "a", None), tmp_path / "a")
+    code, report = check(copy_without("host-faults", tmp_path / "b", "sys"), tmp_path / "b")
+    assert {"pcie", "edac"} <= unsupported(report) - unsupported(full)
+    assert "edac" in {f["check"] for f in full["findings"]} - {f["check"] for f in report["findings"]}
+    assert not [f for f in report["findings"] if f["severity"] == "unknown"]
+
+
+def test_without_the_kmsg_device_a_node_with_an_xid_reads_healthy(tmp_path):
+    _, full = check(copy_without("h100-8x-cx7", tmp_path / "a", None), tmp_path / "a")
+    assert full["status"] == "unhealthy" and "Xid79FallenOffBus" in {f["reason"] for f in full["findings"]}
+    code, report = check(copy_without("h100-8x-cx7", tmp_path / "b", "dev/kmsg"), tmp_path / "b")
+    assert (code, report["status"]) == (0, "healthy") and "kmsg" in unsupported(report)
+
+
+def test_with_the_kmsg_device_refused_the_kernel_log_checks_say_unknown():
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("runs the check as user nobody through setpriv, which needs root")
+    with tempfile.TemporaryDirectory() as tmp:  # pytest's tmp_path is under a directory only root may enter
+        tmp_path = pathlib.Path(tmp)
+        root = copy_without("h100-8x-cx7", tmp_path, None)
+        (tmp_path / "state").mkdir()
+        for where, _, _ in os.walk(tmp_path):
+            os.chmod(where, 0o777)
+        os.chmod(root / "dev" / "kmsg", 0o600)  # root's alone, as /dev/kmsg is to a process the kernel refuses
+        code, report = check(root, tmp_path, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+    assert (code, report["status"]) == (2, "unknown"), report
+    unknown = {(f["check"], f["reason"]) for f in report["findings"] if f["severity"] == "unknown"}
+    assert unknown == {(c, "CollectorFailed") for c in KERNEL_LOG_CHECKS}
+
+
+def test_without_sys_ptrace_a_mount_point_under_a_root_process_root_is_refused():
+    """The mounts check stats the host's mount points through /host/proc/1/root (collectors/mounts.py):
+    the kernel refuses that to a root process without SYS_PTRACE when the target holds capabilities
+    it lacks, before the stat reaches the mount. The base keeps SYS_PTRACE for it."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("drops capabilities through setpriv, which needs root")
+    target = subprocess.Popen(["sleep", "60"])
+    try:
+        path = f"/proc/{target.pid}/root/"
+        results = {}
+        for caps in ("-all", "-all,+sys_ptrace"):
+            done = subprocess.run(["setpriv", f"--bounding-set={caps}", "--inh-caps=-all", sys.executable, "-c",
+                                   f"import os; os.stat({path!r}); print('ok')"], capture_output=True, text=True,
+                                  timeout=60)
+            results[caps] = "ok" if done.stdout.strip() == "ok" else done.stderr.strip().splitlines()[-1]
+    finally:
+        target.kill()
+        target.wait()
+    assert results["-all"].startswith("PermissionError"), results
+    assert results["-all,+sys_ptrace"] == "ok", results

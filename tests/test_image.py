@@ -1,0 +1,86 @@
+"""The agent image's contents run `nodehealth check`: a root filesystem of the image's Debian packages
+(deploy/image/packages), built by mmdebstrap without any container runtime or registry, gets our wheels
+through the image's own install steps (deploy/image/install.sh), then runs, chrooted, what the DaemonSet
+runs: the config merge, a check of a fixture machine, pyverbs, py-spy. Nothing is cached between runs:
+about a minute for the packages and one for the wheels."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import HERE, machine, require_tool, unavailable
+
+ROOT = os.path.dirname(HERE)
+IMAGE = os.path.join(ROOT, "deploy", "image")
+PATH = "/opt/nodehealth/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the Dockerfile's
+
+
+def packages() -> list[str]:
+    with open(os.path.join(IMAGE, "packages")) as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory):
+    if os.geteuid() != 0:
+        unavailable("mmdebstrap and chroot need root")
+    mmdebstrap = require_tool("mmdebstrap")
+    if sys.version_info[:2] != (3, 11):
+        pytest.skip("the wheels are built by this Python for the image's Debian Python 3.11")
+    root = tmp_path_factory.mktemp("image") / "rootfs"
+    done = subprocess.run([mmdebstrap, "--quiet", "--variant=apt", "--include=" + ",".join(packages()),
+                           "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
+                           "bookworm", str(root)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    done = subprocess.run(["sh", os.path.join(IMAGE, "wheels.sh"), sys.executable, ROOT, str(root / "wheels")],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.copy(os.path.join(IMAGE, "install.sh"), root / "tmp" / "install.sh")
+    done = chroot(root, "sh", "/tmp/install.sh")
+    assert done.returncode == 0, done.stderr[-3000:]
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def chroot(root, *argv: str) -> subprocess.CompletedProcess:
+    env = {"PATH": PATH, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "HOME": "/root"}
+    return subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_the_image_checks_a_machine_with_the_config_the_daemonset_merges(rootfs):
+    shutil.copytree(machine("h100-8x-cx7"), rootfs / "machine", symlinks=True)
+    shutil.copytree(os.path.join(ROOT, "deploy", "config"), rootfs / "config.d")
+    (rootfs / "config.d" / "90-site.yaml").write_text("kube:\n  dry_run: false\n")
+    (rootfs / "run" / "nodehealth-config").mkdir(parents=True)
+    # The init container's command, with the image's `python3` (the environment's: PyYAML).
+    merged = chroot(rootfs, "python3", "/config.d/merge.py", "/config.d", "/run/nodehealth-config/config.yaml")
+    assert merged.returncode == 0, merged.stderr
+    done = chroot(rootfs, "nodehealth", "check", "--root", "/machine", "--config", "/run/nodehealth-config/config.yaml",
+                  "--state-dir", "/tmp/state", "--json")
+    assert done.returncode == 1, done.stderr  # unhealthy: the fixture's kernel log has an Xid 79
+    report = json.loads(done.stdout)
+    assert "Xid79FallenOffBus" in {f["reason"] for f in report["findings"]}
+    assert {c["name"] for c in report["collectors"] if c["success"]} >= {"kmsg", "infiniband", "pcie", "limits"}
+
+
+def test_the_image_carries_pyverbs_for_rdma_and_py_spy_for_hangs(rootfs):
+    # rdma-bw loads Debian's pyverbs from its dist-packages (nodehealth/rdma.py); here as it would.
+    # (Its extension modules link libibverbs and librdmacm: importing them loads both.)
+    verbs = chroot(rootfs, "python3", "-c", "import sys; sys.path.append('/usr/lib/python3/dist-packages'); "
+                   "from pyverbs import addr, cq, device, mr, pd, qp, wr; print('ok')")
+    assert verbs.returncode == 0 and verbs.stdout.strip() == "ok", verbs.stderr
+    spy = chroot(rootfs, "py-spy", "--version")
+    assert spy.returncode == 0 and spy.stdout.startswith("py-spy"), spy.stderr
+    for module in ("kubernetes", "grpc", "google.protobuf", "pynvml", "yaml"):
+        imported = chroot(rootfs, "python3", "-c", f"import {module}")
+        assert imported.returncode == 0, (module, imported.stderr)
+    # What the Dockerfile installs is what this test installed.
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        dockerfile = f.read()
+    for step in ("deploy/image/packages", "deploy/image/install.sh", "wheels.sh python3 . /wheels",
+                 "ENV PATH=/opt/nodehealth/bin:$PATH"):
+        assert step in dockerfile, step
