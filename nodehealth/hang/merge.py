@@ -280,7 +280,7 @@ def live_hang(job: dict[str, Any], now: float) -> bool:
     thresholds. Between two publishes a healthy rank may be one op ahead of another: only an op
     pending past its limit, or a silent heartbeat, makes the sequence numbers worth comparing.
     Ranks whose heartbeat stopped go into job["silent"], as the detector puts them in a bundle."""
-    from nodehealth.hang.rules import DEFAULTS, Rank, judge  # loads the config: only a live report needs it
+    from nodehealth.hang.rules import DEFAULTS, Rank, judge  # loads hang/defaults.py: only a live report needs it
 
     hung = False
     for r, rec in job.get("records", {}).items():
