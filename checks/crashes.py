@@ -1,5 +1,5 @@
 """Kernel crashes and stalls from the kernel log: BUG/Oops/general protection fault/panic (with the
-function and module of the first RIP line) and RCU stalls (host-hardware.md sections 4 and 9)."""
+function and module of the first RIP line) and RCU stalls (docs/sources.md, "Host hardware severities")."""
 from __future__ import annotations
 
 from nodehealth.checks.host_log import Rating, judge_events

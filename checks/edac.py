@@ -1,5 +1,5 @@
 """Memory errors counted by EDAC (collectors/edac.py): any uncorrected error is fatal, corrected
-errors on one DIMM at or over a limit make it degraded (host-hardware.md sections 1 and 9)."""
+errors on one DIMM at or over a limit make it degraded (docs/sources.md, "Host hardware severities")."""
 from __future__ import annotations
 
 from nodehealth.collectors.edac import MemoryController

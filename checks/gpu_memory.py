@@ -1,6 +1,6 @@
 """GPU memory health: ECC errors, row remapping (Ampere and later) and page retirement (Volta and older).
 
-Verdicts follow section 3.1 of docs/domain/gpu-health.md: an uncorrectable error or a failed
+Verdicts follow docs/sources.md, "GPU memory verdicts": an uncorrectable error or a failed
 repair takes the GPU out of service; a repair that waits for the next reset makes it degraded.
 """
 from __future__ import annotations

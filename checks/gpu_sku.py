@@ -4,13 +4,11 @@ The checks compare what NVML reports with these expectations: a link count or a 
 means nothing without knowing the product. A GPU is matched by its product name; a product not in
 the table gets None, and the checks that need an expectation then say nothing about it.
 
-Sources (docs/domain/gpu-health.md unless named): NVLink links and per-link speed from section 6
-(speeds as `nvidia-smi nvlink -s` and NVML's link-speed field give them, in MB/s); PCIe generation
-and width from the `nvidia-smi -q` samples in shared/fixtures/nvidia-smi (their `Max` lines) or,
-where named, the product's data sheet. Minimum drivers: the notes have no full table (section 8),
-so the floors below are the first driver branch that knows the architecture; a later branch may be
-needed for a particular product, which only a GpusMissing finding (the driver did not take the GPU)
-will then show. Where a value is not verified, it is None and nothing is judged against it.
+Sources: docs/sources.md, "GPU models" (NVLink links and per-link speed as `nvidia-smi nvlink -s`
+and NVML's link-speed field give them, in MB/s; PCIe generation and width from real `nvidia-smi -q`
+outputs' `Max` lines or, where named, the product's data sheet; minimum drivers as the first driver
+branch that knows the architecture). Where a value is not verified, it is None and nothing is judged
+against it.
 """
 from __future__ import annotations
 

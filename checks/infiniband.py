@@ -10,7 +10,8 @@ Severities, and why:
   the link_downed rule), so switch maintenance does not quarantine nodes until their next reboot.
 - An uncabled or administratively disabled port is not a fault: ignore_ports skips ports, and a
   Disabled port is info unless required.
-- Counter thresholds are NVSentinel's (network.md section 3). Its fatal tier becomes degraded here:
+- Counter thresholds are NVSentinel's (docs/sources.md, "InfiniBand counter thresholds"). Its
+  fatal tier becomes degraded here:
   those counters describe a link that still carries traffic, only worse (retransmits, stalls), so
   the node should be drained of new work and inspected (PreferNoSchedule), not declared unusable;
   a link that actually drops is caught by the state rule. Its non-fatal tier becomes warning.

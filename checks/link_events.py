@@ -32,10 +32,10 @@ DEBOUNCE = False
 DEFAULTS: dict = {
     # Downs older than this no longer count.
     "window_seconds": 86400.0,
-    # Flapping: this many downs of one port within flap_window_seconds. Peers (network.md
-    # section 2): gpud calls 3 down-then-up cycles a flap; NVSentinel escalates a port at 3
-    # degradations per hour; aznhc fails at 5 carrier losses in 24 h. 3 in 1 h follows the first
-    # two; a slower trickle of downs still shows as LinkDownRecovered warnings.
+    # Flapping: this many downs of one port within flap_window_seconds. What peers do: gpud calls 3
+    # down-then-up cycles a flap; NVSentinel escalates a port at 3 degradations per hour; aznhc
+    # fails at 5 carrier losses in 24 h. 3 in 1 h follows the first two; a slower trickle of downs
+    # still shows as LinkDownRecovered warnings.
     "flap_count": 3,
     "flap_window_seconds": 3600.0,
 }

@@ -36,7 +36,7 @@ JUDGED_ZONE = "Normal"
 
 DEFAULTS = {
     # Unusable free space index at the 2 MiB order (kernel debugfs extfrag/unusable_index) above which
-    # a zone is fragmented. 0.9 is host-memory.md's proposal; the RHCOS worked example sits at 0.906.
+    # a zone is fragmented. 0.9: docs/sources.md, "Memory fragmentation"; the RHCOS worked example sits at 0.906.
     "unusable_index": 0.9,
     # Meta GCM (check_processor.py, process_buddy_info): fragmented when no column of order >= 8
     # has >= 10 free blocks. Order 8 is 1 MiB at 4 KiB pages; stated in bytes so other page sizes agree.

@@ -1,5 +1,5 @@
 """Host memory and CPU hardware errors from the kernel log: machine checks, APEI/CPER records,
-EDAC error lines, memory-failure recovery and CPU thermal throttling (host-hardware.md sections 2, 3, 7, 9)."""
+EDAC error lines, memory-failure recovery and CPU thermal throttling (docs/sources.md, "Host hardware severities")."""
 from __future__ import annotations
 
 from nodehealth.checks.host_log import Rating, judge_events
@@ -48,7 +48,7 @@ def decoded_notices(events) -> set[int]:
 
 
 def rate(e: KernelEvent, limit: int, throttle: int) -> Rating | None:
-    """One event's rating (the severity table of host-hardware.md section 9)."""
+    """One event's rating (the table in docs/sources.md, "Host hardware severities")."""
     d = e.detail
     if e.kind == MCE and d.get("logged"):
         return Rating("MachineCheckLogged", _W, Action.NONE, "The kernel logged machine check events",

@@ -1,6 +1,6 @@
 """NIC and network-stack faults from the kernel log: mlx5 firmware health (heartbeat lost, fatal
 syndromes, the device gone from PCIe, command timeouts), NETDEV WATCHDOG transmit timeouts and
-unregister_netdevice leaks (host-hardware.md sections 4, 5 and 9)."""
+unregister_netdevice leaks (docs/sources.md, "Host hardware severities")."""
 from __future__ import annotations
 
 from dataclasses import replace

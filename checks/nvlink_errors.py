@@ -1,6 +1,6 @@
 """NVLink error rates: CRC errors, replays and recoveries since the last pass.
 
-Thresholds follow the proposal in docs/domain/gpu-health.md section 4: CRC errors at DCGM's
+Thresholds follow docs/sources.md, "NVLink errors": CRC errors at DCGM's
 100 per second are fatal, any lower CRC rate and any replay or recovery are warnings (DCGM fails on
 a single replay or recovery, which is strict for a counter that a healthy link also bumps). A check
 of its own because rates blip: the policy raises these only after repeated bad passes. Every link

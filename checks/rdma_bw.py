@@ -29,7 +29,7 @@ DEBOUNCE = False  # each test is a run of its own; the check counts runs in a ro
 
 DEFAULTS: dict = {
     # A healthy rail reaches 96-98 % of its line rate in ib_write_bw at 64 KiB (EDR 96.6, HDR 196.5,
-    # NDR 392.3 Gb/s; domain/network.md section 10); Azure's node health checks pass an NDR rail at
+    # NDR 392.3 Gb/s; docs/sources.md, "Reference bandwidths"); Azure's node health checks pass an NDR rail at
     # 360-390 Gb/s, i.e. 0.90-0.975. 0.9 takes their loosest: a rail below it lost a PCIe lane, trained
     # lower, or retransmits, while a busy host's noise stays above it.
     "min_fraction": 0.9,

@@ -1,6 +1,6 @@
 """Storage faults from the kernel log: ext4 errors and lost writes, XFS shutdowns and metadata I/O
 errors, filesystems remounted read-only, failed block requests, Buffer I/O errors and NVMe timeouts,
-resets and removals (host-hardware.md sections 6 and 9)."""
+resets and removals (docs/sources.md, "Host hardware severities")."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -219,7 +219,7 @@ def _code(e: KernelEvent) -> int | None:
 
 
 def _recovery_action(info: catalog.XidInfo, text: str) -> Verdict:
-    """Xid 154: the recovery action the driver now asks for (section 6 of xid.md)."""
+    """Xid 154: the recovery action the driver now asks for (docs/sources.md, "Xid recovery actions")."""
     value = _recovery_value(text)
     wanted = catalog.RECOVERY_ACTIONS.get(value) if value is not None else None
     if wanted is None:

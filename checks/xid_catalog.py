@@ -230,7 +230,7 @@ _NVIDIA_XIDS = (
     (172, "UNCORRECTABLE_SRAM_ERROR", "Uncorrectable SRAM error (qualifier for Xid 48)", "", False),
 )
 
-# nodehealth's rating of each NVIDIA immediate-action bucket (docs/domain/xid.md section 1.1).
+# nodehealth's rating of each NVIDIA immediate-action bucket (docs/sources.md, "NVIDIA's action buckets").
 _BUCKET_POLICY: dict[str, tuple[Severity, Action]] = {
     "RESTART_APP": (_W, _APP),  # the GPU is fine; the application must be rerun
     "IGNORE": (_I, _NONE),  # informational
@@ -258,7 +258,7 @@ DELIBERATE_XID_DIFFERENCES: dict[int, tuple[Severity, Action, str]] = {
     57: (_W, _NONE, "as 56"),
     58: (_W, _NONE, "as 56"),
     63: (_D, _RESET, "IGNORE in the catalog, but the row remap takes effect only at the next GPU reset: "
-                     "reset at idle (xid.md section 7)"),
+                     "reset at idle (docs/sources.md, Xid recovery actions)"),
     64: (_F, _HW, "the GPU could not record a retirement, so bad memory stays in use: a replacement candidate"),
     65: (_D, _REBOOT, "gpud reboots on the first occurrences (gpud PR #1165)"),
     73: (_W, _NONE, "DCGM counts it as an NVLink warning only"),
@@ -658,7 +658,7 @@ class RecoveryAction:
     advice: str
 
 
-# Section 6 of docs/domain/xid.md: what Xid 154 asks for. DRAIN_AND_RESET is fatal rather than
+# docs/sources.md, "Xid recovery actions": what Xid 154 asks for. DRAIN_AND_RESET is fatal rather than
 # degraded: fatal stops new work landing on the node (NoSchedule) while running work drains.
 _RECOVERY_ROWS = (
     (0, "NONE", _I, _NONE, "the GPU is usable again once a new process starts"),

@@ -23,7 +23,7 @@ HARD_LOCKUP = "hard_lockup"  # NMI watchdog: Watchdog detected hard LOCKUP on cp
 LINK_DOWN = "link_down"  # mlx5_core / IB port or netdev link down
 LINK_UP = "link_up"  # the matching link up (to count flaps)
 
-# Host hardware and kernel (docs/domain/host-hardware.md); device names the CPU, memory controller,
+# Host hardware and kernel (docs/sources.md, "Host hardware severities"); device names the CPU, memory controller,
 # disk, NIC or netdev, detail carries what the check needs to rate it.
 # mce: [Hardware Error]: CPU n: Machine Check: ... Bank b: <status>; machine-check panic; old kernels' CPU n: Machine
 # Check Exception: <mcg> and its Bank lines; Machine check events logged (a notice without severity)
