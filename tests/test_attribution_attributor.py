@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import machine
 from fake_kubelet import FakeKubelet
 
 from nodehealth import config, registry
-from nodehealth.attribution import DEFAULTS, settings
+from nodehealth.config import ConfigError
+from nodehealth.attribution.defaults import DEFAULTS, settings
 from nodehealth.attribution.attributor import Attributor
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE
 from nodehealth.engine import Engine
@@ -135,3 +137,20 @@ def test_settings_are_checked(cfg, message):
     with pytest.raises(ValueError, match=message):
         settings(cfg)
     assert settings({}) == DEFAULTS and not DEFAULTS["enabled"] and not DEFAULTS["metric_labels"]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("attribution:\n  sources: [kubelet, nvml]\n", "attribution.sources: ['kubelet', 'nvml'] is not a list of"),
+    ("attribution:\n  kubelet_timeout_seconds: 0\n", "attribution.kubelet_timeout_seconds: 0.0 is not a positive"),
+    ("attribution:\n  kubelet_socket: kubelet.sock\n", "attribution.kubelet_socket: 'kubelet.sock' is not an absolute"),
+    ("attribution:\n  socket: /x\n", "attribution.socket: unknown setting"),
+    ("attribution:\n  metric_labels: maybe\n", "attribution.metric_labels: expected bool"),
+])
+def test_the_config_file_has_an_attribution_section_and_it_is_checked(tmp_path, text, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        config.load(str(path))
+    assert config.defaults()["attribution"] == DEFAULTS
+    path.write_text("attribution:\n  enabled: true\n  sources: [kubelet, slurm]\n")
+    assert config.load(str(path))["attribution"] == dict(DEFAULTS, enabled=True, sources=["kubelet", "slurm"])

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from conftest import require_tool
 
-from nodehealth.attribution import DEFAULTS
+from nodehealth.attribution.defaults import DEFAULTS
 from nodehealth.attribution.notices import PodNotice, pod_event
 
 DEPLOY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy")

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from nodehealth.attribution import settings
+from nodehealth.attribution.defaults import settings
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE, Lookup, attribute, is_fresh, wants_attribution
 from nodehealth.attribution.gpus import Assignment, GpuRef, MigDevice, assign, gpu_of, gpu_refs
 from nodehealth.attribution.kubelet import KubeletError, PodResourcesClient
