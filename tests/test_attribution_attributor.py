@@ -154,3 +154,20 @@ def test_the_config_file_has_an_attribution_section_and_it_is_checked(tmp_path, 
     assert config.defaults()["attribution"] == DEFAULTS
     path.write_text("attribution:\n  enabled: true\n  sources: [kubelet, slurm]\n")
     assert config.load(str(path))["attribution"] == dict(DEFAULTS, enabled=True, sources=["kubelet", "slurm"])
+
+
+def test_between_passes_nobody_is_asked_and_the_last_round_stands(tmp_path, xid79_pass):
+    """A report judged between passes (a kernel record) must not wait on the kubelet: it gets what the
+    findings were given at the last pass, and the last pass's notes."""
+    host, facts, findings, now = xid79_pass
+    sock = str(tmp_path / "kubelet.sock")
+    a = attributor(sock)
+    with FakeKubelet(sock, "h100-xid79-lost.json") as kubelet:
+        a.annotate(findings, facts, now)
+        between = a.annotate(findings, facts, now + 1, ask=False)
+    assert kubelet.calls == ["List"]
+    assert all(f.evidence["pods"] == [TRAINER] for f in gpu3(between).values())
+    failing = attributor(str(tmp_path / "absent.sock"))
+    failing.annotate(findings, facts, now)
+    [note] = [f for f in failing.annotate(findings, facts, now + 1, ask=False) if f.check == CHECK]
+    assert note.reason == UNAVAILABLE and "does not exist" in note.message
