@@ -127,6 +127,7 @@ def attribute(attributor: Any, report: Report, ask: bool = True) -> Report:
     `ask`, the sources are not asked (nodehealth/attribution/attributor.py)."""
     if attributor is None:
         return report
-    nvml = next((c for c in report.collectors if c.name == "nvml" and c.success), None)
-    findings = attributor.annotate(report.findings, nvml.facts if nvml is not None else None, report.time, ask=ask)
+    from nodehealth.attribution.gpus import nvml_facts
+
+    findings = attributor.annotate(report.findings, nvml_facts(report), report.time, ask=ask)
     return replace(report, findings=sort_findings(findings))

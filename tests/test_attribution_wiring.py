@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import machine
+from fake_kube_apiserver import FakeApiServer
 from fake_kubelet import FakeKubelet
 
 XID79 = machine("nvml-h100-xid79-lost")
@@ -16,10 +18,20 @@ TRAINER = {"namespace": "research", "pod": "llm-pretrain-worker-3", "container":
            "device": "GPU-d1838e76-90e6-4408-711d-aeeaa2e1fd14"}
 
 
-def config(tmp_path, **attribution) -> str:
+def config(tmp_path, kube: dict | None = None, **attribution) -> str:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"attribution": dict(enabled=True, **attribution)}))
+    path.write_text(json.dumps({"attribution": dict(enabled=True, **attribution), "kube": kube or {}}))
     return str(path)
+
+
+def wait_until(fn, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.1)
+    return None
 
 
 def check(*args: str) -> subprocess.CompletedProcess:
@@ -91,3 +103,35 @@ def test_the_daemon_asks_slurm_only_through_its_slurm_face(tmp_path):
                            str(tmp_path / "state"), "--listen", "127.0.0.1:0", "--config",
                            config(tmp_path, sources=["kubelet", "slurm"])], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "attribution.sources has slurm" in done.stderr and "--slurm" in done.stderr
+
+
+def test_the_daemon_tells_the_pod_once_in_its_own_namespace(tmp_path, kubelet, daemon_factory):
+    sock, k = kubelet
+    server = FakeApiServer().start()
+    try:
+        server.add_node("h100-sxm-02", labels={"nvidia.com/gpu.present": "true"})
+        kube = {"kubeconfig": server.kubeconfig(str(tmp_path / "kubeconfig")), "retry_initial_seconds": 0.1,
+                "retry_max_seconds": 0.5, "max_quarantined_fraction": 1.0}
+        d = daemon_factory(XID79, str(tmp_path / "state"), "--kube", "--node-name", "h100-sxm-02", "--config",
+                           config(tmp_path, kube, kubelet_socket=sock), interval=0.5)
+        d.wait_ready()
+
+        def pod_events():
+            return [e for e in server.events if e["involvedObject"]["kind"] == "Pod"]
+        assert wait_until(pod_events)
+        passes = wait_until(lambda: k.calls.count("List") >= 4)  # several passes later, ...
+        assert passes
+        assert wait_until(lambda: any(t["key"] == "nodehealth.io/gpu"
+                                      for t in server.node("h100-sxm-02")["spec"].get("taints", [])))
+        events = pod_events()
+        # ... one Event per finding of the lost GPU (GpuLost, Xid79FallenOffBus), each posted once.
+        assert sorted(e["reason"] for e in events) == ["GpuLost", "Xid79FallenOffBus"]
+        for e in events:
+            assert e["metadata"]["namespace"] == "research"
+            assert e["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "research",
+                                           "name": "llm-pretrain-worker-3"}
+            assert "GPU 0000:5d:00.0" in e["message"] and "container trainer" in e["message"]
+            assert e["source"] == {"component": "nodehealth", "host": "h100-sxm-02"}
+        d.stop()
+    finally:
+        server.close()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from nodehealth.collectors.gpu_facts import NvmlFacts
 from nodehealth.collectors.kernel_events import canonical_pci
-from nodehealth.model import Finding
+from nodehealth.model import Finding, Report
 
 # Resources whose plain numeric ids are NVML indices (device-id-strategy=index).
 NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
@@ -76,6 +76,11 @@ class Assignment:
     by_gpu: dict[int, tuple[PodRef, ...]]  # NVML index -> the containers holding it, sorted
     unresolved: tuple[str, ...]  # GPU-like ids that match no GPU here, in answer order
     inferred: tuple[int, ...] = ()  # GPUs placed by elimination: NVML had no UUID for them (lost)
+
+
+def nvml_facts(report: Report) -> NvmlFacts | None:
+    """The NVML facts a report rests on: its nvml collector's, when that succeeded."""
+    return next((c.facts for c in report.collectors if c.name == "nvml" and c.success), None)
 
 
 def gpu_refs(facts: NvmlFacts | None, migs: Mapping[str, Sequence[MigDevice]] | None = None) -> tuple[GpuRef, ...]:
