@@ -7,6 +7,7 @@ import shutil
 import textwrap
 from typing import Any
 
+from nodehealth.attribution.notices import holders
 from nodehealth.model import Report, Severity
 
 SCHEMA_VERSION = 1
@@ -47,6 +48,10 @@ def to_table(report: Report, width: int = 0, verbose: bool = False) -> str:
             lines.append(_row(row, widths) + "  " + wrapped[0])
             indent = " " * (sum(widths) + 2 * 4)
             lines.extend(indent + part for part in wrapped[1:])
+            hit = holders(f)  # attribution: the pods and Slurm jobs the finding hit
+            if hit:
+                lines.extend(indent + part for part in textwrap.wrap("hit: " + hit, message_width, break_on_hyphens=False,
+                                                                     break_long_words=False))  # names stay whole
     else:
         lines.append("no findings")
     failed = [c for c in report.collectors if c.supported and not c.success]

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE, Lookup, attribute
 from nodehealth.attribution.gpus import Assignment, GpuRef, MigDevice, PodRef
-from nodehealth.attribution.notices import PodNotice, drain_detail, gpu_pod_info, pod_notices
+from nodehealth.attribution.notices import PodNotice, drain_detail, gpu_pod_info, holders, pod_notices
 from nodehealth.attribution.slurm_jobs import JobAssignment, SlurmJob
 from nodehealth.exporter import render
 from nodehealth.kube import events
@@ -155,6 +155,19 @@ def test_a_pod_event_is_a_valid_core_v1_event_in_the_pods_namespace():
 def test_drain_detail(jobs, want):
     f = xid(slurm_jobs=[{"job_id": j, "user": None, "via": ["gres"]} for j in jobs])
     assert drain_detail(f) == want
+
+
+@pytest.mark.parametrize("pods, jobs, want", [
+    ([], [], ""),
+    ([("research", "llm-pretrain-worker-3"), ("research", "llm-pretrain-worker-3")], [],
+     "pod research/llm-pretrain-worker-3"),
+    ([("team-b", "b"), ("team-a", "a")], ["42"], "pods team-a/a, team-b/b; job 42"),
+    ([("ns", f"p{i}") for i in range(7)], [], "pods ns/p0, ns/p1, ns/p2, ns/p3, ns/p4 and 2 more"),
+])
+def test_holders_for_the_table(pods, jobs, want):
+    f = xid(pods=[{"namespace": n, "pod": p, "container": "c", "device": UUID3} for n, p in pods],
+            slurm_jobs=[{"job_id": j, "user": None, "via": ["gres"]} for j in jobs])
+    assert holders(f) == want
 
 
 def test_gpu_pod_info_joins_gpus_and_containers():

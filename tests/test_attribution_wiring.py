@@ -3,6 +3,7 @@ the bus, the fake kubelet answering with the pod that held it (tests/fixtures/po
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ def wait_until(fn, timeout=20.0):
 
 def check(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "nodehealth.cli", "check", "--root", XID79, *args],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, COLUMNS="120"))
 
 
 @pytest.fixture
@@ -56,6 +57,17 @@ def test_check_json_names_the_pod_on_both_findings_of_the_lost_gpu(tmp_path, kub
     assert all(f["evidence"]["pods"] == [TRAINER] for f in lost.values())
     assert k.calls == ["List"]
     assert not [f for f in report["findings"] if f["check"] == "attribution"]
+
+
+def test_check_s_table_names_the_pod_under_each_finding_of_the_lost_gpu(tmp_path, kubelet):
+    sock, _ = kubelet
+    done = check("--config", config(tmp_path, kubelet_socket=sock))
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    hit = [i for i, line in enumerate(lines) if line.strip() == "hit: pod research/llm-pretrain-worker-3"]
+    assert len(hit) == 2, done.stdout  # GpuLost and Xid79FallenOffBus
+    column = next(line for line in lines if line.startswith("STATUS")).index("MESSAGE")
+    assert all(lines[i].index("hit:") == column for i in hit)  # in the message column, under its message
 
 
 def test_check_without_the_socket_says_attribution_is_unavailable_and_keeps_its_verdict(tmp_path):

@@ -58,6 +58,17 @@ def drain_detail(finding: Finding) -> str:
     return f"{'job' if len(ids) == 1 else 'jobs'} {shown}"
 
 
+def holders(finding: Finding) -> str:
+    """`pod research/llm-pretrain-worker-3; job 42`: whose work the finding hit, for the table; "" when
+    none is known."""
+    pods = sorted({f"{p.get('namespace')}/{p.get('pod')}" for p in finding.evidence.get("pods") or []
+                   if isinstance(p, dict)})
+    parts = [f"{'pod' if len(pods) == 1 else 'pods'} {', '.join(pods[:DRAIN_JOBS_SHOWN])}"
+             + (f" and {len(pods) - DRAIN_JOBS_SHOWN} more" if len(pods) > DRAIN_JOBS_SHOWN else "")] if pods else []
+    jobs = drain_detail(finding)
+    return "; ".join(parts + ([jobs] if jobs else []))
+
+
 def gpu_pod_info(pods: Assignment, gpus: Sequence[GpuRef]) -> Metric:
     """1 per GPU and container holding it, to join on `uuid` or `gpu` in PromQL (`* on(uuid)
     group_left(namespace, pod, container)`): the per-GPU series keep their few, stable labels."""
