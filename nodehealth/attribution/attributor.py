@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from nodehealth.attribution.defaults import settings
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE, Lookup, attribute, is_fresh, wants_attribution
-from nodehealth.attribution.gpus import Assignment, GpuRef, MigDevice, assign, gpu_of, gpu_refs
+from nodehealth.attribution.gpus import Assignment, GpuRef, assign, gpu_of, gpu_refs
 from nodehealth.attribution.kubelet import KubeletError, PodResourcesClient
 from nodehealth.attribution.notices import gpu_pod_info
 from nodehealth.attribution.slurm_jobs import SlurmJobs, SlurmLookupError, assign_jobs
@@ -52,14 +52,14 @@ class Attributor:
         self._notes: list[Finding] = []  # the last round's AttributionUnavailable findings
 
     def annotate(self, findings: Sequence[Finding], facts: NvmlFacts | None, now: float,
-                 migs: Mapping[str, Sequence[MigDevice]] | None = None, ask: bool = True) -> list[Finding]:
+                 ask: bool = True) -> list[Finding]:
         """The findings with pods and jobs in their GPU findings' evidence (see evidence.attribute);
         with `ask` off, what they were last given and the last round's notes, without asking anyone."""
         try:
             if not ask:
                 with self._lock:
                     return self._remember(list(findings)) + self._notes
-            return self._annotate(findings, facts, now, migs)
+            return self._annotate(findings, facts, now)
         except Exception as e:  # decoration must never take a pass down; say so, and go on
             log.exception("attribution failed")
             return list(findings) + [Finding(CHECK, Severity.INFO, UNAVAILABLE,
@@ -72,9 +72,8 @@ class Attributor:
             return []
         return [gpu_pod_info(pods, gpus)]
 
-    def _annotate(self, findings: Sequence[Finding], facts: NvmlFacts | None, now: float,
-                  migs: Mapping[str, Sequence[MigDevice]] | None) -> list[Finding]:
-        gpus = gpu_refs(facts, migs)
+    def _annotate(self, findings: Sequence[Finding], facts: NvmlFacts | None, now: float) -> list[Finding]:
+        gpus = gpu_refs(facts)
         max_age = float(self.cfg["max_event_age_seconds"])
         fresh = [f for f in findings if wants_attribution(f) and is_fresh(f, now, max_age) and gpu_of(f, gpus)]
         lookup = Lookup()
