@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import machine
 from fake_kube_apiserver import FakeApiServer
 from fake_kubelet import FakeKubelet
+from test_kube_daemon import wait_until
 
 XID79 = machine("nvml-h100-xid79-lost")
 LOST = "0000:5d:00.0"  # GPU 3
@@ -23,16 +23,6 @@ def config(tmp_path, kube: dict | None = None, **attribution) -> str:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"attribution": dict(enabled=True, **attribution), "kube": kube or {}}))
     return str(path)
-
-
-def wait_until(fn, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    return None
 
 
 def check(*args: str) -> subprocess.CompletedProcess:
