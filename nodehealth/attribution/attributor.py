@@ -45,8 +45,8 @@ class Attributor:
         self.scontrol = scontrol
         self.client = PodResourcesClient(self.cfg["kubelet_socket"], float(self.cfg["kubelet_timeout_seconds"]),
                                          int(self.cfg["kubelet_max_answer_bytes"]))
-        self.pods: Assignment | None = None  # the last placement, for the info metric
-        self._gpus: tuple[GpuRef, ...] = ()
+        # The last placement and the GPUs it was made on, for the info metric (one value: read at a scrape).
+        self._placed: tuple[Assignment, tuple[GpuRef, ...]] | None = None
         self._lock = threading.Lock()  # the remembered attributions: a pass and the kernel stream share them
         self._remembered: OrderedDict[tuple[Any, ...], dict[str, Any]] = OrderedDict()
         self._notes: list[Finding] = []  # the last round's AttributionUnavailable findings
@@ -67,10 +67,10 @@ class Attributor:
                                              device="nodehealth")]
 
     def metrics(self) -> list[Metric]:
-        pods, gpus = self.pods, self._gpus
-        if not self.cfg["metric_labels"] or pods is None:
+        placed = self._placed
+        if not self.cfg["metric_labels"] or placed is None:
             return []
-        return [gpu_pod_info(pods, gpus)]
+        return [gpu_pod_info(*placed)]
 
     def _annotate(self, findings: Sequence[Finding], facts: NvmlFacts | None, now: float) -> list[Finding]:
         gpus = gpu_refs(facts)
@@ -82,7 +82,7 @@ class Attributor:
                 lookup = replace(lookup, pods=assign(self.client.list(), gpus))
             except KubeletError as e:
                 lookup = replace(lookup, pods=str(e))
-            self.pods, self._gpus = (lookup.pods, gpus) if isinstance(lookup.pods, Assignment) else (None, ())
+            self._placed = (lookup.pods, gpus) if isinstance(lookup.pods, Assignment) else None
         if "slurm" in self.cfg["sources"] and fresh and self.scontrol is not None:
             lookup = self._slurm(lookup, fresh, gpus)
         out = attribute(findings, gpus, lookup, now, max_age)
