@@ -37,6 +37,10 @@ lacks; a value {"error": "Name"} answers that NVML error. The calls the collecto
     nvmlDeviceGetPciInfo                             {"busId": "00000000:19:00.0", "pciDeviceId": 591401182}
     nvmlDeviceGetArchitecture                        int (7 ampere, 9 hopper, 10 blackwell)
     nvmlDeviceGetMigMode                             [current, pending] (1 enabled)
+    nvmlDeviceGetMaxMigDeviceCount                   int: MIG device slots (asked only in MIG mode)
+    nvmlDeviceGetMigDeviceHandleByIndex  "I"         {"uuid": "MIG-...", "gpuInstanceId": 7}: the MIG device in
+                                                     slot I (the id where NVML gives it); an empty slot
+                                                     {"error": "NotFound"}
     nvmlDeviceGetPersistenceMode                     0 / 1
     nvmlDeviceGetEccMode                             [current, pending] (1 enabled)
     nvmlDeviceGetTotalEccErrors  "E,C"               int; E 0 corrected / 1 uncorrected, C 0 volatile / 1 aggregate

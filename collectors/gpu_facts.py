@@ -99,6 +99,14 @@ class Clocks:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """A MIG device of a GPU in MIG mode: what the kubelet's device plugin hands out by UUID."""
+
+    uuid: str
+    gpu_instance: int | None = None  # its GPU instance id, where NVML gave it (an Xid line names the GI)
+
+
+@dataclass(frozen=True)
 class Gpu:
     index: int
     uuid: str | None = None
@@ -109,6 +117,7 @@ class Gpu:
     vbios: str | None = None
     architecture: str | None = None  # "ampere", "hopper", ... (ARCHITECTURES)
     mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()  # in NVML's MIG device index order; () when MIG is off
     persistence_mode: bool | None = None
     ecc_enabled: bool | None = None
     ecc_pending: bool | None = None  # the mode after the next reboot

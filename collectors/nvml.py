@@ -1,4 +1,4 @@
-"""NVIDIA GPUs through NVML: identity, ECC, retired pages, row remapping, NVLink, PCIe, clocks.
+"""NVIDIA GPUs through NVML: identity, MIG devices, ECC, retired pages, row remapping, NVLink, PCIe, clocks.
 
 Long on purpose: the only pynvml importer: every NVML query, its isolation per GPU and the facts
 they make sit behind the one narrow backend interface.
@@ -33,6 +33,7 @@ from nodehealth.collectors.gpu_facts import (
     Clocks,
     EccCounts,
     Gpu,
+    MigDevice,
     NvLink,
     NvmlError,
     NvmlFacts,
@@ -69,6 +70,7 @@ FI_NVLINK_ERRORS = {"crc_flit": (32, 96), "crc_data": (39, 102), "replay": (46, 
 MAX_NVLINKS = 36  # NVML_NVLINK_MAX_LINKS (13.x); more links than this is a garbled answer
 PROBED_NVLINKS = 18  # probed when the driver cannot say how many links there are (pre field 91)
 MAX_GPUS = 64  # more GPUs than this in one node is a garbled answer, not a fact
+MAX_MIG_DEVICES = 8  # a GPU splits into at most 7 MIG devices (NVIDIA's MIG user guide); more is garbled
 NVLINK_COUNTERS = (("replay", 0), ("recovery", 1), ("crc_flit", 2), ("crc_data", 3))
 FABRIC_STATES = {0: None, 1: "not_started", 2: "in_progress", 3: "completed"}
 
@@ -107,6 +109,7 @@ class NvmlBackend:
             "nvmlDeviceGetUtilizationRates": self._utilization,
             "nvmlDeviceGetGpuFabricInfo": self._fabric,
             "nvmlDeviceGetFieldValues": self._field,
+            "nvmlDeviceGetMigDeviceHandleByIndex": self._mig_device,
         }
 
     def init(self) -> None:
@@ -167,6 +170,16 @@ class NvmlBackend:
     def _utilization(self, h: Any) -> dict[str, int]:
         u = self.nvml.nvmlDeviceGetUtilizationRates(h)
         return {"gpu": int(u.gpu), "memory": int(u.memory)}
+
+    def _mig_device(self, h: Any, index: int) -> dict[str, Any]:
+        """A MIG device as the scenario shapes it: its UUID, and its GPU instance id where NVML gives it."""
+        mig = self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, index)
+        out: dict[str, Any] = {"uuid": _text(self.nvml.nvmlDeviceGetUUID(mig))}
+        try:
+            out["gpuInstanceId"] = int(self.nvml.nvmlDeviceGetGpuInstanceId(mig))
+        except self.nvml.NVMLError:
+            pass  # the device stands without it: a pod holding it is still placed on its GPU
+        return out
 
     def _fabric(self, h: Any) -> dict[str, int]:
         info = self.nvml.c_nvmlGpuFabricInfo_t()
@@ -361,7 +374,7 @@ def read_gpu(backend: Any, index: int, missing: set[str]) -> Gpu:
     except GpuLost:
         return Gpu(index=index, lost=True, unknown=dict(r.unknown), **_known.get(index, {}))
     _known[index] = {"uuid": gpu.uuid, "name": gpu.name, "serial": gpu.serial, "pci_bus_id": gpu.pci_bus_id,
-                     "architecture": gpu.architecture}
+                     "architecture": gpu.architecture, "mig_devices": gpu.mig_devices}
     return gpu
 
 
@@ -391,6 +404,7 @@ def _read(r: _Reader) -> Gpu:
         vbios=_str(r.ask("identity", "nvmlDeviceGetVbiosVersion")),
         architecture=ARCHITECTURES.get(arch) if arch is not None else None,
         mig_enabled=mig,
+        mig_devices=_mig_devices(r) if mig else (),
         persistence_mode=None if persistence is None else bool(persistence),
         ecc_enabled=ecc_on,
         ecc_pending=ecc_pending,
@@ -411,6 +425,19 @@ def _read(r: _Reader) -> Gpu:
         unknown=dict(r.unknown),
     )
     return gpu
+
+
+def _mig_devices(r: _Reader) -> tuple[MigDevice, ...]:
+    """The MIG devices of a GPU in MIG mode, by NVML's MIG device index; an empty slot answers NotFound."""
+    count = r.number("mig", "nvmlDeviceGetMaxMigDeviceCount")
+    out = []
+    for index in range(min(count or 0, MAX_MIG_DEVICES)):
+        device = r.ask("mig", "nvmlDeviceGetMigDeviceHandleByIndex", index)
+        uuid = _str(device.get("uuid")) if isinstance(device, dict) else None
+        if uuid is not None:
+            gi = device.get("gpuInstanceId")
+            out.append(MigDevice(uuid, gi if isinstance(gi, int) and not isinstance(gi, bool) else None))
+    return tuple(out)
 
 
 def _str(value: Any) -> str | None:

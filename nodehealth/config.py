@@ -41,6 +41,7 @@ class UsageError(Exception):
 
 def defaults() -> dict[str, Any]:
     from nodehealth import registry
+    from nodehealth.attribution.defaults import DEFAULTS as ATTRIBUTION
     from nodehealth.hang.defaults import DEFAULTS as HANG
     from nodehealth.kube.defaults import DEFAULTS as KUBE
     from nodehealth.netcheck.defaults import DEFAULTS as NETCHECK
@@ -59,6 +60,7 @@ def defaults() -> dict[str, Any]:
         "slurm": copy.deepcopy(SLURM),
         "rdma_bw": copy.deepcopy(RDMA_BW),
         "netcheck": copy.deepcopy(NETCHECK),
+        "attribution": copy.deepcopy(ATTRIBUTION),
     }
 
 
@@ -151,6 +153,12 @@ def check_ranges(cfg: dict[str, Any]) -> None:
         raise ConfigError("pingmesh.inventory_configmap: must not be pingmesh.configmap (each write would drop "
                           "the other's data)")
     _check_rdma_bw(cfg)
+    from nodehealth.attribution.defaults import settings as attribution
+
+    try:
+        attribution(cfg["attribution"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_rdma_bw(cfg: dict[str, Any]) -> None:

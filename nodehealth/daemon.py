@@ -1,5 +1,7 @@
 """The daemon: passes on an interval, the streams between them, and the faces that show the verdict.
 
+Long on purpose: every part the daemon runs (passes, streams, sources, faces) starts, meets and stops here.
+
 Threads: the main thread waits for a signal (nodehealth/server.py); a pass thread runs the collectors
 every interval; the kernel stream (nodehealth/kernel_stream.py) brings kernel records and NVML Xids
 as they come, and the daemon judges the kernel-log checks again at once (a new Xid reaches /metrics
@@ -88,6 +90,7 @@ class Daemon:
         self.pingmesh: Any = None  # nodehealth.pingmesh.mesh.Pingmesh when pingmesh.enabled
         self.pingmesh_verdicts: pingmesh_facts.Verdicts | None = None  # as last read, when Kubernetes is on
         self.rdma: Any = None  # nodehealth.rdma.periodic.RdmaPeriodic when rdma_bw.enabled
+        self.attributor: Any = None  # nodehealth.attribution.attributor.Attributor when attribution.enabled
         self.pass_idle = threading.Event()  # set between passes: the RDMA tests start only then
 
     def _checks_of(self, source: str) -> list[Any]:
@@ -189,12 +192,15 @@ class Daemon:
             self._judge(self.results, checks, self.engine.clock())
         return (self.report, self.judged) if self.passes else None
 
-    def _send(self, report: Report, number: int) -> None:
+    def _send(self, report: Report, number: int, attributed: bool = False) -> None:
         """Hand a report to every face, never one older than what they have: threads judge at once
-        (a pass, the kernel stream), and each sends only after it saved the state."""
+        (a pass, the kernel stream), and each sends only after it saved the state. A report judged
+        between passes gets the attribution the findings had (node_pass.attribute, not asking)."""
         with self.send_lock:
             if number <= self.sent:
                 return
+            if not attributed:
+                report = node_pass.attribute(self.attributor, report, ask=False)
             self.sent, self.shown = number, report
             for face in self.faces:
                 face.publish(report)
@@ -220,9 +226,9 @@ class Daemon:
             self.passes += 1
             self.last_pass = now
             self.pass_duration = time.monotonic() - start
-            judged = self.report, self.judged
+            report, number = self.report, self.judged
         self.save_state()
-        self._send(*judged)
+        self._send(node_pass.attribute(self.attributor, report), number, attributed=True)  # asks outside the locks
 
     def on_kernel(self, batch: Batch) -> None:
         with self.lock:
@@ -276,7 +282,7 @@ class Daemon:
         if self.kmsg_module is not None and self.kernel_supported is None:
             out.append(Metric.one("nodehealth_kernel_log_follower_up",
                                   "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
-        for part in [*self.faces[1:], self.hang, self.pingmesh]:
+        for part in [*self.faces[1:], self.hang, self.pingmesh, self.attributor]:
             if part is not None:
                 out.extend(part.metrics())
         return out
@@ -356,6 +362,10 @@ class Daemon:
         if self.cfg["slurm"]["enabled"] and shutil.which(self.cfg["slurm"]["scontrol"]) is None:
             raise ConfigError(f"--slurm: {self.cfg['slurm']['scontrol']} not found: install slurm-client or set "
                               "slurm.scontrol")
+        attribution = self.cfg["attribution"]
+        if attribution["enabled"] and "slurm" in attribution["sources"] and not self.cfg["slurm"]["enabled"]:
+            raise ConfigError("attribution.sources has slurm: the daemon asks scontrol through its Slurm face; "
+                              "run it with --slurm")
 
     def open(self) -> None:
         """Bind the probe ports and find the rails to test, so that a port in use or a missing extra is
@@ -426,11 +436,14 @@ class Daemon:
             from nodehealth.kube.publisher import Publisher  # only the daemon with kube.enabled pays for it
 
             self.faces.append(Publisher(self.node, self.cfg["kube"], on_clear=self.clear))
+        drainer = None
         if self.cfg["slurm"]["enabled"]:
             from nodehealth.slurm.drainer import Drainer
             from nodehealth.slurm.scontrol import slurm_node_name
 
-            self.faces.append(Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"]))
+            drainer = Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"])
+            self.faces.append(drainer)
+        self.attributor = node_pass.attributor(self.cfg, self.host, drainer.ctl.run if drainer else None)
         for face in self.faces:
             face.start()
         for t in self.threads:

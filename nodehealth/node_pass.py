@@ -1,6 +1,7 @@
 """One pass over a node, from plain values: which collectors and checks run, the engine that runs
 them, the findings with NothingChecked, and the report. `nodehealth check`, `nodehealth slurm`, the
-daemon and the dashboard generator all build their pass here, so that they judge alike.
+daemon and the dashboard generator all build their pass here, so that they judge alike. The step after
+the policy is here too: attribution (the pods and Slurm jobs behind GPU findings), when it is on.
 
 NothingChecked: when no selected check has its sources on this host (a plain host asked only about
 InfiniBand, a fixture folder without the files), "no findings" would read as healthy. Instead the
@@ -9,7 +10,8 @@ pass has one `unknown` finding saying so, wherever it runs.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from nodehealth import registry
@@ -102,4 +104,30 @@ def run(engine: Engine, cfg: dict[str, Any], node: str, state_dir: str | None = 
     selected = {c.NAME for c in engine.checks}
     findings = policy.apply(findings, host.now()) + [f for f in policy.sticky_findings() if f.check in selected]
     status = verdict(findings, fail_on_warning=fail_on_warning)
-    return Report(node, status, sort_findings(findings), list(results.values()), host.now())
+    report = Report(node, status, sort_findings(findings), list(results.values()), host.now())
+    return attribute(attributor(cfg, host), report)
+
+
+def attributor(cfg: dict[str, Any], host: HostPaths, scontrol: Callable[..., str] | None = None) -> Any:
+    """The Attributor of a daemon or of one pass when attribution.enabled, else None. `scontrol` is the
+    Slurm face's runner in the daemon; one pass gets a plain one when the Slurm source is on."""
+    if not cfg["attribution"]["enabled"]:
+        return None
+    from nodehealth.attribution.attributor import Attributor
+    from nodehealth.slurm.scontrol import Scontrol, slurm_node_name
+
+    if scontrol is None and "slurm" in cfg["attribution"]["sources"]:
+        scontrol = Scontrol(cfg["slurm"]).run
+    return Attributor(cfg["attribution"], host, slurm_node_name(cfg["slurm"]["node_name"]), scontrol)
+
+
+def attribute(attributor: Any, report: Report, ask: bool = True) -> Report:
+    """The report with the pods and Slurm jobs behind its GPU findings, after the policy and before the
+    faces. Its verdict stays: attribution adds evidence and `info` findings, never a problem. Without
+    `ask`, the sources are not asked (nodehealth/attribution/attributor.py)."""
+    if attributor is None:
+        return report
+    from nodehealth.attribution.gpus import nvml_facts
+
+    findings = attributor.annotate(report.findings, nvml_facts(report), report.time, ask=ask)
+    return replace(report, findings=sort_findings(findings))

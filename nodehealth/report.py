@@ -47,6 +47,11 @@ def to_table(report: Report, width: int = 0, verbose: bool = False) -> str:
             lines.append(_row(row, widths) + "  " + wrapped[0])
             indent = " " * (sum(widths) + 2 * 4)
             lines.extend(indent + part for part in wrapped[1:])
+            if f.evidence.get("pods") or f.evidence.get("slurm_jobs"):  # attribution: whose work it hit
+                from nodehealth.attribution.notices import holders  # paid for only when there is something to say
+
+                lines.extend(indent + part for part in textwrap.wrap("hit: " + holders(f), message_width,
+                                                                     break_on_hyphens=False, break_long_words=False))
     else:
         lines.append("no findings")
     failed = [c for c in report.collectors if c.supported and not c.success]

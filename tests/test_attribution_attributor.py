@@ -2,18 +2,22 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 from conftest import machine
 from fake_kubelet import FakeKubelet
 
 from nodehealth import config, registry
-from nodehealth.attribution import DEFAULTS, settings
+from nodehealth.config import ConfigError
+from nodehealth.attribution.defaults import DEFAULTS, settings
 from nodehealth.attribution.attributor import Attributor
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE
+from nodehealth.collectors import nvml
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
-from nodehealth.model import Severity, Status, verdict
+from nodehealth.model import Finding, Severity, Status, verdict
 
 TRAINER = {"namespace": "research", "pod": "llm-pretrain-worker-3", "container": "trainer",
            "device": "GPU-d1838e76-90e6-4408-711d-aeeaa2e1fd14"}
@@ -135,3 +139,60 @@ def test_settings_are_checked(cfg, message):
     with pytest.raises(ValueError, match=message):
         settings(cfg)
     assert settings({}) == DEFAULTS and not DEFAULTS["enabled"] and not DEFAULTS["metric_labels"]
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("attribution:\n  sources: [kubelet, nvml]\n", "attribution.sources: ['kubelet', 'nvml'] is not a list of"),
+    ("attribution:\n  kubelet_timeout_seconds: 0\n", "attribution.kubelet_timeout_seconds: 0.0 is not a positive"),
+    ("attribution:\n  kubelet_socket: kubelet.sock\n", "attribution.kubelet_socket: 'kubelet.sock' is not an absolute"),
+    ("attribution:\n  socket: /x\n", "attribution.socket: unknown setting"),
+    ("attribution:\n  metric_labels: maybe\n", "attribution.metric_labels: expected bool"),
+])
+def test_the_config_file_has_an_attribution_section_and_it_is_checked(tmp_path, text, fragment):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        config.load(str(path))
+    assert config.defaults()["attribution"] == DEFAULTS
+    path.write_text("attribution:\n  enabled: true\n  sources: [kubelet, slurm]\n")
+    assert config.load(str(path))["attribution"] == dict(DEFAULTS, enabled=True, sources=["kubelet", "slurm"])
+
+
+def test_between_passes_nobody_is_asked_and_the_last_round_stands(tmp_path, xid79_pass):
+    """A report judged between passes (a kernel record) must not wait on the kubelet: it gets what the
+    findings were given at the last pass, and the last pass's notes."""
+    host, facts, findings, now = xid79_pass
+    sock = str(tmp_path / "kubelet.sock")
+    a = attributor(sock)
+    with FakeKubelet(sock, "h100-xid79-lost.json") as kubelet:
+        a.annotate(findings, facts, now)
+        between = a.annotate(findings, facts, now + 1, ask=False)
+    assert kubelet.calls == ["List"]
+    assert all(f.evidence["pods"] == [TRAINER] for f in gpu3(between).values())
+    failing = attributor(str(tmp_path / "absent.sock"))
+    failing.annotate(findings, facts, now)
+    [note] = [f for f in failing.annotate(findings, facts, now + 1, ask=False) if f.check == CHECK]
+    assert note.reason == UNAVAILABLE and "does not exist" in note.message
+
+
+def test_pods_given_mig_devices_are_placed_through_the_nvml_collectors_mig_listing(tmp_path):
+    """DataDog/datadog-agent#33120's A100 in MIG mode, as the NVML collector lists it, and the kubelet's
+    mixed-strategy answer (nvidia.com/mig-1g.10gb, MIG UUIDs): an Xid on the GPU names every pod on it."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nvml", "datadog",
+                           "a100-mig-1g10gb.nvml.json"), encoding="utf-8") as f:
+        (tmp_path / "nvml.json").write_text(f.read())
+    nvml.reset_backend()
+    try:
+        facts = nvml.collect(HostPaths(str(tmp_path)), nvml.DEFAULTS)
+    finally:
+        nvml.reset_backend()
+    now = 1_737_337_016.0
+    xid = Finding("xid", Severity.DEGRADED, "Xid43", "GPU 0000:00:05.0 logged Xid 43.", device="0000:00:05.0",
+                  first_seen=now, last_seen=now)
+    sock = str(tmp_path / "kubelet.sock")
+    with FakeKubelet(sock, "a100-mig-1g10gb.json"):
+        [out] = attributor(sock).annotate([xid], facts, now)
+    assert sorted((p["namespace"], p["pod"], p["container"]) for p in out.evidence["pods"]) == [
+        ("ci", "ci-runner-42", "build"), ("ci", "ci-runner-42", "test"), ("serving", "embed-api-6d9f7-abcde", "server"),
+        ("serving", "embed-api-6d9f7-fghij", "server")]
+    assert "pods_inferred" not in out.evidence

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from conftest import require_tool
 
-from nodehealth.attribution import DEFAULTS
-from nodehealth.attribution.notices import PodNotice, pod_event
+from nodehealth.attribution.defaults import DEFAULTS
+from nodehealth.kube import events
 
 DEPLOY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy")
 COMPONENT = os.path.join(DEPLOY, "components", "attribution")
@@ -119,18 +119,10 @@ def test_the_policy_matches_event_writes_of_the_agent(policy):
     assert rule["resources"] == ["events"] and set(rule["operations"]) == {"CREATE", "UPDATE"}
 
 
-NOTICE = PodNotice("research", "llm-pretrain-worker-3", "Xid79FallenOffBus",
-                   "Xid 79 on GPU 0000:5d:00.0 (GPU-d1838e76-90e6-4408-711d-aeeaa2e1fd14) that this pod was using",
-                   "Warning", ())
-
-
 def node_event(node: str = "gpu-1") -> dict:
-    """The shape of the base publisher's Node Events (nodehealth/kube.py `_event`)."""
-    return {"apiVersion": "v1", "kind": "Event", "metadata": {"name": f"{node}.1", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-            "reason": "NodeHealthCleared", "message": "m", "type": "Normal",
-            "source": {"component": "nodehealth", "host": node}, "reportingComponent": "nodehealth",
-            "reportingInstance": node}
+    """A Node Event as the publisher posts it (kube/events.py, the one builder of both)."""
+    return events.node_event(node, "0b7f0c2e-5d1b-4c3e-9f5a-2a4f6d8e1c3b", "default", "Normal", "NodeHealthCleared",
+                             "m", 1_731_567_614.0)
 
 
 def edited(event: dict, **changes) -> dict:
@@ -144,7 +136,9 @@ def edited(event: dict, **changes) -> dict:
     return out
 
 
-POD_EVENT = pod_event(NOTICE, "gpu-1", 1_731_567_614.0)
+POD_EVENT = events.pod_event(
+    "gpu-1", "research", "llm-pretrain-worker-3", "Warning", "Xid79FallenOffBus",
+    "Xid 79 on GPU 0000:5d:00.0 (GPU-d1838e76-90e6-4408-711d-aeeaa2e1fd14) that this pod was using", 1_731_567_614.0)
 
 
 @pytest.mark.parametrize("case, event, kwargs, want", [

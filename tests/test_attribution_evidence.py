@@ -9,9 +9,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE, Lookup, attribute
 from nodehealth.attribution.gpus import Assignment, GpuRef, MigDevice, PodRef
-from nodehealth.attribution.notices import drain_detail, gpu_pod_info, pod_event, pod_notices
+from nodehealth.attribution.notices import PodNotice, drain_detail, gpu_pod_info, holders, pod_notices
 from nodehealth.attribution.slurm_jobs import JobAssignment, SlurmJob
 from nodehealth.exporter import render
+from nodehealth.kube import events
 from nodehealth.model import Finding, Severity, Status, verdict
 
 NOW = 1_731_567_614.0
@@ -127,13 +128,18 @@ def test_pod_notices_name_the_gpu_and_the_container():
 def test_pod_notices_are_bounded_and_skip_findings_without_pods():
     long = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "x" * 5000, device="0000:5d:00.0", last_seen=NOW)
     [notice] = pod_notices(run([long]), GPUS)
-    assert len(notice.message) <= 1024
+    assert len(posted(notice)["message"]) == 1024 and posted(notice)["message"].endswith("x...")
     assert pod_notices(run([xid()], pods="no socket"), GPUS) == []
+
+
+def posted(notice: PodNotice) -> dict:
+    """The Event the Kubernetes publisher posts for a notice."""
+    return events.pod_event("gpu-1", notice.namespace, notice.pod, notice.type, notice.reason, notice.message, NOW)
 
 
 def test_a_pod_event_is_a_valid_core_v1_event_in_the_pods_namespace():
     [notice] = pod_notices(run([xid()]), GPUS)
-    event = pod_event(notice, "gpu-1", NOW)
+    event = posted(notice)
     kubernetes_validate.validate(event, "1.30.0", strict=True)
     assert event["metadata"]["namespace"] == "research"
     assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "namespace": "research",
@@ -149,6 +155,19 @@ def test_a_pod_event_is_a_valid_core_v1_event_in_the_pods_namespace():
 def test_drain_detail(jobs, want):
     f = xid(slurm_jobs=[{"job_id": j, "user": None, "via": ["gres"]} for j in jobs])
     assert drain_detail(f) == want
+
+
+@pytest.mark.parametrize("pods, jobs, want", [
+    ([], [], ""),
+    ([("research", "llm-pretrain-worker-3"), ("research", "llm-pretrain-worker-3")], [],
+     "pod research/llm-pretrain-worker-3"),
+    ([("team-b", "b"), ("team-a", "a")], ["42"], "pods team-a/a, team-b/b; job 42"),
+    ([("ns", f"p{i}") for i in range(7)], [], "pods ns/p0, ns/p1, ns/p2, ns/p3, ns/p4 and 2 more"),
+])
+def test_holders_for_the_table(pods, jobs, want):
+    f = xid(pods=[{"namespace": n, "pod": p, "container": "c", "device": UUID3} for n, p in pods],
+            slurm_jobs=[{"job_id": j, "user": None, "via": ["gres"]} for j in jobs])
+    assert holders(f) == want
 
 
 def test_gpu_pod_info_joins_gpus_and_containers():

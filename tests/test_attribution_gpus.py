@@ -98,9 +98,10 @@ def test_gpu_of(case, f, want):
 
 def test_gpu_refs_from_nvml_facts_and_a_mig_listing():
     facts = NvmlFacts("fake:x", "535.216.01", "12.2", 2, (
-        Gpu(0, uuid=A100_UUID, pci_bus_id="0000:00:05.0", mig_enabled=True),
+        Gpu(0, uuid=A100_UUID, pci_bus_id="0000:00:05.0", mig_enabled=True,
+            mig_devices=(MigDevice(A100_MIGS[0], gpu_instance=7),)),
         Gpu(1, uuid=None, pci_bus_id=None, lost=True)))
-    refs = gpu_refs(facts, {A100_UUID: (MigDevice(A100_MIGS[0], gpu_instance=7),)})
+    refs = gpu_refs(facts)
     assert refs == (GpuRef(0, A100_UUID, "0000:00:05.0", (MigDevice(A100_MIGS[0], 7),)), GpuRef(1, None, None))
     assert gpu_refs(None) == ()
 

@@ -2,11 +2,13 @@
 against a real slurmctld and slurmd (Debian's, on loopback) whose node has two GRES GPUs."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 
 import pytest
+from conftest import DaemonProcess, machine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slurm_cluster import NODE, SlurmCluster, running
@@ -27,7 +29,9 @@ from nodehealth.attribution.slurm_jobs import (
 )
 from nodehealth.collectors.gpu_facts import Gpu, NvmlFacts
 from nodehealth.host import HostPaths
-from nodehealth.model import Finding, Severity
+from nodehealth.model import Finding, Report, Severity, Status
+from nodehealth.slurm.drainer import Drainer, act, drain_reason
+from nodehealth.slurm.scontrol import NodeState
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "slurm")
 
@@ -183,12 +187,78 @@ def test_jobs_asks_for_at_most_max_jobs(tmp_path):
     assert asked == ["0", "1", "2"] and [j.job_id for j in jobs] == ["0", "1", "2"]
 
 
+# -- the drain reason ------------------------------------------------------------------------------------
+
+def hit(*jobs: str, device: str = "0000:5d:00.0") -> Finding:
+    return Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "GPU logged Xid 79.", device=device,
+                   evidence={"slurm_jobs": [{"job_id": j, "user": "alice", "via": ["gres"]} for j in jobs]})
+
+
+def test_the_drain_reason_names_the_jobs_within_its_limit():
+    assert drain_reason(hit("42"), 120) == "nodehealth: Xid79FallenOffBus 0000:5d:00.0 job 42"
+    assert drain_reason(hit("41", "42"), 120) == "nodehealth: Xid79FallenOffBus 0000:5d:00.0 jobs 41,42"
+    assert drain_reason(hit(), 120) == "nodehealth: Xid79FallenOffBus 0000:5d:00.0"
+    # Too long for the jobs: the finding is kept whole, never a job id cut in two.
+    assert drain_reason(hit("42"), 45) == "nodehealth: Xid79FallenOffBus 0000:5d:00.0"
+    assert drain_reason(hit("123456789"), 50) == "nodehealth: Xid79FallenOffBus 0000:5d:00.0"
+
+
+class Ctl:
+    """scontrol's three calls as the drainer makes them, on a node whose reason it keeps."""
+
+    def __init__(self) -> None:
+        self.state, self.calls = NodeState("IDLE", ""), []
+
+    def node(self, name: str) -> NodeState:
+        self.calls.append("show")
+        return self.state
+
+    def drain(self, name: str, reason: str) -> None:
+        self.calls.append(f"drain {reason}")
+        self.state = NodeState("IDLE+DRAIN", reason)
+
+    def resume(self, name: str) -> None:
+        self.calls.append("resume")
+        self.state = NodeState("IDLE", "")
+
+
+def unhealthy(f: Finding) -> Report:
+    return Report("nh1", Status.UNHEALTHY, [f], [])
+
+
+def test_a_drain_gains_its_job_once_and_keeps_it_when_the_job_ends():
+    ctl = Ctl()
+    act(unhealthy(hit()), "nh1", ctl, 120)  # drained from the kernel stream, before the pass named the job
+    act(unhealthy(hit("42")), "nh1", ctl, 120)
+    act(unhealthy(hit()), "nh1", ctl, 120)  # the job ended
+    act(unhealthy(hit("43")), "nh1", ctl, 120)  # someone else holds the GPU now: the hit job stays named
+    assert [c for c in ctl.calls if c != "show"] == ["drain nodehealth: Xid79FallenOffBus 0000:5d:00.0",
+                                                     "drain nodehealth: Xid79FallenOffBus 0000:5d:00.0 job 42"]
+    act(unhealthy(hit("42", device="0000:18:00.0")), "nh1", ctl, 120)  # another finding: drained anew
+    assert ctl.calls[-1] == "drain nodehealth: Xid79FallenOffBus 0000:18:00.0 job 42"
+
+
+def test_the_daemon_s_drainer_runs_no_scontrol_when_only_the_jobs_change():
+    ctl = Ctl()
+    drainer = Drainer("nh1", {"reason_max_chars": 120, "resync_seconds": 300.0, "retry_delay_seconds": 1.0,
+                              "attempts": 1}, ctl=ctl)
+    drainer.publish(unhealthy(hit("42")))
+    drainer.sync_once(drainer._report)
+    calls = len(ctl.calls)
+    for jobs in ((), ("43",), ("42",)):
+        drainer.publish(unhealthy(hit(*jobs)))
+        assert drainer._due > time.monotonic(), jobs  # the thread sleeps until the resync
+    drainer.publish(unhealthy(hit("42", device="0000:18:00.0")))
+    assert drainer._due == 0.0
+    assert len(ctl.calls) == calls
+
+
 # -- a real slurmctld and slurmd with two GRES GPUs ----------------------------------------------------
 
 @pytest.fixture(scope="module")
 def gres_cluster(tmp_path_factory):
-    """The tests' one-node cluster, its node with two GPUs as GRES."""
-    yield from running(lambda: SlurmCluster(str(tmp_path_factory.mktemp("slurm-gres")), gres_gpus=2))
+    """The tests' one-node cluster, its node with eight GPUs as GRES, as many as nvml-h100-xid79-lost has."""
+    yield from running(lambda: SlurmCluster(str(tmp_path_factory.mktemp("slurm-gres")), gres_gpus=8))
 
 
 def test_jobs_and_their_gpus_from_a_real_slurmctld(gres_cluster, tmp_path):
@@ -245,6 +315,37 @@ def test_jobs_and_their_gpus_from_a_real_slurmctld(gres_cluster, tmp_path):
                 assert drain_detail(out) == f"jobs {','.join(sorted(named, key=int))}"
     finally:
         subprocess.run(["scancel", *ids], env=c.env, timeout=30)
+
+
+def test_the_daemon_drains_with_the_job_that_held_the_lost_gpu(gres_cluster, tmp_path):
+    """`daemon --slurm` with Slurm attribution on nvml-h100-xid79-lost, whose GPU 3 (0000:5d:00.0, the fourth
+    by bus id: Slurm's GPU 3) fell off the bus, while a job holds Slurm's GPUs 0-3."""
+    c = gres_cluster
+    done = subprocess.run(["sbatch", "--parsable", "--gres=gpu:4", "--wrap", "sleep 300", "-o", "/dev/null"],
+                          env=c.env, capture_output=True, text=True, cwd=str(tmp_path), timeout=30)
+    assert done.returncode == 0, done.stderr
+    job = done.stdout.strip().split(";")[0]
+    cfg = tmp_path / "nodehealth.json"
+    cfg.write_text(json.dumps({"attribution": {"enabled": True, "sources": ["slurm"]},
+                               "slurm": {"attempts": 2, "retry_delay_seconds": 0.3}}))
+    d = None
+    try:
+        c.wait_for(lambda: "JobState=RUNNING" in c.scontrol("show", "job", job).stdout, "the job to run", 60)
+        c.wait_for(lambda: job in c.scontrol("listpids").stdout, "slurmd to list the job's pids", 30)
+        d = DaemonProcess(machine("nvml-h100-xid79-lost"), str(tmp_path / "state"), "--slurm", "--node-name", NODE,
+                          "--config", str(cfg), interval=0.5, env=c.env)
+        d.wait_ready(30)
+        want = f"nodehealth: GpuLost 0000:5d:00.0 job {job}"
+        c.wait_for(lambda: c.node().get("Reason") == want, f"the drain reason {want!r}", 30)
+        report = json.loads(d.get("/v1/report")[1])
+        lost = [f for f in report["findings"] if f["device"] == "0000:5d:00.0"]
+        assert lost and all(f["evidence"]["slurm_jobs"] == [{"job_id": job, "user": "root", "via": ["gres"]}]
+                            for f in lost)
+    finally:
+        if d is not None:
+            d.stop()
+        subprocess.run(["scancel", job], env=c.env, timeout=30)
+        c.scontrol("update", f"NodeName={NODE}", "State=RESUME")
 
 
 # -- any text in, facts out: never an exception -------------------------------------------------------

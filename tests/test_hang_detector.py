@@ -539,3 +539,19 @@ def test_straggler_is_published_after_a_window_of_scans(tmp_path, sleepers):
     publish(tmp_path, recs)
     detector.poll()
     assert not detector.findings()
+
+
+def test_the_bundle_names_each_ranks_pod(tmp_path, sleepers):
+    """A rank's pod, from the downward API (NODEHEALTH_HANG_POD_NAME, _NAMESPACE), is in its record and the
+    bundle; a record whose pod is not a pod's name is refused like any corrupt record."""
+    (a, b) = sleepers(2)
+    recs = [make_record(0, a.pid, start_ticks(a.pid), 5, 4), make_record(1, b.pid, start_ticks(b.pid), 4, 4)]
+    recs[0]["pod"] = {"namespace": "team-a", "name": "llama-7b-worker-0"}
+    recs[1]["pod"] = {"namespace": "team-a", "name": "llama-7b-worker-1"}
+    publish(tmp_path, recs)
+    detector = Detector(str(tmp_path), str(tmp_path / "bundles"), NO_SPY)
+    bundle = json.loads(open(detector.poll()[0]).read())
+    assert bundle["pods"] == {"0": "team-a/llama-7b-worker-0", "1": "team-a/llama-7b-worker-1"}
+    for bad in ({"namespace": "team-a"}, {"name": "x" * 254}, {"name": "w", "namespace": 7}, "team-a/w"):
+        with pytest.raises(record.RecordError, match="pod"):
+            record.validate(dict(recs[0], pod=bad), "r")

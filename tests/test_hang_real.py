@@ -355,7 +355,8 @@ def test_concurrent_torchrun_jobs_without_a_job_id_and_a_pod_owned_one_keep_apar
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NODEHEALTH_HANG_", "TORCHELASTIC_", "MASTER_"))}
     env.update({"NODEHEALTH_HANG_DIR": records, "NODEHEALTH_HANG_INTERVAL": "0.2", "OMP_NUM_THREADS": "1"})
     pod = {"NODEHEALTH_HANG_POD_OWNER": "llama-7b", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a",
-           "NODEHEALTH_HANG_POD_OWNER_UID": "1f2e3d4c-aaaa-bbbb-cccc-0123456789ab"}
+           "NODEHEALTH_HANG_POD_OWNER_UID": "1f2e3d4c-aaaa-bbbb-cccc-0123456789ab",
+           "NODEHEALTH_HANG_POD_NAME": "llama-7b-worker-0"}
     ports = [free_port() for _ in range(3)]
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--master-port", str(port), "-m", "nodehealth.hang.run", TINY, control],
@@ -371,8 +372,12 @@ def test_concurrent_torchrun_jobs_without_a_job_id_and_a_pod_owned_one_keep_apar
             jobs: dict[str, list[int]] = {}
             for r in recs:
                 jobs.setdefault(r["job"], []).append(r["rank"])
+                pods.setdefault(r["job"], set()).add(json.dumps(r["pod"], sort_keys=True))
             return jobs
+        pods: dict[str, set[str]] = {}
         jobs = wait_until(all_stepped, 120, agents)
+        assert pods["k8s/team-a/llama-7b/1f2e3d4c"] == {'{"name": "llama-7b-worker-0", "namespace": "team-a"}'}
+        assert {p for job, ps in pods.items() if job != "k8s/team-a/llama-7b/1f2e3d4c" for p in ps} == {"null"}
         assert sorted(map(sorted, jobs.values())) == [[0, 1]] * 3, jobs
         assert "k8s/team-a/llama-7b/1f2e3d4c" in jobs, jobs
         for port, agent in zip(ports[:2], agents):

@@ -387,3 +387,17 @@ def test_snapshots_taken_while_another_thread_issues_calls_stay_consistent(tmp_p
     stream = t.streams["0"]
     assert snapshots > 100 and stream.enqueued > 1000 and not stream.pending
     assert sorted(stream.durations) == sorted(wrapped), "every op name timed"
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"NODEHEALTH_HANG_POD_NAME": "llama-7b-worker-0", "NODEHEALTH_HANG_POD_NAMESPACE": "team-a"},
+     {"namespace": "team-a", "name": "llama-7b-worker-0"}),
+    ({"NODEHEALTH_HANG_POD_NAME": "llama-7b-worker-0"}, {"namespace": None, "name": "llama-7b-worker-0"}),
+    ({"NODEHEALTH_HANG_POD_NAMESPACE": "team-a"}, None),  # not in a pod, or the pod does not say its name
+])
+def test_the_pod_from_the_downward_api(monkeypatch, env, expected):
+    for key in (timer.ENV_POD_NAME, timer.ENV_POD_NAMESPACE):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert timer._pod() == expected

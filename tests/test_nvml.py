@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -199,3 +200,53 @@ def test_any_error_at_any_call_still_completes_the_pass(tmp_path, plan):
     inner = FakeNvmlBackend(str(tmp_path / "nvml.json"))
     nvml._backend, nvml._backend_key = Chaos(inner, plan), nvml.scenario_path(host.root)
     judge_every_nvml_check(nvml.collect(host, nvml.DEFAULTS))
+
+
+MIG_A100 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nvml", "datadog",
+                        "a100-mig-1g10gb.nvml.json")
+
+
+def mig_scenario() -> dict:
+    with open(MIG_A100, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_a_gpu_in_mig_mode_lists_its_mig_devices(tmp_path):
+    """The seven 1g.10gb devices of DataDog/datadog-agent#33120's A100, in `nvidia-smi -L` order, so that a
+    pod given a MIG device (the device plugin's mixed strategy) is placed on its GPU."""
+    scenario = mig_scenario()
+    facts = nvml.collect(machine(tmp_path, scenario["gpus"]), nvml.DEFAULTS)
+    [g] = facts.gpus
+    assert g.mig_enabled is True and g.uuid == "GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16"
+    assert [m.uuid for m in g.mig_devices] == [
+        scenario["gpus"][0]["nvmlDeviceGetMigDeviceHandleByIndex"][str(i)]["uuid"] for i in range(7)]
+    assert {m.gpu_instance for m in g.mig_devices} == {None}  # the capture shows no GPU instance ids
+    assert g.unknown == {} and facts.missing_functions == ()
+
+
+def test_mig_devices_with_instance_ids_gaps_and_trouble(tmp_path):
+    """Constructed: GPU instance ids where NVML gives them, an empty slot (NotFound), a slot that times out
+    (the MIG group is unknown, the rest stays), and a GPU without MIG, which is not asked at all."""
+    devices = {"0": {"uuid": "MIG-feb88891-0321-5fef-9c87-d4af3b54259e", "gpuInstanceId": 7},
+               "1": {"error": "NotFound"}, "2": {"error": "Timeout"},
+               "3": {"uuid": "MIG-36c795f2-5cf7-55d6-af30-e535e79b7bb6", "gpuInstanceId": 10}}
+    mig = dict(H100, nvmlDeviceGetMigMode=[1, 1], nvmlDeviceGetMaxMigDeviceCount=7,
+               nvmlDeviceGetMigDeviceHandleByIndex=devices)
+    plain = dict(H100, nvmlDeviceGetUUID="GPU-1", nvmlDeviceGetMigMode=[0, 0],
+                 nvmlDeviceGetMigDeviceHandleByIndex={"0": {"error": "Unknown"}})
+    facts = nvml.collect(machine(tmp_path, [mig, plain]), nvml.DEFAULTS)
+    g, p = facts.gpus
+    assert [(m.uuid[:12], m.gpu_instance) for m in g.mig_devices] == [("MIG-feb88891", 7), ("MIG-36c795f2", 10)]
+    assert g.unknown == {"mig": "Timeout"}
+    assert p.mig_devices == () and p.unknown == {}
+
+
+def test_a_lost_gpu_keeps_the_mig_devices_of_its_last_good_read(tmp_path):
+    """A GPU that falls off the bus answers nothing; the daemon still knows its MIG devices, so the pods on
+    them are named next to its Xid 79."""
+    machine(tmp_path, mig_scenario()["gpus"])
+    backend = FakeNvmlBackend(str(tmp_path / "nvml.json"))
+    good = nvml.read_gpu(backend, 0, set())
+    backend.scenario["errors"] = [{"gpu": 0, "fn": "*", "error": "GpuIsLost"}]
+    lost = nvml.read_gpu(backend, 0, set())
+    assert lost.lost and len(good.mig_devices) == 7 and lost.mig_devices == good.mig_devices

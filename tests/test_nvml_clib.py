@@ -203,3 +203,20 @@ def test_any_c_level_error_at_any_call_still_completes_the_pass(in_process, plan
     facts = nvml.collect(in_process([H100, V100], plan=plan), nvml.DEFAULTS)
     assert facts.init_error is not None or facts.backend == "nvml"
     judge_every_nvml_check(facts)
+
+
+def test_mig_devices_through_mig_handles(in_process):
+    """The MIG calls through real pynvml: a handle per MIG device, its UUID and GPU instance id asked of that
+    handle (the DataDog/datadog-agent#33120 A100, with constructed instance ids and an empty slot)."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nvml", "datadog",
+                           "a100-mig-1g10gb.nvml.json"), encoding="utf-8") as f:
+        [a100] = json.load(f)["gpus"]
+    devices = a100["nvmlDeviceGetMigDeviceHandleByIndex"]
+    a100 = dict(a100, nvmlDeviceGetMigDeviceHandleByIndex=dict(
+        {k: dict(v, gpuInstanceId=7 + int(k)) for k, v in devices.items() if k != "6"}, **{"6": {"error": "NotFound"}}))
+    facts = nvml.collect(in_process([a100, dict(H100, nvmlDeviceGetMigMode=[0, 0])]), nvml.DEFAULTS)
+    assert nvml._backend.name == "nvml"
+    g, h = facts.gpus
+    assert [(m.uuid, m.gpu_instance) for m in g.mig_devices] == [(devices[str(i)]["uuid"], 7 + i) for i in range(6)]
+    assert g.uuid == "GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16"  # the parent's own UUID, not a MIG device's
+    assert g.unknown == {} and h.mig_devices == () and facts.missing_functions == ("nvmlDeviceGetFieldValues",)

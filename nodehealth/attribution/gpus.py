@@ -10,12 +10,12 @@ unresolved, never dropped: a container we cannot place may be the one that was h
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from nodehealth.collectors.gpu_facts import NvmlFacts
+from nodehealth.collectors.gpu_facts import MigDevice, NvmlFacts
 from nodehealth.collectors.kernel_events import canonical_pci
-from nodehealth.model import Finding
+from nodehealth.model import Finding, Report
 
 # Resources whose plain numeric ids are NVML indices (device-id-strategy=index).
 NVIDIA_RESOURCE_PREFIX = "nvidia.com/"
@@ -29,12 +29,6 @@ _MIG_LEGACY = re.compile(rf"MIG-(?P<gpu>GPU-{_UUID})/(?P<gi>\d{{1,3}})/(?P<ci>\d
 _INDEX = re.compile(r"(?P<gpu>\d{1,3})(?::(?P<mig>\d{1,3}))?")
 _REPLICA = re.compile(r"::\d{1,6}$")
 _GPU_LABEL = re.compile(r"GPU (\d{1,3})")  # checks' device when NVML gave neither bus id nor UUID
-
-
-@dataclass(frozen=True)
-class MigDevice:
-    uuid: str
-    gpu_instance: int | None = None  # the GI id, where NVML gave it (an Xid line names the GI)
 
 
 @dataclass(frozen=True)
@@ -78,13 +72,16 @@ class Assignment:
     inferred: tuple[int, ...] = ()  # GPUs placed by elimination: NVML had no UUID for them (lost)
 
 
-def gpu_refs(facts: NvmlFacts | None, migs: Mapping[str, Sequence[MigDevice]] | None = None) -> tuple[GpuRef, ...]:
-    """The node's GPUs from the NVML facts; `migs` maps a GPU UUID to its MIG devices."""
+def nvml_facts(report: Report) -> NvmlFacts | None:
+    """The NVML facts a report rests on: its nvml collector's, when that succeeded."""
+    return next((c.facts for c in report.collectors if c.name == "nvml" and c.success), None)
+
+
+def gpu_refs(facts: NvmlFacts | None) -> tuple[GpuRef, ...]:
+    """The node's GPUs, with their MIG devices, from the NVML facts."""
     if facts is None:
         return ()
-    migs = migs or {}
-    return tuple(GpuRef(g.index, g.uuid, canonical_pci(g.pci_bus_id or "") or None,
-                        tuple(migs.get(g.uuid, ())) if g.uuid else ())
+    return tuple(GpuRef(g.index, g.uuid, canonical_pci(g.pci_bus_id or "") or None, g.mig_devices)
                  for g in facts.gpus)
 
 

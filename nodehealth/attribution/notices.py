@@ -1,9 +1,8 @@
-"""What the faces show of an attribution: the Event each affected pod gets, the job ids a Slurm drain
-reason carries, and the optional GPU-to-pod info metric. Pure: the faces post and write them."""
+"""What the faces show of an attribution: what each affected pod is told (the Kubernetes publisher posts
+it as an Event, nodehealth/kube/events.py), the job ids a Slurm drain reason carries, the pods and jobs
+line of the table, and the optional GPU-to-pod info metric. Pure: the faces post and write them."""
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,6 @@ from nodehealth.attribution.evidence import wants_attribution
 from nodehealth.attribution.gpus import Assignment, GpuRef, gpu_of
 from nodehealth.model import Finding, Metric
 
-MAX_MESSAGE_CHARS = 1024  # events.k8s.io/v1 caps a note at 1 kB; core/v1 readers truncate about there
 DRAIN_JOBS_SHOWN = 5
 
 
@@ -45,32 +43,9 @@ def pod_notices(findings: Sequence[Finding], gpus: Sequence[GpuRef]) -> list[Pod
         where = f"GPU {gpu.bus_id or gpu.index}" + (f" ({gpu.uuid})" if gpu.uuid else "")
         for (namespace, pod), held in sorted(by_pod.items()):
             message = f"{what} on {where} that this pod was using ({'; '.join(held)}): {f.message}"
-            if len(message) > MAX_MESSAGE_CHARS:
-                message = message[:MAX_MESSAGE_CHARS - 3] + "..."
             out.append(PodNotice(namespace, pod, f.reason, message, "Warning",
                                  (namespace, pod, f.check, f.reason, f.device, f.first_seen)))
     return out
-
-
-def pod_event(notice: PodNotice, node: str, now: float | None = None) -> dict[str, Any]:
-    """The core/v1 Event for a notice, in the pod's namespace, reported by this node's agent.
-
-    The Pod's uid is left out: PodResources does not give it, and reading Pods is not granted. Such an
-    Event shows in `kubectl events --for pod/NAME` and `kubectl get events`; `kubectl describe pod`
-    lists only Events that carry the uid.
-    """
-    now = time.time() if now is None else now
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-    return {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{notice.pod[:200]}.{int(now * 1e9):x}{random.getrandbits(16):04x}",
-                     "namespace": notice.namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": notice.namespace, "name": notice.pod},
-        "reason": notice.reason, "message": notice.message, "type": notice.type,
-        "source": {"component": "nodehealth", "host": node},
-        "reportingComponent": "nodehealth", "reportingInstance": node,
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-    }
 
 
 def drain_detail(finding: Finding) -> str:
@@ -81,6 +56,17 @@ def drain_detail(finding: Finding) -> str:
     more = len(ids) - DRAIN_JOBS_SHOWN
     shown = ",".join(ids[:DRAIN_JOBS_SHOWN]) + (f"+{more}" if more > 0 else "")
     return f"{'job' if len(ids) == 1 else 'jobs'} {shown}"
+
+
+def holders(finding: Finding) -> str:
+    """`pod research/llm-pretrain-worker-3; job 42`: whose work the finding hit, for the table; "" when
+    none is known."""
+    pods = sorted({f"{p.get('namespace')}/{p.get('pod')}" for p in finding.evidence.get("pods") or []
+                   if isinstance(p, dict)})
+    parts = [f"{'pod' if len(pods) == 1 else 'pods'} {', '.join(pods[:DRAIN_JOBS_SHOWN])}"
+             + (f" and {len(pods) - DRAIN_JOBS_SHOWN} more" if len(pods) > DRAIN_JOBS_SHOWN else "")] if pods else []
+    jobs = drain_detail(finding)
+    return "; ".join(parts + ([jobs] if jobs else []))
 
 
 def gpu_pod_info(pods: Assignment, gpus: Sequence[GpuRef]) -> Metric:

@@ -107,7 +107,7 @@ def capped(bundle: dict[str, Any], limit: int) -> bytes:
             data = json.dumps(bundle, separators=(",", ":"), sort_keys=True).encode()
     if len(data) > limit:  # still too big: the verdict and the reasons only
         small = {k: bundle[k] for k in ("version", "kind", "node", "job", "detected_at", "owner", "reasons",
-                                        "processes", "exit_statuses", "verdicts") if k in bundle}
+                                        "processes", "pods", "exit_statuses", "verdicts") if k in bundle}
         small["errors"] = [f"the bundle was over its cap of {limit} bytes: only the verdict is kept"]
         data = json.dumps(small, separators=(",", ":"), sort_keys=True).encode()
     return data

@@ -287,6 +287,8 @@ class Detector:
             "records": {str(r): rank.rec for r, rank in sorted(ranks.items())},
             "pids": {str(r): rank.host_pid for r, rank in sorted(ranks.items())},
             "processes": {str(r): rank.process for r, rank in sorted(ranks.items())},
+            "pods": {str(r): "/".join(filter(None, (rank.rec["pod"]["namespace"], rank.rec["pod"]["name"])))
+                     for r, rank in sorted(ranks.items()) if rank.rec.get("pod")},
             "exit_statuses": {str(r): rank.exit_status for r, rank in sorted(ranks.items()) if rank.exit_status},
             "silent": {str(r): round(rank.heartbeat_age, 1) for r, rank in sorted(ranks.items()) if rank.silent},
             "errors": [e for e in self.record_errors if os.path.basename(e.split(":", 1)[0]).startswith(prefix)],

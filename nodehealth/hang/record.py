@@ -30,6 +30,7 @@ MAX_WORLD = 1 << 16
 MAX_GROUPS = 64
 MAX_OPS = 64  # pending and recent ops per group
 MAX_BLOCKS = 64  # blocks of op durations per group (the timer keeps 64)
+MAX_POD_NAME = 253  # a pod's name is a DNS subdomain; a namespace is shorter
 
 
 class RecordError(Exception):
@@ -148,6 +149,7 @@ def validate(obj: Any, where: str) -> dict[str, Any]:
         raise RecordError(f"{where}: over the cap: world size {obj['world_size']} > {MAX_WORLD}")
     if not 0 < obj["world_size"] or not 0 <= obj["rank"] < obj["world_size"]:
         raise RecordError(f"{where}: corrupt state record (rank {obj['rank']} of world size {obj['world_size']})")
+    _check_pod(obj.get("pod"), where)
     if len(obj["groups"]) > MAX_GROUPS:
         raise RecordError(f"{where}: over the cap: {len(obj['groups'])} process groups > {MAX_GROUPS}")
     for name, group in obj["groups"].items():
@@ -173,6 +175,15 @@ def validate(obj: Any, where: str) -> dict[str, Any]:
             raise RecordError(f"{where}: corrupt state record (group {name} p99 is not an object)")
         _check_blocks(group.get("blocks"), where, name)
     return obj
+
+
+def _check_pod(pod: Any, where: str) -> None:
+    """The rank's pod (timer._pod), when the record names one: Kubernetes names, bounded."""
+    if pod is None:
+        return
+    names = (pod.get("name"), pod.get("namespace") or "") if isinstance(pod, dict) else ()
+    if not names or not all(isinstance(n, str) and len(n) <= MAX_POD_NAME for n in names) or not names[0]:
+        raise RecordError(f"{where}: corrupt state record (pod is not a pod's namespace and name)")
 
 
 def _check_blocks(blocks: Any, where: str, group: str) -> None:

@@ -42,6 +42,7 @@ ENV_JOB = "NODEHEALTH_HANG_JOB"
 ENV_POD_OWNER = "NODEHEALTH_HANG_POD_OWNER"
 ENV_POD_NAMESPACE = "NODEHEALTH_HANG_POD_NAMESPACE"
 ENV_POD_OWNER_UID = "NODEHEALTH_HANG_POD_OWNER_UID"
+ENV_POD_NAME = "NODEHEALTH_HANG_POD_NAME"  # the rank's own pod (metadata.name), named in the hang bundle
 DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
@@ -466,7 +467,8 @@ class Timer:
             return None
         if dist.is_initialized():
             if self.identity is None or self.finished:  # a new default group (re-initialized)
-                self.identity = {"job": _job_id(), "rank": dist.get_rank(), "world_size": dist.get_world_size()}
+                self.identity = {"job": _job_id(), "rank": dist.get_rank(), "world_size": dist.get_world_size(),
+                                 "pod": _pod()}
                 self.finished = False
         elif self.identity is None:
             return None
@@ -729,6 +731,12 @@ def _job_id() -> str:
     if world is not None and world == local:
         return f"{endpoint}-{os.getppid()}-{_process_start_ticks(os.getppid())}"
     return f"{endpoint}-{_int_env('TORCHELASTIC_RESTART_COUNT') or 0}"
+
+
+def _pod() -> dict[str, str | None] | None:
+    """This rank's pod from the downward API, when it says its name."""
+    name = os.environ.get(ENV_POD_NAME)
+    return {"namespace": os.environ.get(ENV_POD_NAMESPACE) or None, "name": name} if name else None
 
 
 def _int_env(key: str) -> int | None:

@@ -9,6 +9,9 @@ verdicts too), so every Node keeps one writer.
 Why the care: `spec.taints` has no merge key, so every taint write is read-modify-write guarded
 by the node's resourceVersion (a stale one is a 409 and we read again), and the agent changes
 only the taints it recorded as its own in an annotation, and only ever keys in its domain.
+
+With attribution on, each pod a GPU finding names (its evidence's `pods`) gets one Event, in its own
+namespace, once per finding (nodehealth/attribution/notices.py says what it tells).
 """
 from __future__ import annotations
 
@@ -17,15 +20,18 @@ import logging
 import math
 import random
 import time
+from collections import OrderedDict
 from typing import Any, Callable
 
+from nodehealth.attribution.gpus import gpu_refs, nvml_facts
+from nodehealth.attribution.notices import pod_notices
 from nodehealth.faces import Worker
 from nodehealth.kube.api import ClientApi, KubeApi, KubeError, now_rfc3339
 from nodehealth.kube.breaker import Breaker
 from nodehealth.kube.defaults import DEFAULTS
+from nodehealth.kube.events import node_event, pod_event
 from nodehealth.kube.taints import (
     CONDITION_NAMES,
-    MAX_MESSAGE_CHARS,
     SUBSYSTEMS,
     SubsystemState,
     condition_type,
@@ -38,6 +44,9 @@ log = logging.getLogger("nodehealth.kube")
 
 QUARANTINE_EFFECTS = ("NoSchedule", "NoExecute")
 MAX_PENDING_EVENTS = 100
+MAX_POSTED_POD_EVENTS = 1024  # the findings whose pods were told, newest kept; an older one is not told again
+# A Pod Event refused for these reasons (no RBAC for it, the pod's namespace gone) is dropped, not retried.
+DROPPED_POD_EVENT_ERRORS = ("forbidden", "not_found", "client_error")
 
 
 class Publisher(Worker):
@@ -66,6 +75,7 @@ class Publisher(Worker):
         self._next_resync = 0.0
         self._last_heartbeat = -math.inf
         self._pending_events: list[dict[str, Any]] = []
+        self._posted: OrderedDict[tuple[Any, ...], None] = OrderedDict()  # the pod Events' keys, once each
         self._withheld: set[str] = set()
         # What the metrics show.
         self.errors: dict[str, int] = {}
@@ -80,9 +90,20 @@ class Publisher(Worker):
     # -- the daemon's side ---------------------------------------------------------------------
     def publish(self, report: Report) -> None:
         desired = desired_state(report, self.cfg)
+        notices = pod_notices(report.findings, gpu_refs(nvml_facts(report)))
         with self._lock:
             self._desired = desired
             self._dirty = True
+            for n in notices:
+                if n.key in self._posted:
+                    continue
+                self._posted[n.key] = None
+                if self.dry_run:
+                    log.info("dry-run: would post Event %s on pod %s/%s: %s", n.reason, n.namespace, n.pod, n.message)
+                else:
+                    self._queue(pod_event(self.node, n.namespace, n.pod, n.type, n.reason, n.message))
+            while len(self._posted) > MAX_POSTED_POD_EVENTS:
+                self._posted.popitem(last=False)
         self._wake.set()
 
     # -- the loop ------------------------------------------------------------------------------
@@ -326,23 +347,14 @@ class Publisher(Worker):
 
     # -- events --------------------------------------------------------------------------------
     def _event(self, node: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        now = time.time()
-        stamp = now_rfc3339(now)
-        meta = node.get("metadata") or {}
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{self.node}.{int(now * 1e9):x}{random.getrandbits(16):04x}",
-                         "namespace": self.cfg["event_namespace"]},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": self.node,
-                               "uid": meta.get("uid", self.node)},
-            "reason": reason, "message": message[:MAX_MESSAGE_CHARS], "type": kind,
-            "source": {"component": "nodehealth", "host": self.node},
-            "reportingComponent": "nodehealth", "reportingInstance": self.node,
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        }
+        uid = (node.get("metadata") or {}).get("uid", self.node)
         with self._lock:
-            self._pending_events.append(event)
-            del self._pending_events[:-MAX_PENDING_EVENTS]
+            self._queue(node_event(self.node, uid, self.cfg["event_namespace"], kind, reason, message))
+
+    def _queue(self, event: dict[str, Any]) -> None:
+        """Caller holds the lock."""
+        self._pending_events.append(event)
+        del self._pending_events[:-MAX_PENDING_EVENTS]
 
     def _flush_events(self, api: KubeApi) -> None:
         while True:
@@ -350,7 +362,16 @@ class Publisher(Worker):
                 if not self._pending_events:
                     return
                 event = self._pending_events[0]
-            api.create_event(self.cfg["event_namespace"], event)
+            try:
+                api.create_event(event["metadata"]["namespace"], event)
+            except KubeError as e:
+                about = event["involvedObject"]
+                if about["kind"] != "Pod" or e.kind not in DROPPED_POD_EVENT_ERRORS:
+                    raise
+                log.warning("cannot post Event %s on pod %s/%s (%s): %s; dropped", event["reason"],
+                            about["namespace"], about["name"], e.kind, e)
+                with self._lock:
+                    self.errors[e.kind] = self.errors.get(e.kind, 0) + 1
             with self._lock:
                 if self._pending_events and self._pending_events[0] is event:
                     self._pending_events.pop(0)

@@ -1,8 +1,9 @@
 """The Slurm face: drain this node or resume it through scontrol, after one check pass (`nodehealth
 slurm`, cli.py) or from the daemon's own passes (`nodehealth daemon --slurm`, Drainer).
 
-A degraded or fatal verdict drains the node with the worst finding as the reason; a healthy one
-resumes only a drain of ours (scontrol.PREFIX); an unknown one leaves the node as it is.
+A degraded or fatal verdict drains the node with the worst finding as the reason (and, with
+attribution on, the Slurm jobs it hit); a healthy one resumes only a drain of ours (scontrol.PREFIX);
+an unknown one leaves the node as it is.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from nodehealth.attribution.notices import drain_detail
 from nodehealth.faces import Worker
 from nodehealth.model import Finding, Metric, Report, Severity, Status
 from nodehealth.slurm.scontrol import PREFIX, Scontrol, SlurmError
@@ -24,9 +26,28 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9 ._:/,+@()-]+")
 
 
 def drain_reason(finding: Finding, limit: int) -> str:
-    """`nodehealth: Xid79FallenOffBus 0000:cb:00.0`: printable, one line, at most `limit` characters."""
-    text = " ".join(_UNSAFE.sub("_", f"{PREFIX} {finding.reason} {finding.device or ''}").split())
-    return text[:limit].rstrip()
+    """`nodehealth: Xid79FallenOffBus 0000:cb:00.0 job 42`: printable, one line, at most `limit`
+    characters; the jobs the finding hit only where they fit whole."""
+    base = _base_reason(finding, limit)
+    jobs = drain_detail(finding)
+    full = f"{base} {_clean(jobs)}" if jobs else base
+    return full if len(full) <= limit else base
+
+
+def _base_reason(finding: Finding, limit: int) -> str:
+    """The reason without the jobs: which finding drained the node."""
+    return _clean(f"{PREFIX} {finding.reason} {finding.device or ''}")[:limit].rstrip()
+
+
+def _clean(text: str) -> str:
+    return " ".join(_UNSAFE.sub("_", text).split())
+
+
+def _drained_for(current: str, finding: Finding, limit: int) -> bool:
+    """Whether our drain reason `current` is already this finding's: the same words, or the finding with
+    the jobs it named when it drained (a job that ended, or a new holder of the GPU, calls no scontrol)."""
+    base = _base_reason(finding, limit)
+    return current == drain_reason(finding, limit) or current.startswith(base + " job")
 
 
 @dataclass(frozen=True)
@@ -37,24 +58,25 @@ class Outcome:
     other: bool  # the node is drained by someone else
 
 
-def worst_reason(report: Report, limit: int) -> str | None:
-    """The drain reason an unhealthy verdict asks for; None for any other verdict."""
+def worst_finding(report: Report) -> Finding | None:
+    """The finding an unhealthy verdict drains for; None for any other verdict."""
     if report.status is not Status.UNHEALTHY:
         return None
-    return drain_reason(next(f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank), limit)
+    return next(f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank)
 
 
 def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> Outcome:
     """Drain on a degraded or fatal verdict, resume our own drain once healthy."""
     current = ctl.node(node)
     other = current.drained and not current.ours
-    reason = worst_reason(report, reason_limit)
-    if reason is not None:
+    worst = worst_finding(report)
+    if worst is not None:
+        reason = drain_reason(worst, reason_limit)
         if other:
             return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy ({reason}); left as drained by someone else: "
                                            f"{current.reason}", False, True)
-        if current.ours and current.reason == reason:
-            return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy, already drained: {reason}", True, False)
+        if current.ours and _drained_for(current.reason, worst, reason_limit):
+            return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy, already drained: {current.reason}", True, False)
         ctl.drain(node, reason)
         return Outcome(EXIT_UNHEALTHY, f"{node}: drained: {reason}", True, False)
     if report.status is Status.HEALTHY:
@@ -71,9 +93,10 @@ class Drainer(Worker):
     """The daemon's Slurm face: keeps the node's drain in line with the latest verdict from its own
     thread, so a slow or absent slurmctld never holds up a pass.
 
-    scontrol runs when the verdict or its worst finding changes, and every `resync_seconds` besides
-    (a drain an admin lifted while the fault stays comes back, as HealthCheckProgram would do); not at
-    every pass, which across a large cluster would load slurmctld for nothing.
+    scontrol runs when the verdict or its worst finding changes (or that finding first names its jobs),
+    and every `resync_seconds` besides (a drain an admin lifted while the fault stays comes back, as
+    HealthCheckProgram would do); not at every pass, which across a large cluster would load slurmctld
+    for nothing, nor when only the jobs on the GPU change.
     """
 
     THREAD_NAME = "slurm"
@@ -84,7 +107,8 @@ class Drainer(Worker):
         self.cfg = cfg
         self.ctl = ctl or Scontrol(cfg, sleep=self._stop.wait)  # retries end at shutdown
         self._report: Report | None = None
-        self._key: tuple[str, str | None] | None = None  # the verdict last acted on
+        self._key: tuple[str, Any] | None = None  # the verdict and worst finding last acted on
+        self._named = False  # whether the reason acted on named the finding's jobs
         self._due = 0.0
         # What the metrics show.
         self.errors = 0
@@ -92,12 +116,18 @@ class Drainer(Worker):
         self.outcome: Outcome | None = None
 
     def publish(self, report: Report) -> None:
-        key = (report.status.value, worst_reason(report, self.cfg["reason_max_chars"]))
+        key, named = self._verdict(report)
         with self._lock:
             self._report = report
-            if key != self._key:
+            if key != self._key or (named and not self._named):
                 self._due = 0.0
         self._wake.set()
+
+    def _verdict(self, report: Report) -> tuple[tuple[str, Any], bool]:
+        """What the drain is about (the verdict, its worst finding's key), and whether its reason names jobs."""
+        worst, limit = worst_finding(report), self.cfg["reason_max_chars"]
+        named = worst is not None and drain_reason(worst, limit) != _base_reason(worst, limit)
+        return (report.status.value, worst.key if worst is not None else None), named
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -110,7 +140,7 @@ class Drainer(Worker):
             self.sync_once(report)
 
     def sync_once(self, report: Report) -> None:
-        key = (report.status.value, worst_reason(report, self.cfg["reason_max_chars"]))
+        key, named = self._verdict(report)
         try:
             outcome = act(report, self.node, self.ctl, self.cfg["reason_max_chars"])
         except Exception as e:  # slurmctld's refusal, or a bug: the thread lives on, counted and retried
@@ -124,7 +154,7 @@ class Drainer(Worker):
             return
         with self._lock:
             changed = self.outcome is None or outcome.line != self.outcome.line
-            self.outcome, self.last_sync, self._key = outcome, time.time(), key
+            self.outcome, self.last_sync, self._key, self._named = outcome, time.time(), key, named
             if self._report is report:  # a newer verdict that came in meanwhile is acted on at once
                 self._due = time.monotonic() + self.cfg["resync_seconds"]
         if changed:

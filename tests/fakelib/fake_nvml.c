@@ -35,6 +35,7 @@
 #include <time.h>
 
 #define MAX_GPUS 64
+#define MAX_MIGS 8
 #define MAX_LINE 4096
 
 struct nvmlDevice_st { unsigned int index; };
@@ -53,6 +54,7 @@ static size_t n_events, cap_events, next_event;
 static int *plan;
 static size_t n_plan, cap_plan, next_plan;
 static struct nvmlDevice_st devices[MAX_GPUS];
+static struct nvmlDevice_st mig_devices[MAX_GPUS][MAX_MIGS];  /* a MIG device's handle: its GPU and slot */
 static struct nvmlEventSet_st the_event_set;
 static int initialized;
 static volatile int shutting_down;
@@ -177,6 +179,18 @@ static int device_index(nvmlDevice_t device) {
     return (int)(device - devices);
 }
 
+/* A MIG device handle's GPU (and slot in *slot), or -1 for any other handle. */
+static int mig_gpu(nvmlDevice_t device, unsigned int *slot) {
+    struct nvmlDevice_st *first = &mig_devices[0][0];
+    if (device < first || device >= first + MAX_GPUS * MAX_MIGS) return -1;
+    *slot = (unsigned int)(device - first) % MAX_MIGS;
+    return (int)((device - first) / MAX_MIGS);
+}
+
+/* The calls on a MIG device handle answer from its slot under nvmlDeviceGetMigDeviceHandleByIndex, with that
+ * call's scripted trouble: to the Python fake the whole MIG device is that one call. */
+#define MIG_HANDLE "nvmlDeviceGetMigDeviceHandleByIndex"
+
 /* The device's index after its scripted trouble, or a negative NVML return code. */
 #define DEVICE(fn)                                                  \
     int gpu = device_index(device);                                 \
@@ -265,7 +279,6 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
         return text(gpu, #fn, "", out, length);                                         \
     }
 TEXT_CALL(nvmlDeviceGetName)
-TEXT_CALL(nvmlDeviceGetUUID)
 TEXT_CALL(nvmlDeviceGetSerial)
 TEXT_CALL(nvmlDeviceGetVbiosVersion)
 
@@ -290,6 +303,54 @@ NUMBER_CALL(nvmlDeviceGetCurrentClocksEventReasons, unsigned long long)
 NUMBER_CALL(nvmlDeviceGetCurrentClocksThrottleReasons, unsigned long long)
 NUMBER_CALL(nvmlDeviceGetPowerUsage, unsigned int)
 NUMBER_CALL(nvmlDeviceGetEnforcedPowerLimit, unsigned int)
+NUMBER_CALL(nvmlDeviceGetMaxMigDeviceCount, unsigned int)
+
+/* ---- MIG devices ------------------------------------------------------------------------------------ */
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t device, unsigned int index, nvmlDevice_t *migDevice) {
+    DEVICE(MIG_HANDLE)
+    char path[32], uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (index >= MAX_MIGS) return NVML_ERROR_INVALID_ARGUMENT;
+    snprintf(path, sizeof path, "%u", index);
+    const entry_t *e = find(gpu, MIG_HANDLE, path);  /* {"error": ...}: an empty slot, or trouble */
+    if (e && e->type == 'e') return (nvmlReturn_t)atoi(e->text);
+    snprintf(path, sizeof path, "%u/uuid", index);
+    nvmlReturn_t r = text(gpu, MIG_HANDLE, path, uuid, sizeof uuid);
+    if (r != NVML_SUCCESS) return r;
+    mig_devices[gpu][index].index = (unsigned int)gpu;
+    *migDevice = &mig_devices[gpu][index];
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t gpu_uuid(nvmlDevice_t device, char *uuid, unsigned int length) {
+    DEVICE("nvmlDeviceGetUUID")
+    return text(gpu, "nvmlDeviceGetUUID", "", uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int length) {
+    unsigned int slot;
+    char path[32];
+    int mig = mig_gpu(device, &slot);
+    if (mig < 0) return gpu_uuid(device, uuid, length);
+    nvmlReturn_t r = trouble(mig, MIG_HANDLE);
+    if (r != NVML_SUCCESS) return r;
+    snprintf(path, sizeof path, "%u/uuid", slot);
+    return text(mig, MIG_HANDLE, path, uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t device, unsigned int *id) {
+    unsigned int slot;
+    char path[32];
+    long long v;
+    int gpu = mig_gpu(device, &slot);
+    if (gpu < 0) return NVML_ERROR_NOT_SUPPORTED;  /* a GPU, not a MIG device */
+    nvmlReturn_t r = trouble(gpu, MIG_HANDLE);
+    if (r != NVML_SUCCESS) return r;
+    snprintf(path, sizeof path, "%u/gpuInstanceId", slot);
+    r = integer(gpu, MIG_HANDLE, path, &v);
+    if (r == NVML_SUCCESS) *id = (unsigned int)v;
+    return r;
+}
 
 /* Several integers of one call (a list or a struct in the scenario), each at its own path. */
 static nvmlReturn_t several(int gpu, const char *fn, const char *args, const char *const *fields,
