@@ -46,6 +46,7 @@ def defaults() -> dict[str, Any]:
     from nodehealth.netcheck.defaults import DEFAULTS as NETCHECK
     from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH
     from nodehealth.rdma.defaults import DEFAULTS as RDMA_BW
+    from nodehealth.silences.defaults import DEFAULTS as SILENCES
     from nodehealth.slurm.defaults import DEFAULTS as SLURM
 
     return {
@@ -59,6 +60,7 @@ def defaults() -> dict[str, Any]:
         "slurm": copy.deepcopy(SLURM),
         "rdma_bw": copy.deepcopy(RDMA_BW),
         "netcheck": copy.deepcopy(NETCHECK),
+        "silences": copy.deepcopy(SILENCES),
     }
 
 
@@ -150,6 +152,9 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     if pm["inventory_configmap"] == pm["configmap"]:
         raise ConfigError("pingmesh.inventory_configmap: must not be pingmesh.configmap (each write would drop "
                           "the other's data)")
+    positive("silences.max_seconds", cfg["silences"]["max_seconds"])
+    if not cfg["silences"]["max_silences"] >= 1:
+        raise ConfigError(f"silences.max_silences: must be at least 1, not {cfg['silences']['max_silences']!r}")
     _check_rdma_bw(cfg)
 
 

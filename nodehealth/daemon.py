@@ -31,6 +31,7 @@ from nodehealth.host import boot_id
 from nodehealth.kernel_stream import Batch, KernelEvents, KernelStream
 from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity, Status, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile, take_clear_request
+from nodehealth.silences.tracker import Silences
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -49,6 +50,7 @@ class Daemon:
         self.host = engine.host
         self.boot_id = boot_id(self.host)
         self.state = StateFile(cfg["daemon"]["state_dir"])
+        self.silences = Silences(cfg["daemon"]["state_dir"], cfg["silences"])
         self.kmsg_module = next((m for m in engine.collectors if m.NAME == kmsg.NAME), None)
         self.nvml_supported = any(m is nvml for m in engine.collectors) and nvml.supported(self.host, {}) is None
         # Passes poll every collector but the kernel log, which the kernel stream follows.
@@ -155,6 +157,7 @@ class Daemon:
         for source in (self.hang, self.pingmesh):  # their own trouble: a hung job, an inventory not read
             if source is not None:
                 shown += source.findings()
+        shown = self.silences.apply(shown)
         ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
         previous = self.report
         self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now, self.rates)
@@ -179,6 +182,14 @@ class Daemon:
             judged = self._rejudge(self.kernel_checks)
         log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
                     len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
+        self._save_and_send(judged)
+
+    def on_silences(self, annotation: str | None) -> None:
+        """The Node's silences annotation as the Kubernetes face just read it: judged now if it changed."""
+        if not self.silences.set_annotation(annotation):
+            return
+        with self.lock:
+            judged = self._rejudge([])
         self._save_and_send(judged)
 
     def _rejudge(self, checks: list[Any]) -> tuple[Report, int] | None:
@@ -210,6 +221,7 @@ class Daemon:
         request = take_clear_request(self.state.directory)
         if request is not None:
             self.clear(request)
+        self.silences.reload()
         start = time.monotonic()
         results = self.engine.collect()
         now = self.engine.clock()
@@ -276,7 +288,7 @@ class Daemon:
         if self.kmsg_module is not None and self.kernel_supported is None:
             out.append(Metric.one("nodehealth_kernel_log_follower_up",
                                   "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
-        for part in [*self.faces[1:], self.hang, self.pingmesh]:
+        for part in [*self.faces[1:], self.silences, self.hang, self.pingmesh]:
             if part is not None:
                 out.extend(part.metrics())
         return out
@@ -425,7 +437,8 @@ class Daemon:
         if self.cfg["kube"]["enabled"]:
             from nodehealth.kube.publisher import Publisher  # only the daemon with kube.enabled pays for it
 
-            self.faces.append(Publisher(self.node, self.cfg["kube"], on_clear=self.clear))
+            self.faces.append(Publisher(self.node, self.cfg["kube"], on_clear=self.clear,
+                                        on_silences=self.on_silences))
         if self.cfg["slurm"]["enabled"]:
             from nodehealth.slurm.drainer import Drainer
             from nodehealth.slurm.scontrol import slurm_node_name
@@ -451,10 +464,10 @@ class Daemon:
 
 
 def _problems(report: Report | None) -> dict[tuple[str, str, str], Finding]:
-    """The findings that decide the verdict: degraded, fatal, and unknown (could not judge)."""
+    """The findings that decide the verdict: degraded, fatal, and unknown (could not judge), unless silenced."""
     if report is None:
         return {}
-    return {f.key: f for f in report.findings if f.severity.rank >= Severity.UNKNOWN.rank}
+    return {f.key: f for f in report.findings if f.severity.rank >= Severity.UNKNOWN.rank and f.silenced is None}
 
 
 def log_change(previous: Report | None, current: Report) -> None:

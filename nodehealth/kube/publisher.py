@@ -50,12 +50,14 @@ class Publisher(Worker):
     THREAD_NAME = "kube"
 
     def __init__(self, node_name: str, cfg: dict[str, Any], api: KubeApi | None = None,
-                 on_clear: Callable[[str], None] | None = None):
+                 on_clear: Callable[[str], None] | None = None,
+                 on_silences: Callable[[str | None], None] | None = None):
         self.node = node_name
         self.cfg = dict(DEFAULTS, **cfg)
         self.domain = self.cfg["domain"]
         self.dry_run = bool(self.cfg["dry_run"])
         self.on_clear = on_clear
+        self.on_silences = on_silences  # the Node's silences annotation, at every read (nodehealth/silences)
         self._api = api
         self.breaker = Breaker(self.cfg, node_name) if self.cfg["breaker_enabled"] else None
         super().__init__()
@@ -155,6 +157,10 @@ class Publisher(Worker):
     def _sync(self, desired: dict[str, SubsystemState]) -> None:
         api = self._client()
         node = api.get_node(self.node)
+        if self.on_silences is not None:  # read in dry-run too: it changes what would be written
+            self.on_silences(_annotations(node).get(self.domain + "silences"))
+            with self._lock:  # a changed annotation was judged at once: write that verdict, not the one before
+                desired, self._dirty = self._desired or desired, False
         node = self._honour_clear(api, node)
         node = self._sync_conditions(api, node, desired)
         self._sync_taints(api, node, desired)

@@ -41,7 +41,8 @@ def worst_reason(report: Report, limit: int) -> str | None:
     """The drain reason an unhealthy verdict asks for; None for any other verdict."""
     if report.status is not Status.UNHEALTHY:
         return None
-    return drain_reason(next(f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank), limit)
+    return drain_reason(next(f for f in report.findings
+                             if f.severity.rank >= Severity.DEGRADED.rank and f.silenced is None), limit)
 
 
 def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> Outcome:
