@@ -434,16 +434,21 @@ class Daemon:
             self.threads.append(threading.Thread(target=follow_verdicts, name="pingmesh-verdicts", daemon=True,
                                                  args=(api, self.cfg["pingmesh"], self.on_pingmesh_verdicts,
                                                        self.stop)))
+        publisher = None
         if self.cfg["kube"]["enabled"]:
             from nodehealth.kube.publisher import Publisher  # only the daemon with kube.enabled pays for it
 
-            self.faces.append(Publisher(self.node, self.cfg["kube"], on_clear=self.clear,
-                                        on_silences=self.on_silences))
+            publisher = Publisher(self.node, self.cfg["kube"], on_clear=self.clear, on_silences=self.on_silences)
+            self.faces.append(publisher)
         if self.cfg["slurm"]["enabled"]:
             from nodehealth.slurm.drainer import Drainer
             from nodehealth.slurm.scontrol import slurm_node_name
 
             self.faces.append(Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"]))
+        if self.cfg["hooks"]["enabled"]:
+            from nodehealth.hooks.hook import Hook
+
+            self.faces.append(Hook(self.node, self.cfg["hooks"], notify=publisher.note if publisher else None))
         for face in self.faces:
             face.start()
         for t in self.threads:

@@ -331,6 +331,16 @@ class Publisher(Worker):
             self.hold = self.domain + "hold" in _annotations(node)
 
     # -- events --------------------------------------------------------------------------------
+    def note(self, kind: str, reason: str, message: str) -> None:
+        """An Event on this Node from another part of the daemon (the remediation hook's outcome)."""
+        if self.dry_run:
+            log.info("dry-run: would record Event %s: %s", reason, message)
+            return
+        self._event({}, kind, reason, message)  # the Node's uid is its name, as the kubelet's Events have it
+        with self._lock:
+            self._dirty = True  # written at the next sync, which this starts
+        self._wake.set()
+
     def _event(self, node: dict[str, Any], kind: str, reason: str, message: str) -> None:
         now = time.time()
         stamp = now_rfc3339(now)
