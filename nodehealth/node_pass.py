@@ -90,6 +90,10 @@ def silenced(findings: list[Finding], state_dir: str, cfg: dict[str, Any]) -> li
     be read is said once on stderr and silences nothing)."""
     import time
 
+    from nodehealth.silences import FILE
+
+    if not os.path.lexists(os.path.join(state_dir, FILE)):
+        return findings  # the common case: no silence, and nothing more to import
     from nodehealth.silences import silence, store
 
     now = time.time()  # silences end on the operator's clock, even on a replayed machine

@@ -8,3 +8,5 @@ silence (the rule, its validation, applying silences to findings), store (the fi
 directory that `nodehealth silence` writes), tracker (the daemon's side: the file, the Node
 annotation, logs and counts), defaults, cli (`nodehealth silence add|list|remove`).
 """
+
+FILE = "silences.json"  # in the state directory; named here so that a pass without one imports nothing more

@@ -6,7 +6,6 @@ nodehealth/cli.py calls add_subcommands().
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
 import re
@@ -249,6 +248,8 @@ def _ended(entry: Any, now: float) -> bool:
 
 def _who() -> str:
     """Who set it: the user behind sudo, else this user."""
+    import getpass
+
     try:
         return os.environ.get("SUDO_USER") or getpass.getuser()
     except (KeyError, OSError):

@@ -14,9 +14,9 @@ from typing import Any
 
 from nodehealth.host import write_atomic
 from nodehealth.policy import read_regular
+from nodehealth.silences import FILE
 from nodehealth.silences.silence import Silence, parse_list
 
-FILE = "silences.json"
 LOCK = ".silences.lock"
 VERSION = 1
 MAX_BYTES = 1 << 20  # 64 silences of a few hundred bytes each; a larger file was not written by us
