@@ -31,6 +31,7 @@ from nodehealth.host import boot_id
 from nodehealth.kernel_stream import Batch, KernelEvents, KernelStream
 from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity, Status, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile, take_clear_request
+from nodehealth.process_metrics import process_metrics
 from nodehealth.silences.tracker import Silences
 
 log = logging.getLogger("nodehealth.daemon")
@@ -284,7 +285,8 @@ class Daemon:
                            last),
                 Metric.one("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.", duration),
                 Metric.one("nodehealth_state_save_errors_total", "Times the state file could not be written (sticky "
-                           "faults would not survive a restart).", self.save_errors, "counter")]
+                           "faults would not survive a restart).", self.save_errors, "counter"),
+                *process_metrics()]
         if self.kmsg_module is not None and self.kernel_supported is None:
             out.append(Metric.one("nodehealth_kernel_log_follower_up",
                                   "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
