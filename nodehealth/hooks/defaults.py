@@ -18,7 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "max_concurrency": 2,
     # Runs per minute at most (a token bucket of this size, refilled evenly): a flapping finding or a
     # restart that finds twenty faults must not flood a ticket system or a remediation API.
-    "max_per_minute": 10,
+    "max_per_minute": 10.0,
     # Events waiting for a run; beyond it the oldest waiting one is dropped and counted.
     "max_queue": 100,
 }
