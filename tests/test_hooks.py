@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import free_port, machine
+from test_kube_daemon import wait_until
 
 from nodehealth import config, exporter, node_pass
 from nodehealth.config import ConfigError
@@ -36,13 +37,9 @@ def settings(**kw) -> dict:
 
 
 def wait_for(predicate, what: str, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    value = wait_until(predicate, timeout)
+    assert value, f"timed out waiting for {what}"
+    return value
 
 
 def metric(hook: Hook, line_start: str) -> str | None:

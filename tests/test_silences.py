@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import machine
+from test_kube_daemon import wait_until
 
 from nodehealth import config, exporter, node_pass
 from nodehealth.daemon import Daemon
@@ -315,12 +316,3 @@ def test_a_silence_annotation_lifts_the_taint_through_the_nodes_own_agent(tmp_pa
     finally:
         server.close()
 
-
-def wait_until(fn, timeout: float = 15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(0.1)
-    return None
