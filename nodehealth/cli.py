@@ -143,6 +143,7 @@ def parser() -> argparse.ArgumentParser:
     from nodehealth.netcheck import cli as netcheck
     from nodehealth.pingmesh import cli as pingmesh
     from nodehealth.rdma import cli as rdma
+    from nodehealth.silences import cli as silences
     from nodehealth.slurm import cli as slurm
 
     hang.add_subcommands(sub)
@@ -151,6 +152,7 @@ def parser() -> argparse.ArgumentParser:
     pingmesh.add_subcommands(sub)  # pingmesh analyze, controller
     slurm.add_subcommands(sub, pass_options)
     kube.add_subcommands(sub)  # breaker reset
+    silences.add_subcommands(sub)  # silence add, list, remove
 
     v = sub.add_parser("version", help="print the version")
     v.set_defaults(func=cmd_version)

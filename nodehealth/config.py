@@ -43,10 +43,12 @@ def defaults() -> dict[str, Any]:
     from nodehealth import registry
     from nodehealth.attribution.defaults import DEFAULTS as ATTRIBUTION
     from nodehealth.hang.defaults import DEFAULTS as HANG
+    from nodehealth.hooks.defaults import DEFAULTS as HOOKS
     from nodehealth.kube.defaults import DEFAULTS as KUBE
     from nodehealth.netcheck.defaults import DEFAULTS as NETCHECK
     from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH
     from nodehealth.rdma.defaults import DEFAULTS as RDMA_BW
+    from nodehealth.silences.defaults import DEFAULTS as SILENCES
     from nodehealth.slurm.defaults import DEFAULTS as SLURM
 
     return {
@@ -61,6 +63,8 @@ def defaults() -> dict[str, Any]:
         "rdma_bw": copy.deepcopy(RDMA_BW),
         "netcheck": copy.deepcopy(NETCHECK),
         "attribution": copy.deepcopy(ATTRIBUTION),
+        "silences": copy.deepcopy(SILENCES),
+        "hooks": copy.deepcopy(HOOKS),
     }
 
 
@@ -152,6 +156,9 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     if pm["inventory_configmap"] == pm["configmap"]:
         raise ConfigError("pingmesh.inventory_configmap: must not be pingmesh.configmap (each write would drop "
                           "the other's data)")
+    positive("silences.max_seconds", cfg["silences"]["max_seconds"])
+    if not cfg["silences"]["max_silences"] >= 1:
+        raise ConfigError(f"silences.max_silences: must be at least 1, not {cfg['silences']['max_silences']!r}")
     _check_rdma_bw(cfg)
     from nodehealth.attribution.defaults import settings as attribution
 
@@ -159,6 +166,31 @@ def check_ranges(cfg: dict[str, Any]) -> None:
         attribution(cfg["attribution"])
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    _check_hooks(cfg["hooks"])
+
+
+def _check_hooks(hooks: dict[str, Any]) -> None:
+    """The remediation hook runs what it is told as root: what it is told must be exactly that."""
+    command, url = hooks["command"], hooks["url"]
+    if command and not (all(isinstance(a, str) and a and "\0" not in a for a in command)
+                        and os.path.isabs(command[0])):
+        raise ConfigError(f"hooks.command: a list of arguments whose first is an absolute path, not {command!r}")
+    if url:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"hooks.url: an http:// or https:// URL with a host, not {url!r}")
+    if hooks["enabled"] and not (command or url):
+        raise ConfigError("hooks.enabled: set hooks.command or hooks.url (or both): the hook has nothing to run")
+    if hooks["min_severity"] not in ("warning", "unknown", "degraded", "fatal"):
+        raise ConfigError(f"hooks.min_severity: warning, unknown, degraded or fatal, not {hooks['min_severity']!r}")
+    for key in ("timeout_seconds", "max_per_minute"):
+        if isinstance(hooks[key], bool) or not hooks[key] > 0:
+            raise ConfigError(f"hooks.{key}: must be greater than 0, not {hooks[key]!r}")
+    for key in ("max_concurrency", "max_queue"):
+        if not hooks[key] >= 1:
+            raise ConfigError(f"hooks.{key}: must be at least 1, not {hooks[key]!r}")
 
 
 def _check_rdma_bw(cfg: dict[str, Any]) -> None:

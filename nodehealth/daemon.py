@@ -33,6 +33,8 @@ from nodehealth.host import boot_id
 from nodehealth.kernel_stream import Batch, KernelEvents, KernelStream
 from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity, Status, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile, take_clear_request
+from nodehealth.process_metrics import process_metrics
+from nodehealth.silences.tracker import Silences
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -51,6 +53,7 @@ class Daemon:
         self.host = engine.host
         self.boot_id = boot_id(self.host)
         self.state = StateFile(cfg["daemon"]["state_dir"])
+        self.silences = Silences(cfg["daemon"]["state_dir"], cfg["silences"])
         self.kmsg_module = next((m for m in engine.collectors if m.NAME == kmsg.NAME), None)
         self.nvml_supported = any(m is nvml for m in engine.collectors) and nvml.supported(self.host, {}) is None
         # Passes poll every collector but the kernel log, which the kernel stream follows.
@@ -158,6 +161,7 @@ class Daemon:
         for source in (self.hang, self.pingmesh):  # their own trouble: a hung job, an inventory not read
             if source is not None:
                 shown += source.findings()
+        shown = self.silences.apply(shown)
         ordered = [results[m.NAME] for m in self._modules() if m.NAME in results]
         previous = self.report
         self.report = Report(self.node, verdict(shown), sort_findings(shown), ordered, now, self.rates)
@@ -182,6 +186,14 @@ class Daemon:
             judged = self._rejudge(self.kernel_checks)
         log.warning("cleared by operator (%s): %d sticky finding(s) (%s) and %d kernel event(s)", reason,
                     len(sticky), ", ".join(sorted(f.reason for f in sticky)) or "none", events)
+        self._save_and_send(judged)
+
+    def on_silences(self, annotation: str | None) -> None:
+        """The Node's silences annotation as the Kubernetes face just read it: judged now if it changed."""
+        if not self.silences.set_annotation(annotation):
+            return
+        with self.lock:
+            judged = self._rejudge([])
         self._save_and_send(judged)
 
     def _rejudge(self, checks: list[Any]) -> tuple[Report, int] | None:
@@ -216,6 +228,7 @@ class Daemon:
         request = take_clear_request(self.state.directory)
         if request is not None:
             self.clear(request)
+        self.silences.reload()
         start = time.monotonic()
         results = self.engine.collect()
         now = self.engine.clock()
@@ -278,11 +291,12 @@ class Daemon:
                            last),
                 Metric.one("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.", duration),
                 Metric.one("nodehealth_state_save_errors_total", "Times the state file could not be written (sticky "
-                           "faults would not survive a restart).", self.save_errors, "counter")]
+                           "faults would not survive a restart).", self.save_errors, "counter"),
+                *process_metrics()]
         if self.kmsg_module is not None and self.kernel_supported is None:
             out.append(Metric.one("nodehealth_kernel_log_follower_up",
                                   "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
-        for part in [*self.faces[1:], self.hang, self.pingmesh, self.attributor]:
+        for part in [*self.faces[1:], self.silences, self.hang, self.pingmesh, self.attributor]:
             if part is not None:
                 out.extend(part.metrics())
         return out
@@ -432,10 +446,12 @@ class Daemon:
             self.threads.append(threading.Thread(target=follow_verdicts, name="pingmesh-verdicts", daemon=True,
                                                  args=(api, self.cfg["pingmesh"], self.on_pingmesh_verdicts,
                                                        self.stop)))
+        publisher = None
         if self.cfg["kube"]["enabled"]:
             from nodehealth.kube.publisher import Publisher  # only the daemon with kube.enabled pays for it
 
-            self.faces.append(Publisher(self.node, self.cfg["kube"], on_clear=self.clear))
+            publisher = Publisher(self.node, self.cfg["kube"], on_clear=self.clear, on_silences=self.on_silences)
+            self.faces.append(publisher)
         drainer = None
         if self.cfg["slurm"]["enabled"]:
             from nodehealth.slurm.drainer import Drainer
@@ -444,6 +460,10 @@ class Daemon:
             drainer = Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"])
             self.faces.append(drainer)
         self.attributor = node_pass.attributor(self.cfg, self.host, drainer.ctl.run if drainer else None)
+        if self.cfg["hooks"]["enabled"]:
+            from nodehealth.hooks.hook import Hook
+
+            self.faces.append(Hook(self.node, self.cfg["hooks"], notify=publisher.note if publisher else None))
         for face in self.faces:
             face.start()
         for t in self.threads:
@@ -464,10 +484,10 @@ class Daemon:
 
 
 def _problems(report: Report | None) -> dict[tuple[str, str, str], Finding]:
-    """The findings that decide the verdict: degraded, fatal, and unknown (could not judge)."""
+    """The findings that decide the verdict: degraded, fatal, and unknown (could not judge), unless silenced."""
     if report is None:
         return {}
-    return {f.key: f for f in report.findings if f.severity.rank >= Severity.UNKNOWN.rank}
+    return {f.key: f for f in report.findings if f.severity.rank >= Severity.UNKNOWN.rank and f.silenced is None}
 
 
 def log_change(previous: Report | None, current: Report) -> None:

@@ -38,13 +38,18 @@ def core_metrics(report: Report) -> list[Metric]:
     finding = Metric("nodehealth_finding",
                      "1 for each current finding; the labels say which check found what on which device.",
                      labels=("check", "severity", "reason", "device"))
+    # A silenced finding moves to a family of its own (and out of the counts): every rule and dashboard on
+    # nodehealth_finding stops counting it, and the series of the others stay as they were.
+    silenced = Metric("nodehealth_finding_silenced",
+                      "1 for each current finding an operator's silence covers: still found, but no taint, drain, "
+                      "alert or hook.", labels=("check", "severity", "reason", "device"))
     for f in report.findings:
-        finding.add((f.check, f.severity.value, f.reason, f.device), 1)
+        (finding if f.silenced is None else silenced).add((f.check, f.severity.value, f.reason, f.device), 1)
     counts = Metric("nodehealth_findings", "Number of current findings by severity.", labels=("severity",))
     for sev in Severity:
         if sev is not Severity.OK:
-            counts.add((sev.value,), sum(1 for f in report.findings if f.severity is sev))
-    return [status, build, success, supported, duration, finding, counts]
+            counts.add((sev.value,), sum(1 for f in report.findings if f.severity is sev and f.silenced is None))
+    return [status, build, success, supported, duration, finding, silenced, counts]
 
 
 def report_metrics(report: Report, modules: Sequence[Any],

@@ -67,6 +67,8 @@ class Finding:
     evidence: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     first_seen: float | None = field(default=None, compare=False)
     last_seen: float | None = field(default=None, compare=False)
+    # The operator's silence that covers it (nodehealth/silences): still shown, never counted in the verdict.
+    silenced: dict[str, Any] | None = field(default=None, compare=False, hash=False)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -74,7 +76,7 @@ class Finding:
         return (self.check, self.reason, self.device)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "check": self.check,
             "severity": self.severity.value,
             "reason": self.reason,
@@ -85,6 +87,9 @@ class Finding:
             "first_seen": self.first_seen,
             "last_seen": self.last_seen,
         }
+        if self.silenced is not None:  # only then: a state file and a report without silences stay as they were
+            out["silenced"] = self.silenced
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Finding:
@@ -202,7 +207,9 @@ class Report:
 
 
 def verdict(findings: Sequence[Finding], fail_on_warning: bool = False) -> Status:
-    """healthy / unhealthy (a degraded or fatal finding) / unknown (could not judge, nothing worse)."""
+    """healthy / unhealthy (a degraded or fatal finding) / unknown (could not judge, nothing worse).
+    A silenced finding is shown but never counted: an operator said it is known."""
+    findings = [f for f in findings if f.silenced is None]
     worst = max((f.severity.rank for f in findings), default=0)
     if worst >= Severity.DEGRADED.rank:
         return Status.UNHEALTHY

@@ -9,6 +9,7 @@ pass has one `unknown` finding saying so, wherever it runs.
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -21,6 +22,7 @@ from nodehealth.host import HostPaths, boot_id, hostname
 from nodehealth.model import CollectorResult, Finding, Report, Severity, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile
 
+log = logging.getLogger(__name__)
 NOTHING_CHECKED = "NothingChecked"
 
 
@@ -85,13 +87,32 @@ def judge(engine: Engine, results: dict[str, CollectorResult], rates: dict[str, 
     return findings + [f for f in [nothing_checked(engine.checks, results)] if f is not None]
 
 
+def silenced(findings: list[Finding], state_dir: str, cfg: dict[str, Any]) -> list[Finding]:
+    """The findings with those the state directory's silences cover marked (a silence file that cannot
+    be read is said once on stderr and silences nothing)."""
+    import time
+
+    from nodehealth.silences import FILE
+
+    if not os.path.lexists(os.path.join(state_dir, FILE)):
+        return findings  # the common case: no silence, and nothing more to import
+    from nodehealth.silences import silence, store
+
+    now = time.time()  # silences end on the operator's clock, even on a replayed machine
+    silences, problems = store.load(state_dir, cfg["max_silences"], now, cfg["max_seconds"])
+    for problem in problems:
+        log.warning("silence refused: %s", problem)
+    return silence.apply(findings, silences, now)[0]
+
+
 def run(engine: Engine, cfg: dict[str, Any], node: str, state_dir: str | None = None, read_state: bool = True,
         fail_on_warning: bool = False) -> Report:
     """One pass and its verdict, as `check` prints it and `slurm` acts on it.
 
     One pass has nothing to debounce with; the daemon's state file (`state_dir`, by default the
     configured one on a live host) still contributes the sticky faults it recorded this boot, unless
-    `read_state` is off (a saved kernel log is another node's story, not this host's).
+    `read_state` is off (a saved kernel log is another node's story, not this host's); so do the
+    operator's silences stored there.
     """
     host = engine.host
     results = engine.collect()
@@ -103,6 +124,8 @@ def run(engine: Engine, cfg: dict[str, Any], node: str, state_dir: str | None = 
         policy.restore(StateFile(state_dir).load(read_only=True))
     selected = {c.NAME for c in engine.checks}
     findings = policy.apply(findings, host.now()) + [f for f in policy.sticky_findings() if f.check in selected]
+    if state_dir and read_state:
+        findings = silenced(findings, state_dir, cfg["silences"])
     status = verdict(findings, fail_on_warning=fail_on_warning)
     report = Report(node, status, sort_findings(findings), list(results.values()), host.now())
     return attribute(attributor(cfg, host), report)

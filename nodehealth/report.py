@@ -37,13 +37,15 @@ def to_table(report: Report, width: int = 0, verbose: bool = False) -> str:
     shown = [f for f in report.findings if verbose or f.severity is not Severity.OK]
     if shown:
         head = ("STATUS", "CHECK", "DEVICE", "ACTION")
-        rows = [(f.severity.value, f.check, f.device or "-", f.action.value) for f in shown]
+        rows = [(f.severity.value + (" (silenced)" if f.silenced else ""), f.check, f.device or "-", f.action.value)
+                for f in shown]
         widths = [max(len(r[i]) for r in rows + [head]) for i in range(4)]
         message_width = max(30, width - sum(widths) - 10)
         lines.append("")
         lines.append(_row(head, widths) + "  MESSAGE")
         for f, row in zip(shown, rows):
-            wrapped = textwrap.wrap(f.message, message_width) or [""]
+            note = f" [silenced until {f.silenced['until']}: {f.silenced['comment']}]" if f.silenced else ""
+            wrapped = textwrap.wrap(f.message + note, message_width) or [""]
             lines.append(_row(row, widths) + "  " + wrapped[0])
             indent = " " * (sum(widths) + 2 * 4)
             lines.extend(indent + part for part in wrapped[1:])

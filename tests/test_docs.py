@@ -163,7 +163,8 @@ def test_every_metric_family_is_documented():
     for path in golden("*.metrics.txt"):
         with open(path, encoding="utf-8") as f:
             names |= set(re.findall(r"^# TYPE (\S+)", f.read(), re.M))
-    documented = rows("docs/metrics.md", r"^\| `(nodehealth_[a-z0-9_<>]+)` \| (?:gauge|counter|histogram) \|")
+    documented = rows("docs/metrics.md",
+                      r"^\| `((?:nodehealth|process)_[a-z0-9_<>]+)` \| (?:gauge|counter|histogram) \|")
     vmstat = {n for n in names if n.startswith("nodehealth_vmstat_")}  # one row: nodehealth_vmstat_<counter>_total
     assert vmstat and "nodehealth_vmstat_<counter>_total" in documented
     assert sorted(names - vmstat - documented) == []

@@ -555,3 +555,28 @@ def test_the_bundle_names_each_ranks_pod(tmp_path, sleepers):
     for bad in ({"namespace": "team-a"}, {"name": "x" * 254}, {"name": "w", "namespace": 7}, "team-a/w"):
         with pytest.raises(record.RecordError, match="pod"):
             record.validate(dict(recs[0], pod=bad), "r")
+
+
+def test_a_ranks_children_are_those_of_every_thread_and_not_their_own(tmp_path):
+    """DataLoader workers are children of the rank (psutil finds them by their parent): one started from
+    the main thread, one from another thread; a worker's own child is not the rank's."""
+    from nodehealth.hang import detector as detector_module
+
+    script = ("import subprocess, sys, threading, time\n"
+              "kids = [subprocess.Popen(['sh', '-c', 'sleep 60 & wait'])]\n"
+              "t = threading.Thread(target=lambda: kids.append(subprocess.Popen(['sleep', '60'])))\n"
+              "t.start(); t.join()\n"
+              "print(' '.join(str(k.pid) for k in kids), flush=True)\n"
+              "time.sleep(60)\n")
+    rank = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    kids: list[int] = []
+    try:
+        kids = sorted(int(p) for p in rank.stdout.readline().split())
+        assert len(kids) == 2
+        assert detector_module._children(rank.pid) == kids
+        assert detector_module._children(kids[0]) != []  # the shell's own sleep: its child, not the rank's
+    finally:
+        for pid in [p for k in kids for p in detector_module._children(k)] + kids + [rank.pid]:
+            os.kill(pid, signal.SIGKILL)
+        rank.wait()
+    assert detector_module._children(rank.pid) == []  # gone: no children, no error

@@ -17,6 +17,8 @@ from nodehealth.slurm.scontrol import PREFIX, NodeState, SlurmError, parse_node
 
 UNHEALTHY = machine("nvml-h100-xid79-lost")  # GPU 3 lost: GpuLost is its worst finding
 HEALTHY = machine("plain-host")
+WRAPPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "deploy", "slurm",
+                       "nodehealth-slurm")
 
 
 def test_drain_reason_is_one_bounded_printable_line():
@@ -80,16 +82,26 @@ def test_an_scontrol_that_cannot_run_or_prints_garbage_never_ends_the_drainer(tm
     assert drainer.errors == 1 and drainer.outcome is None
 
 
+def wrapper_settings(path, root: str, state: str, log: str, dry_run: bool = False) -> str:
+    """A settings file for the shipped wrapper (its /etc/default/nodehealth-slurm); `root` may be shell."""
+    nodehealth = os.path.join(os.path.dirname(sys.executable), "nodehealth")  # this venv's command
+    assert os.access(nodehealth, os.X_OK), nodehealth
+    path.write_text(f"NODEHEALTH={nodehealth}\n"
+                    f"NODEHEALTH_ARGS=\"--root {root} --node-name {NODE} --state-dir {state}\"\n"
+                    f"NODEHEALTH_LOG={log}\nNODEHEALTH_DRY_RUN={int(dry_run)}\n")
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     top = tmp_path_factory.mktemp("slurm")
-    # The Prolog: `nodehealth slurm` on the machine named in prolog-root (healthy unless a test says otherwise).
+    # The Prolog: the shipped wrapper, running `nodehealth slurm` on the machine named in prolog-root
+    # (healthy unless a test says otherwise).
     (top / "prolog-root").write_text(HEALTHY)
+    settings = wrapper_settings(top / "defaults", f"$(cat {top / 'prolog-root'})", str(top / "prolog-state"),
+                                str(top / "prolog.log"))
     prolog = top / "prolog"
-    prolog.write_text(f"#!{sys.executable}\nimport sys\nfrom nodehealth.cli import main\n"
-                      f"root = open({str(top / 'prolog-root')!r}).read()\n"
-                      f"sys.exit(main(['slurm', '--root', root, '--node-name', {NODE!r}, "
-                      f"'--state-dir', {str(top / 'prolog-state')!r}]))\n")
+    prolog.write_text(f"#!/bin/sh\nexport NODEHEALTH_SLURM_DEFAULTS={settings}\nexec {WRAPPER}\n")
     prolog.chmod(0o755)
     yield from running(lambda: SlurmCluster(str(top), prolog=str(prolog)))
 
@@ -228,9 +240,69 @@ def test_as_prolog_a_job_runs_on_a_healthy_node_and_is_requeued_from_an_unhealth
         wait_for(lambda: "JobState=PENDING" in job(node, bad), f"job {bad} to be requeued: {job(node, bad)}")
         assert "launch_failed_requeued_held" in job(node, bad)
         subprocess.run(["scancel", bad], env=node.env, timeout=30)
+        with open(os.path.join(top, "prolog.log")) as f:  # the wrapper's log: a line per run, with its context
+            assert "prolog_slurmd: nodehealth: nh1: drained: nodehealth: GpuLost 0000:5d:00.0" in f.read()
     finally:
         with open(os.path.join(top, "prolog-root"), "w") as f:
             f.write(HEALTHY)
+
+
+DRAIN_COMMAND = f"scontrol update NodeName={NODE} State=DRAIN 'Reason=nodehealth: GpuLost 0000:5d:00.0'"
+
+
+def test_a_dry_run_logs_the_scontrol_it_would_run_and_changes_nothing(node, tmp_path, monkeypatch):
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path, extra=("--dry-run",))
+    assert code == 0, out + err  # as a Prolog, a non-zero exit would make Slurm drain the node itself
+    assert f"nh1: unhealthy; dry-run: would run {DRAIN_COMMAND}" in out
+    assert "DRAIN" not in node.state().split("+")
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)  # now for real, then a healthy dry run
+    assert code == 1 and node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0", out + err
+    code, out, err = run_slurm(node, HEALTHY, tmp_path, config={"dry_run": True})  # the setting says it too
+    assert code == 0 and f"healthy; dry-run: would run scontrol update NodeName={NODE} State=RESUME" in out, out
+    assert "DRAIN" in node.state().split("+")
+
+    # The daemon's face in dry-run: the same command logged, the node as it was.
+    from nodehealth import config
+    from nodehealth.model import Report, Status
+    from nodehealth.slurm.drainer import Drainer
+
+    assert node.scontrol("update", f"NodeName={NODE}", "State=RESUME").returncode == 0
+    node.wait_state("IDLE")
+    drainer = Drainer(NODE, dict(config.defaults()["slurm"], dry_run=True))
+    lost = Finding("gpu_driver", Severity.FATAL, "GpuLost", "lost", device="0000:5d:00.0")
+    monkeypatch.setenv("SLURM_CONF", node.conf)
+    drainer.sync_once(Report(NODE, Status.UNHEALTHY, [lost], []))
+    assert drainer.errors == 0 and drainer.outcome.line == f"{NODE}: unhealthy; dry-run: would run {DRAIN_COMMAND}"
+    assert "DRAIN" not in node.state().split("+")
+
+
+def test_the_shipped_wrapper_as_health_check_drains_logs_and_dry_runs(node, tmp_path):
+    log = tmp_path / "nodehealth-slurm.log"
+
+    def wrapper(dry_run: bool, log_path: str) -> subprocess.CompletedProcess:
+        settings = wrapper_settings(tmp_path / "defaults", UNHEALTHY, str(tmp_path / "state"), log_path, dry_run)
+        return subprocess.run([WRAPPER], env=dict(node.env, NODEHEALTH_SLURM_DEFAULTS=settings),
+                              capture_output=True, text=True, timeout=120)
+
+    done = wrapper(True, str(log))
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+    assert f"health check: nodehealth: nh1: unhealthy; dry-run: would run {DRAIN_COMMAND}" in log.read_text()
+    assert "DRAIN" not in node.state().split("+")
+    done = wrapper(False, str(tmp_path / "no-such-dir" / "x.log"))  # a log it cannot write: stdout, same code
+    assert done.returncode == 1 and "nh1: drained: nodehealth: GpuLost 0000:5d:00.0" in done.stdout, done.stderr
+    assert node.node()["Reason"] == "nodehealth: GpuLost 0000:5d:00.0"
+
+
+def test_a_silenced_fault_does_not_drain(node, tmp_path):
+    state = str(tmp_path / "state")
+    for reason in ("GpuLost", "Xid79FallenOffBus"):
+        done = subprocess.run([sys.executable, "-m", "nodehealth.cli", "silence", "add", "--reason", reason,
+                               "--for", "2h", "--comment", "RMA 1234", "--allow-fatal", "--state-dir", state],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    code, out, err = run_slurm(node, UNHEALTHY, tmp_path)
+    assert code == 0 and "nh1: healthy" in out, out + err
+    assert "DRAIN" not in node.state().split("+")
 
 
 def slurm_metric(d: DaemonProcess, name: str) -> float | None:

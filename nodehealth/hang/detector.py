@@ -14,7 +14,6 @@ are bounded, owners taking turns; and bundles go only into a directory we own, n
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 import os
@@ -345,7 +344,7 @@ class Detector:
         under it: the worker that hangs is where the rank's Queue.get waits."""
         limit = self.cfg["max_children_per_rank"]
         for r, pid in sorted(live.items()):
-            kids = [k for k in _children(self.host, pid) if not self._refuse(k, k, owner)]
+            kids = [k for k in _children(pid) if not self._refuse(k, k, owner)]
             if not kids or limit <= 0:
                 continue
             if len(kids) > limit:
@@ -539,10 +538,13 @@ def _fair(items: Any, owner: Any) -> list[Any]:
     return out
 
 
-def _children(host: HostPaths, pid: int) -> list[int]:
-    """Child pids of every thread of a process (needs /proc/PID/task/TID/children)."""
-    out: list[int] = []
-    for tid in list_dir(host.proc(str(pid), "task")):
-        with contextlib.suppress(OSError):
-            out += [int(c) for c in read_text(host.proc(str(pid), "task", tid, "children"), 65536).split()]
-    return sorted(set(out))
+def _children(pid: int) -> list[int]:
+    """Child pids of a live process (a rank's DataLoader workers), of any of its threads. psutil finds them
+    by each process's parent, which every kernel shows; /proc/PID/task/TID/children needs a kernel built
+    with CONFIG_PROC_CHILDREN. Only a live process has children worth a stack, so no replayed root here."""
+    import psutil  # the daemon's hang bundles only
+
+    try:
+        return sorted(c.pid for c in psutil.Process(pid).children())
+    except psutil.Error:  # gone meanwhile, or not ours to see
+        return []

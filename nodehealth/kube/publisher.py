@@ -59,12 +59,14 @@ class Publisher(Worker):
     THREAD_NAME = "kube"
 
     def __init__(self, node_name: str, cfg: dict[str, Any], api: KubeApi | None = None,
-                 on_clear: Callable[[str], None] | None = None):
+                 on_clear: Callable[[str], None] | None = None,
+                 on_silences: Callable[[str | None], None] | None = None):
         self.node = node_name
         self.cfg = dict(DEFAULTS, **cfg)
         self.domain = self.cfg["domain"]
         self.dry_run = bool(self.cfg["dry_run"])
         self.on_clear = on_clear
+        self.on_silences = on_silences  # the Node's silences annotation, at every read (nodehealth/silences)
         self._api = api
         self.breaker = Breaker(self.cfg, node_name) if self.cfg["breaker_enabled"] else None
         super().__init__()
@@ -176,6 +178,10 @@ class Publisher(Worker):
     def _sync(self, desired: dict[str, SubsystemState]) -> None:
         api = self._client()
         node = api.get_node(self.node)
+        if self.on_silences is not None:  # read in dry-run too: it changes what would be written
+            self.on_silences(_annotations(node).get(self.domain + "silences"))
+            with self._lock:  # a changed annotation was judged at once: write that verdict, not the one before
+                desired, self._dirty = self._desired or desired, False
         node = self._honour_clear(api, node)
         node = self._sync_conditions(api, node, desired)
         self._sync_taints(api, node, desired)
@@ -346,6 +352,16 @@ class Publisher(Worker):
             self.hold = self.domain + "hold" in _annotations(node)
 
     # -- events --------------------------------------------------------------------------------
+    def note(self, kind: str, reason: str, message: str) -> None:
+        """An Event on this Node from another part of the daemon (the remediation hook's outcome)."""
+        if self.dry_run:
+            log.info("dry-run: would record Event %s: %s", reason, message)
+            return
+        self._event({}, kind, reason, message)  # the Node's uid is its name, as the kubelet's Events have it
+        with self._lock:
+            self._dirty = True  # written at the next sync, which this starts
+        self._wake.set()
+
     def _event(self, node: dict[str, Any], kind: str, reason: str, message: str) -> None:
         uid = (node.get("metadata") or {}).get("uid", self.node)
         with self._lock:

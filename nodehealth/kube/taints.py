@@ -48,7 +48,8 @@ def desired_state(report: Report, cfg: dict[str, Any]) -> dict[str, SubsystemSta
     """Per subsystem: the worst finding decides the condition and the taint."""
     worst: dict[str, list[Finding]] = {s: [] for s in SUBSYSTEMS}
     for f in sort_findings(report.findings):
-        worst[subsystem_of(f)].append(f)
+        if f.silenced is None:  # a silenced finding neither taints nor sets a condition
+            worst[subsystem_of(f)].append(f)
     noexecute = set(cfg["noexecute_subsystems"])
     out = {}
     for subsystem, findings in worst.items():

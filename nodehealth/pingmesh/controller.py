@@ -33,6 +33,7 @@ from nodehealth.model import Metric
 from nodehealth.pingmesh import analysis as pingmesh
 from nodehealth.pingmesh import stats, verdicts
 from nodehealth.pingmesh.fetch import FetchError, fetch_summary
+from nodehealth.process_metrics import process_metrics
 
 log = logging.getLogger("nodehealth.controller")
 
@@ -415,6 +416,7 @@ class Controller:
         m = Metric("nodehealth_build_info", "The nodehealth version; always 1.", labels=("version",))
         m.add((__version__,), 1)
         out.append(m)
+        out += process_metrics()
         out.append(Metric.one("nodehealth_controller_leader", "1 on the replica that runs the pingmesh analysis.",
                           int(leader)))
         m = Metric("nodehealth_controller_errors_total", "Kubernetes API calls of the controller that failed, "

@@ -6,6 +6,9 @@ from typing import Any
 
 DEFAULTS: dict[str, Any] = {
     "enabled": False,  # the daemon drains and resumes this node in Slurm
+    # Read the node's state but only log the scontrol update that would drain or resume it (NHC's
+    # MARK_OFFLINE=0), for `nodehealth slurm` and the daemon alike; `nodehealth slurm` then exits 0.
+    "dry_run": False,
     "node_name": "",  # Slurm's name for this node; empty: $SLURMD_NODENAME, else the short hostname
     # The daemon calls scontrol when the verdict changes, and this often besides to put back a drain that
     # was lifted while the fault stays: Slurm's own HealthCheckInterval is commonly 300 s, and a call per

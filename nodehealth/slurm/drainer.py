@@ -62,7 +62,8 @@ def worst_finding(report: Report) -> Finding | None:
     """The finding an unhealthy verdict drains for; None for any other verdict."""
     if report.status is not Status.UNHEALTHY:
         return None
-    return next(f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank)
+    return next((f for f in report.findings if f.severity.rank >= Severity.DEGRADED.rank and f.silenced is None),
+                None)
 
 
 def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> Outcome:
@@ -77,11 +78,15 @@ def act(report: Report, node: str, ctl: Scontrol, reason_limit: int) -> Outcome:
                                            f"{current.reason}", False, True)
         if current.ours and _drained_for(current.reason, worst, reason_limit):
             return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy, already drained: {current.reason}", True, False)
-        ctl.drain(node, reason)
+        would = ctl.drain(node, reason)
+        if would is not None:
+            return Outcome(EXIT_UNHEALTHY, f"{node}: unhealthy; dry-run: would run {would}", False, False)
         return Outcome(EXIT_UNHEALTHY, f"{node}: drained: {reason}", True, False)
     if report.status is Status.HEALTHY:
         if current.ours:
-            ctl.resume(node)
+            would = ctl.resume(node)
+            if would is not None:
+                return Outcome(EXIT_HEALTHY, f"{node}: healthy; dry-run: would run {would}", True, False)
             return Outcome(EXIT_HEALTHY, f"{node}: healthy, resumed (was: {current.reason})", False, False)
         return Outcome(EXIT_HEALTHY, f"{node}: healthy" + (f"; drained by someone else: {current.reason}"
                                                            if other else ""), False, other)
@@ -177,5 +182,8 @@ class Drainer(Worker):
                        "1 while someone else's drain (an administrator's) is on the Slurm node; nodehealth leaves it.")
         drained.add((), None if outcome is None else int(outcome.ours))
         other.add((), None if outcome is None else int(outcome.other))
-        out += [drained, other]
+        dry_run = Metric("nodehealth_slurm_dry_run", "1 when the Slurm face only logs the scontrol update it would run "
+                         "(slurm.dry_run).")
+        dry_run.add((), int(self.ctl.dry_run))
+        out += [drained, other, dry_run]
         return out

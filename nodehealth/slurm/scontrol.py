@@ -6,14 +6,17 @@ with `nodehealth:` (PREFIX) and resumes only those, so an administrator's drain 
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shlex
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from typing import Any
 
+log = logging.getLogger("nodehealth.slurm")
 PREFIX = "nodehealth:"
 _REASON_TAIL = re.compile(r" \[[^\]]*@[^\]]*\]$")  # scontrol appends "[user@time]" to the reason
 # scontrol's words when slurmctld is not there (down, restarting, failing over, overloaded); any other
@@ -61,11 +64,13 @@ def _text(data: bytes | str | None) -> str:
 
 
 class Scontrol:
-    """scontrol with bounded retries: slurmctld may be restarting."""
+    """scontrol with bounded retries: slurmctld may be restarting. In dry-run (`slurm.dry_run`, NHC's
+    MARK_OFFLINE=0) it reads the node but only logs the update it would run."""
 
     def __init__(self, cfg: dict[str, Any], sleep=time.sleep):
         self.cfg = cfg
         self.sleep = sleep
+        self.dry_run = bool(cfg.get("dry_run"))
 
     def run(self, *args: str) -> str:
         cfg = self.cfg
@@ -98,11 +103,20 @@ class Scontrol:
     def node(self, name: str) -> NodeState:
         return parse_node(self.run("show", "node", name))
 
-    def drain(self, name: str, reason: str) -> None:
-        self.run("update", f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
+    def drain(self, name: str, reason: str) -> str | None:
+        return self._update(f"NodeName={name}", "State=DRAIN", f"Reason={reason}")
 
-    def resume(self, name: str) -> None:
-        self.run("update", f"NodeName={name}", "State=RESUME")
+    def resume(self, name: str) -> str | None:
+        return self._update(f"NodeName={name}", "State=RESUME")
+
+    def _update(self, *args: str) -> str | None:
+        """Run `scontrol update ARGS`; in dry-run, log it instead and return it as a shell would show it."""
+        if not self.dry_run:
+            self.run("update", *args)
+            return None
+        shown = shlex.join([self.cfg["scontrol"], "update", *args])
+        log.info("dry-run: would run: %s", shown)
+        return shown
 
 
 def slurm_node_name(given: str | None) -> str:
