@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from nodehealth.host import HostPaths
-from nodehealth.model import CollectorResult, Finding, Observed, Severity
+from nodehealth.model import Action, CollectorResult, Finding, Observed, Reason, Severity
+
+# What run_check reports for any check that could not judge (docs/checks.md: "every check").
+REASONS = {
+    "CollectorFailed": Reason(Severity.UNKNOWN, Action.NONE,
+                              "a collector the check reads failed; the message gives its error"),
+    "CheckFailed": Reason(Severity.UNKNOWN, Action.NONE, "the check itself raised an error"),
+}
 
 
 class _Worker(threading.Thread):
