@@ -347,10 +347,10 @@ class Daemon:
     def _check_faces(self) -> None:
         """What an enabled face needs, said once at start instead of at every retry."""
         if self.cfg["kube"]["enabled"]:
-            from nodehealth.kube.api import KubeError, require_client
+            from nodehealth.kube.api import KubeError, require_config
 
             try:
-                require_client()
+                require_config(self.cfg["kube"]["kubeconfig"])
             except KubeError as e:
                 raise ConfigError(f"--kube: {e}") from None
         if self.cfg["slurm"]["enabled"] and shutil.which(self.cfg["slurm"]["scontrol"]) is None:

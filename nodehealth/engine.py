@@ -19,9 +19,10 @@ from nodehealth.host import HostPaths
 from nodehealth.model import Action, CollectorResult, Finding, Observed, Reason, Severity
 
 # What run_check reports for any check that could not judge (docs/checks.md: "every check").
+COLLECTOR_FAILED = "CollectorFailed"
 REASONS = {
-    "CollectorFailed": Reason(Severity.UNKNOWN, Action.NONE,
-                              "a collector the check reads failed; the message gives its error"),
+    COLLECTOR_FAILED: Reason(Severity.UNKNOWN, Action.NONE,
+                             "a collector the check reads failed; the message gives its error"),
     "CheckFailed": Reason(Severity.UNKNOWN, Action.NONE, "the check itself raised an error"),
 }
 
@@ -204,7 +205,7 @@ def run_check(check: Any, results: dict[str, CollectorResult], obs: Observed,
     failed = [r for r in needed if not r.success]
     if failed:
         r = failed[0]
-        return [Finding(check.NAME, Severity.UNKNOWN, "CollectorFailed",
+        return [Finding(check.NAME, Severity.UNKNOWN, COLLECTOR_FAILED,
                         f"Could not judge: collector {r.name} failed: {r.error}.", device="")]
     try:
         return list(check.judge(obs, cfg))

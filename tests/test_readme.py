@@ -38,6 +38,7 @@ SYNOPSES = {
     "check": "docs/commands.md",
     "daemon": "docs/commands.md",
     "clear": "docs/commands.md",
+    "config defaults": "docs/commands.md",
     "breaker reset": "docs/commands.md",
     "slurm": "docs/slurm.md",
     "netcheck serve": "docs/netcheck.md",
