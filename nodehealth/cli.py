@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from nodehealth import __version__, config
+from nodehealth import __version__, config, logs
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN = 0, 1, 2
 
@@ -78,7 +78,9 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from nodehealth.daemon import Daemon
 
     engine = node_pass.build_engine(cfg, args.root, node_pass.names(args.only), node_pass.names(args.skip) or ())
-    return Daemon(engine, cfg, node_pass.node_name(engine.host, args.node_name)).serve()
+    node = node_pass.node_name(engine.host, args.node_name)
+    logs.setup(args.log_format, args.log_level, node)
+    return Daemon(engine, cfg, node).serve()
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
@@ -167,6 +169,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--probe-listen", metavar="ADDR:PORT",
                    help="run the pingmesh probe agent: answer Pings here (port 9457) and probe this node's peers")
     d.add_argument("--probe-inventory", metavar="FILE", help="pingmesh inventory (nodes, leaves, addresses)")
+    logs.add_options(d)
     d.set_defaults(func=cmd_daemon)
 
     c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
