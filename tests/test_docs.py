@@ -9,13 +9,12 @@ from __future__ import annotations
 import ast
 import functools
 import glob
-import importlib.util
 import json
 import os
 import re
-import sys
 
 import pytest
+from conftest import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
@@ -113,12 +112,7 @@ def test_pending_pages_are_still_pending():
 @functools.cache
 def generator():
     """docs/generate.py, a script beside the pages it writes rather than a module of the package."""
-    path = os.path.join(ROOT, "docs", "generate.py")
-    spec = importlib.util.spec_from_file_location("docs_generate", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join("docs", "generate.py"), "docs_generate")
 
 
 @pytest.mark.parametrize("page", ["configuration.md", "checks.md", "metrics.md", "xid.md"])
