@@ -1,5 +1,5 @@
-"""Command line: `nodehealth check`, `daemon`, `clear`, `config defaults` and `version`; every feature adds its own
-subcommands (hang, netcheck, rdma-bw, pingmesh, controller, slurm, breaker) from its package.
+"""Command line: `nodehealth check`, `daemon`, `clear`, `config defaults` and `version`; every feature adds
+its own subcommands (hang, netcheck, rdma-bw, pingmesh, controller, slurm, breaker) from its package.
 
 Argparse only: each command imports what it runs when it runs, so that `check` pays only for the
 pass and `rdma-bw` for neither the pass nor the daemon.
@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from collections.abc import Sequence
 
 from nodehealth import __version__, config, logs
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN = 0, 1, 2
-
-
 EXIT_CODES = """exit codes:
   0  healthy: no finding worse than a warning (--fail-on warning makes a warning unhealthy)
   1  unhealthy: a degraded or fatal finding
@@ -35,10 +34,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     cfg = config.load(args.config)
     if args.kernel_log:
         for path in args.kernel_log:  # a typo is one usage error, not every kernel-log check unknown
-            try:
-                open(path, "rb").close()
-            except OSError as e:
-                raise config.UsageError(f"--kernel-log {path}: cannot read it: {e.strerror or e}") from None
+            _readable("--kernel-log", path)
         cfg["collectors"]["kmsg"]["files"] = list(args.kernel_log)
     engine = node_pass.build_engine(cfg, args.root, node_pass.names(args.only), node_pass.names(args.skip) or ())
     report = node_pass.run(engine, cfg, node_pass.node_name(engine.host, args.node_name), args.state_dir,
@@ -46,6 +42,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     sys.stdout.write(render.to_json(report) if args.json
                      else render.to_table(report, verbose=args.verbose, checks=engine.checks))
     return report.status.code
+
+
+def _readable(flag: str, path: str) -> None:
+    """A regular file this process may read (as the kernel-log collector wants it), or UsageError. Opened
+    without blocking, so that a FIFO is refused rather than waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise config.UsageError(f"{flag} {path}: cannot read it: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise config.UsageError(f"{flag} {path}: cannot read it: not a regular file")
+    finally:
+        os.close(fd)
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -179,11 +189,10 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_clear)
 
     g = sub.add_parser("config", help="the configuration (defaults)")
-    gsub = g.add_subparsers(dest="config_command", required=True)
-    d = gsub.add_parser("defaults", help="print the effective configuration as YAML: the defaults, merged with "
-                                         "--config FILE")
-    d.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json) to merge")
-    d.set_defaults(func=cmd_config_defaults)
+    g = g.add_subparsers(dest="config_command", required=True).add_parser(
+        "defaults", help="print the effective configuration as YAML: the defaults, merged with --config FILE")
+    g.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json) to merge")
+    g.set_defaults(func=cmd_config_defaults)
 
     from nodehealth.hang import cli as hang
     from nodehealth.kube import cli as kube

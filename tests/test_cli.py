@@ -69,9 +69,10 @@ def test_post_mortem_from_a_saved_kernel_log(log, reason, device, severity, caps
         assert code == 1 and (reason, device, severity) in found
 
 
-@pytest.mark.parametrize("name", ["absent.log", "a-directory"])
+@pytest.mark.parametrize("name", ["absent.log", "a-directory", "a-fifo"])
 def test_a_kernel_log_that_cannot_be_read_is_one_usage_error(tmp_path, name, capsys):
     (tmp_path / "a-directory").mkdir()
+    os.mkfifo(tmp_path / "a-fifo")  # refused at once, not waited on
     path = tmp_path / name
     code = cli.main(["check", "--kernel-log", str(path), "--only", "kmsg"])
     out, err = capsys.readouterr()
