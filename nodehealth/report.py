@@ -58,7 +58,8 @@ def to_table(report: Report, width: int = 0, verbose: bool = False, checks: Sequ
             if names:
                 lines.append(f"  {len(names)} checks could not judge: {', '.join(names)}")
         if any(_refused(c.error) for c in failed):
-            lines.append("hint: " + (ROOT_HINT if os.geteuid() != 0 else CAPABILITY_HINT))
+            lines += textwrap.wrap(ROOT_HINT if os.geteuid() != 0 else CAPABILITY_HINT, max(40, width),
+                                   initial_indent="hint: ", subsequent_indent="      ")
     if checks and verbose:
         lines += [""] + _columns(("CHECK", "SOURCE", "VERDICT"), [
             (c.NAME, ", ".join(c.NEEDS), verdict) for c, verdict in check_verdicts(report, checks)], width)
