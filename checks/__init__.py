@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from nodehealth.model import Finding, Observed
+    from nodehealth.model import Finding, Observed, Reason
 
 
 @runtime_checkable
@@ -26,10 +26,15 @@ class Check(Protocol):
     # What its findings taint on a Kubernetes Node: gpu, network, memory, storage or kernel
     # (nodehealth/kube/taints.py). Declared here, so that a new check cannot be forgotten there.
     SUBSYSTEM: str
-    DEFAULTS: dict[str, Any]  # its thresholds (config section checks.<NAME>)
+    DEFAULTS: dict[str, Any]  # its thresholds (config section checks.<NAME>); MEANINGS says what each means
     # True for performance findings the daemon raises only after repeated bad passes; False for
     # events and hardware facts.
     DEBOUNCE: bool
+    # For the operator (docs/checks.md, `nodehealth check --list`), in words, without Markdown links:
+    SOURCE: str  # what it reads ("kernel log", "`/sys/class/infiniband`")
+    FINDS: str  # what it finds
+    # Every reason its findings can carry, with their severities, actions and meaning (model.Reason).
+    REASONS: dict[str, Reason]
 
     def judge(self, obs: Observed, cfg: dict[str, Any]) -> list[Finding]:
         """The findings on these facts; never reads anything else."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nodehealth.checks.gpu_sku import device_of, unknown_findings
+from nodehealth.checks.gpu_sku import FACTS_UNKNOWN, device_of, unknown_findings
 from nodehealth.collectors.gpu_facts import (
     CLOCKS_HW_POWER_BRAKE,
     CLOCKS_HW_SLOWDOWN,
@@ -18,7 +18,7 @@ from nodehealth.collectors.gpu_facts import (
     Gpu,
     rate_key,
 )
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "clocks"
 NEEDS = ("nvml",)
@@ -28,6 +28,24 @@ DEFAULTS: dict = {
     # Share of the time since the last pass a slowdown must have been active to count, where the driver
     # counts its duration. Below it, a slowdown was a brief dip (a power spike, a clock change).
     "slowdown_share": 0.10,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "slowdown_share": "share of the time since the last pass a HW slowdown must have been active to count",
+}
+SOURCE = "NVML"
+FINDS = "sustained HW slowdown, HW thermal slowdown and HW power brake (the SW power cap and idle are never findings)"
+REASONS = {
+    "GpuHwThermalSlowdown": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                   "over its hardware temperature limit for more than `slowdown_share` (10 %) of "
+                                   "the time: check the cooling"),
+    "GpuHwPowerBrake": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                              "the external power brake was asserted: check the power supplies and the BMC's log"),
+    "GpuHwSlowdown": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                            "hardware cut the clocks by half or more, for no thermal or power-brake reason"),
+    "GpuSwThermalSlowdown": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                                   "the driver lowers the clocks to stay under its temperature target"),
+    "GpuFactsUnknown": FACTS_UNKNOWN,
 }
 
 GROUPS = ("all", "clocks")

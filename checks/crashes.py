@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nodehealth.checks.host_log import Rating, judge_events
 from nodehealth.collectors.kernel_events import KERNEL_CRASH, RCU_STALL, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "crashes"
 NEEDS = ("kmsg",)
@@ -15,6 +15,22 @@ DEFAULTS: dict = {
     "window_seconds": 86400.0,
     # RCU stall reports (the kernel repeats them while the CPU stays stuck) that make it persistent: fatal.
     "rcu_stall_repeat": 3,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": "RCU stalls older than this no longer count; crashes count all boot",
+    "rcu_stall_repeat": "RCU stall reports in the window that make the stall fatal",
+}
+SOURCE = "kernel log"
+FINDS = ("kernel crashes (`BUG:`, `Oops`, general protection fault, `kernel BUG at`, `Kernel panic`) with the "
+         "function and module of the first `RIP:` line, RCU stalls")
+REASONS = {
+    "KernelCrash": Reason(Severity.FATAL, Action.REBOOT,
+                          "the kernel crashed (BUG, Oops, GPF, panic); the finding names the function and module. "
+                          "Counts all boot"),
+    "RcuStall": Reason((Severity.DEGRADED, Severity.FATAL), Action.REBOOT,
+                       "an RCU stall: a CPU stopped making progress in the kernel; fatal at `rcu_stall_repeat` (3) "
+                       "reports"),
 }
 
 

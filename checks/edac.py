@@ -3,7 +3,7 @@ errors on one DIMM at or over a limit make it degraded (docs/sources.md, "Host h
 from __future__ import annotations
 
 from nodehealth.collectors.edac import MemoryController
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "edac"
 NEEDS = ("edac",)
@@ -13,6 +13,24 @@ DEFAULTS: dict = {
     # Corrected errors on one DIMM since boot that make it suspect: mcelog's default
     # ce-error-threshold (10 per 24 h per DIMM), applied to the boot's count, which only grows.
     "corrected_limit": 10,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "corrected_limit": "corrected errors on one DIMM since boot that make it degraded",
+}
+SOURCE = "`/sys/devices/system/edac/mc/mc*/` and `dimmN/` (or legacy `csrowN/`)"
+FINDS = ("uncorrectable errors on a DIMM (fatal), corrected errors at or over 10 this boot (degraded), named by the "
+         "DIMM's label; an unreadable counter is absent, never 0")
+REASONS = {
+    "MemoryUncorrectableErrors": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                        "EDAC counted uncorrectable errors on a DIMM this boot: data was lost; "
+                                        "replace the DIMM"),
+    "MemoryCorrectedErrorsHigh": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                        "EDAC counted `corrected_limit` (10) or more corrected errors on a DIMM "
+                                        "this boot: it is failing; replace it at the next drain"),
+    "MemoryCorrectedErrors": Reason(Severity.WARNING, Action.NONE,
+                                    "EDAC counted corrected errors on a DIMM this boot, under the limit; watch the "
+                                    "count"),
 }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from nodehealth.checks.gpu_sku import GpuSku, device_of, match_sku
 from nodehealth.collectors.gpu_facts import Gpu, NvmlFacts
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "gpu_driver"
 NEEDS = ("nvml",)
@@ -18,6 +18,31 @@ DEFAULTS: dict = {
     # PCI addresses (0000:19:00.0) of NVIDIA GPUs that NVML is not meant to see, e.g. GPUs bound to
     # vfio-pci and passed through to virtual machines.
     "ignore_devices": [],
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "ignore_devices": ("PCI addresses of NVIDIA GPUs NVML is not meant to see, e.g. GPUs bound to vfio-pci for "
+                       "virtual machines"),
+}
+SOURCE = "NVML, sysfs"
+FINDS = ("NVML that cannot start while NVIDIA GPUs are on the bus, fewer GPUs in NVML than in sysfs, lost GPUs "
+         "(GpuIsLost), GPUs that need a reset, a driver older than the GPU's architecture needs, NVML calls an old "
+         "driver lacks")
+REASONS = {
+    "NvmlInitFailed": Reason((Severity.FATAL, Severity.UNKNOWN), (Action.REBOOT, Action.NONE),
+                             "NVML did not start while the PCI bus shows NVIDIA GPUs (fatal); unknown when the PCI "
+                             "facts are missing too"),
+    "NvmlLibraryNotFound": Reason(Severity.UNKNOWN, Action.FIX_CONFIG,
+                                  "`libnvidia-ml.so.1` was not found: no driver, or a container started without "
+                                  "the NVIDIA runtime"),
+    "GpusMissing": Reason(Severity.FATAL, Action.REBOOT, "NVML sees fewer GPUs than the PCI bus shows"),
+    "GpuLost": Reason(Severity.FATAL, Action.REBOOT, "NVML says the GPU is lost (GpuIsLost): it fell off the bus"),
+    "GpuResetRequired": Reason(Severity.FATAL, Action.RESET_GPU,
+                               "NVML says the GPU needs a reset before it can run work"),
+    "DriverTooOld": Reason(Severity.FATAL, Action.FIX_CONFIG,
+                           "the driver is older than the minimum the GPU's SKU needs"),
+    "NvmlFunctionsMissing": Reason(Severity.INFO, Action.NONE,
+                                   "the driver lacks NVML calls nodehealth uses; their facts are not judged"),
 }
 
 

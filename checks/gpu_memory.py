@@ -5,9 +5,9 @@ repair takes the GPU out of service; a repair that waits for the next reset make
 """
 from __future__ import annotations
 
-from nodehealth.checks.gpu_sku import device_of, match_sku, unknown_findings
+from nodehealth.checks.gpu_sku import FACTS_UNKNOWN, device_of, match_sku, unknown_findings
 from nodehealth.collectors.gpu_facts import Gpu, rate_key
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "gpu_memory"
 NEEDS = ("nvml",)
@@ -23,6 +23,37 @@ DEFAULTS: dict = {
     "uncorrectable_remapped_rows": 512,
     # Pages retired (single- plus double-bit) at which the table is full: DCGM's MAX_RETIRED_PAGES.
     "retired_pages": 63,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "corrected_errors_per_second": "corrected ECC errors per second that make a warning",
+    "uncorrectable_remapped_rows": ("remapped rows (for uncorrectable errors) at which the spare rows are used up "
+                                    "(degraded)"),
+    "retired_pages": "retired pages at which the retirement table is full (fatal; pre-Ampere GPUs)",
+}
+SOURCE = "NVML"
+FINDS = ("volatile uncorrectable ECC errors (fatal, reset the GPU), a high corrected rate, ECC off, row remap "
+         "pending (reset at idle) or failed (RMA candidate), remapped rows used up, retired pages at NVIDIA's limit "
+         "(pre-Ampere)")
+REASONS = {
+    "EccUncorrectableErrors": Reason(Severity.FATAL, Action.RESET_GPU,
+                                     "volatile uncorrectable ECC errors since the driver loaded: drain, then reset "
+                                     "the GPU"),
+    "EccCorrectedErrorRateHigh": Reason(Severity.WARNING, Action.NONE,
+                                        "corrected ECC errors over `corrected_errors_per_second` (10)"),
+    "EccDisabled": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                          "ECC is off on a data-center GPU: `nvidia-smi -e 1` and reboot"),
+    "RowRemapFailure": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                              "a row remap failed: bad memory stays in use; RMA candidate"),
+    "RowRemapPending": Reason(Severity.DEGRADED, Action.RESET_GPU,
+                              "a row remap waits for the next GPU reset: reset it when idle"),
+    "RemappedRowsExhausted": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                    "`uncorrectable_remapped_rows` (512) rows remapped: no spare rows left"),
+    "RetiredPagesLimit": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                "`retired_pages` (63) pages retired (pre-Ampere): the table is full"),
+    "PageRetirementPending": Reason(Severity.DEGRADED, Action.RESET_GPU,
+                                    "a page retirement waits for the next GPU reset or driver reload"),
+    "GpuFactsUnknown": FACTS_UNKNOWN,
 }
 
 # Fact groups (the collector's names in Gpu.unknown) this check reads; "all": the GPU did not answer at all.

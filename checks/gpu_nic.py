@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from nodehealth.collectors.topology import Endpoint, Topology, relation
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "gpu_nic"
 NEEDS = ("topology",)
@@ -13,6 +13,24 @@ DEFAULTS: dict = {
     # The NIC each GPU's RDMA traffic uses, by PCI address ({"0000:19:00.0": "0000:1a:00.0"}), as the
     # job's NCCL_IB_HCA or the fabric plan assigns it; a GPU not listed uses its nearest RDMA NIC.
     "designated_nics": {},
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "designated_nics": ("the NIC each GPU's RDMA traffic uses, by PCI address "
+                        "(`{\"0000:19:00.0\": \"0000:1a:00.0\"}`); a GPU not listed uses its nearest RDMA NIC"),
+}
+SOURCE = "the sysfs PCIe tree (`/sys/devices/pci*`, through the `/sys/bus/pci/devices` links)"
+FINDS = ("a GPU whose RDMA NIC (`designated_nics`, else its nearest: same switch, same root complex, same NUMA "
+         "node, across) is across the CPU interconnect; a narrowed link between a PCIe switch and the CPU above a "
+         "GPU or NIC (GPUDirect RDMA then crawls)")
+REASONS = {
+    "GpuNicAcrossSockets": Reason(Severity.DEGRADED, Action.FIX_CONFIG,
+                                  "a GPU's RDMA NIC is on another NUMA node: GPUDirect RDMA crosses the CPU "
+                                  "interconnect"),
+    "UpstreamLinkNarrowed": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                   "the PCIe link above a GPU's or NIC's switch runs narrower than its max"),
+    "DesignatedNicMissing": Reason(Severity.UNKNOWN, Action.FIX_CONFIG,
+                                   "a NIC in `designated_nics` is not in the PCIe tree"),
 }
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from nodehealth.checks.gpu_sku import device_of, match_sku, unknown_findings
+from nodehealth.checks.gpu_sku import FACTS_UNKNOWN, device_of, match_sku, unknown_findings
 from nodehealth.collectors.gpu_facts import Gpu, Pcie, rate_key
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "gpu_pcie"
 NEEDS = ("nvml",)
@@ -24,6 +24,26 @@ DEFAULTS: dict = {
     # Replays are allowed up to what this bit error rate gives on the link as it runs now, per minute:
     # GT/s x 1e9 x lanes x BER x 60. At 1e-12 that is DCGM's PCIe watch: Gen4 x16 16/min, Gen5 x16 31/min.
     "replay_ber": 1e-12,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "busy_utilization_percent": "GPU utilization from which the link must run at its maximum generation",
+    "replay_ber": "PCIe replays are allowed up to what this bit error rate gives at the link's width and speed",
+}
+SOURCE = "NVML"
+FINDS = ("a GPU link narrower than its max (even idle), a lower generation while busy (idle GPUs downshift on "
+         "purpose), a slot below what the SKU expects, PCIe replay rates over DCGM's per-link budget")
+REASONS = {
+    "GpuPcieWidthDegraded": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                   "the GPU's link is narrower than its max (even idle)"),
+    "GpuPcieGenDegraded": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                 "the link runs below its max generation while the GPU is busy (utilization at or "
+                                 "over `busy_utilization_percent`, 30)"),
+    "GpuPcieBelowSku": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                              "the slot gives the GPU less than its SKU expects"),
+    "GpuPcieReplays": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                             "PCIe replays over what `replay_ber` (1e-12) allows at the link's width and speed"),
+    "GpuFactsUnknown": FACTS_UNKNOWN,
 }
 
 GT_PER_SECOND = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}  # per lane, by generation

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nodehealth.collectors.gpu_facts import Gpu
-from nodehealth.model import Finding, Severity
+from nodehealth.model import Action, Finding, Reason, Severity
 
 # First driver branches per architecture. Ampere: R450, the first data-center branch whose release
 # notes (450.51.05) list A100 VBIOS versions. Hopper: R520 (CUDA 11.8, the first with sm_90), from
@@ -118,6 +118,11 @@ def match_sku(product_name: str | None) -> GpuSku | None:
 def device_of(gpu: Gpu) -> str:
     """The finding's device: the PCI address (joins the kernel log's Xid findings), else the UUID."""
     return gpu.pci_bus_id or gpu.uuid or f"GPU {gpu.index}"
+
+
+# The reason of unknown_findings, in the REASONS of every check that calls it.
+FACTS_UNKNOWN = Reason(Severity.UNKNOWN, Action.NONE, "NVML did not answer for a group of facts this pass; if it "
+                       "lasts, the GPU or driver may be hung")
 
 
 def unknown_findings(check: str, gpu: Gpu, groups: tuple[str, ...]) -> list[Finding]:

@@ -27,7 +27,7 @@ from nodehealth.collectors.infiniband import (
     counter_key,
     hw_counter_key,
 )
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "infiniband"
 NEEDS = ("infiniband",)
@@ -55,6 +55,52 @@ DEFAULTS: dict = {
     "receive_errors_per_second": 10.0,
     "transmit_discards_per_second": 100.0,
     "local_ack_timeouts_per_second": 1.0,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "ignore_ports": "`dev` or `dev:port` names never judged (e.g. the uncabled second port of a card)",
+    "required_ports": ("`dev` or `dev:port` names that must exist and be up: missing is fatal; Disabled or Ethernet "
+                       "ones are judged like a down InfiniBand port"),
+    "expected_rate_gbps": ("expected Gb/s by port (`mlx5_8:1`), device (`mlx5_8`) or link layer (`InfiniBand`, "
+                           "`Ethernet`), the first listed; unlisted ports expect the best rate among the ACTIVE "
+                           "ports of the same HCA model and link layer"),
+    "symbol_errors_per_hour": "symbol errors per hour above which a port is degraded",
+    "link_error_recoveries_per_minute": "retrains per minute above which a port gets a warning",
+    "receive_errors_per_second": "receive errors per second above which a port gets a warning",
+    "transmit_discards_per_second": "transmit discards per second above which a port gets a warning",
+    "local_ack_timeouts_per_second": "local ack timeouts per second above which a port gets a warning",
+}
+SOURCE = "`/sys/class/infiniband`"
+FINDS = ("ports not ACTIVE/LinkUp, rates below the node's other ports of the same HCA model and link layer (or the "
+         "rate configured per port, device or link layer), error counters as rates (NVSentinel's thresholds), link "
+         "downs")
+REASONS = {
+    "PortMissing": Reason(Severity.FATAL, Action.NONE,
+                          "a port in `required_ports` does not exist (driver not loaded, card failed or not seated)"),
+    "PortDown": Reason((Severity.FATAL, Severity.DEGRADED), Action.NONE,
+                       "a port is not ACTIVE/LinkUp. Fatal for InfiniBand and for `required_ports`, degraded for "
+                       "other Ethernet (RoCE) ports. It clears when the port comes back"),
+    "PortDisabled": Reason(Severity.INFO, Action.NONE, "a port is administratively disabled (and not required)"),
+    "PortStateUnknown": Reason(Severity.UNKNOWN, Action.NONE, "the port's state could not be read"),
+    "PortRateDegraded": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                               "a port trained below the expected rate (`expected_rate_gbps`, else the best port "
+                               "of the same HCA model and link layer)"),
+    "LinkDowned": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                         "the `link_downed` counter increased (a counter event)"),
+    "ExcessiveBufferOverrun": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                     "the receive buffers overran (a counter event)"),
+    "LocalLinkIntegrityErrors": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                       "the local physical error threshold was exceeded (a counter event)"),
+    "SymbolErrors": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                           "symbol errors over `symbol_errors_per_hour` (120)"),
+    "LinkErrorRecovery": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                                "retrains over `link_error_recoveries_per_minute` (5)"),
+    "ReceiveErrors": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                            "bad received packets over `receive_errors_per_second` (10)"),
+    "TransmitDiscards": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                               "discarded outbound packets over `transmit_discards_per_second` (100)"),
+    "LocalAckTimeouts": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                               "transport ack timeouts over `local_ack_timeouts_per_second` (1)"),
 }
 
 # Counters that NVSentinel treats as fatal at any increase (degraded here, see the module doc).

@@ -17,7 +17,7 @@ from nodehealth.checks.kernel_log import (
     with_earlier,
 )
 from nodehealth.collectors.kernel_events import HARD_LOCKUP, HUNG_TASK, SOFT_LOCKUP, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "kernel"
 NEEDS = ("kmsg",)
@@ -28,6 +28,24 @@ DEFAULTS: dict = {
     "window_seconds": 86400.0,
     # This many hung-task reports for one task name inside the window make the node degraded.
     "hung_task_repeat": 3,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": "hung tasks and soft lockups older than this no longer count; hard lockups count all boot",
+    "hung_task_repeat": "hung-task reports of one task in the window that make the node degraded",
+}
+SOURCE = "kernel log"
+FINDS = "hung tasks (named, with the NVIDIA driver called out), soft and hard lockups"
+REASONS = {
+    "HungTask": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.REBOOT),
+                       "the kernel reported a task blocked in uninterruptible sleep (`blocked for more than N "
+                       "seconds`). Degraded at `hung_task_repeat` (3) reports of one task; with the reboot action "
+                       "when the task is inside the NVIDIA driver (the driver is likely wedged)"),
+    "SoftLockup": Reason(Severity.DEGRADED, Action.REBOOT,
+                         "CPUs ran kernel code without yielding; work on them stalls. Drain and reboot, look at "
+                         "the call trace"),
+    "HardLockup": Reason(Severity.FATAL, Action.REBOOT,
+                         "the NMI watchdog found a CPU not taking interrupts; the kernel can no longer be trusted"),
 }
 
 

@@ -23,7 +23,7 @@ from nodehealth.checks.kernel_log import (
     with_earlier,
 )
 from nodehealth.collectors.kernel_events import LINK_DOWN, LINK_UP, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "link_events"
 NEEDS = ("kmsg",)
@@ -38,6 +38,22 @@ DEFAULTS: dict = {
     # still shows as LinkDownRecovered warnings.
     "flap_count": 3,
     "flap_window_seconds": 3600.0,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": "link downs older than this no longer count",
+    "flap_count": "downs of one port within `flap_window_seconds` that make it `LinkFlapping`",
+    "flap_window_seconds": "see `flap_count`",
+}
+SOURCE = "kernel log"
+FINDS = ("mlx5/IB links that went down, stayed down or flap; only a down after the port was seen up counts (an "
+         "uncabled port also prints \"Link down\")")
+REASONS = {
+    "LinkDown": Reason(Severity.DEGRADED, Action.HW_INSPECTION, "a port went down and the log shows no link up since"),
+    "LinkFlapping": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                           "a port went down `flap_count` (3) times within `flap_window_seconds` (1 h)"),
+    "LinkDownRecovered": Reason(Severity.WARNING, Action.NONE,
+                                "a port went down and came back up; nothing to do unless it keeps happening"),
 }
 
 ADVICE = ("check the cable, transceiver and switch port (ibstat, ip link, the switch's port log) and "

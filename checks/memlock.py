@@ -7,7 +7,7 @@ not a network fault.
 """
 from __future__ import annotations
 
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "memlock"
 NEEDS = ("limits",)
@@ -18,6 +18,25 @@ DEFAULTS: dict = {
     "min_bytes": 16 << 30,
     # On an RDMA node, say so (info) when our own limit is large but still not unlimited.
     "expect_unlimited_on_rdma": True,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "min_bytes": "a locked-memory limit below this is too small for RDMA (16 GiB)",
+    "expect_unlimited_on_rdma": "on an RDMA node, say so (info) when nodehealth's own limit is large but not unlimited",
+}
+SOURCE = "`/proc/self/limits`, `/proc/PID/{fd,limits,status}`"
+FINDS = ("`ulimit -l` under 16 GiB on RDMA nodes, for nodehealth itself and for every process that holds "
+         "`/dev/infiniband/uverbs*` open without CAP_IPC_LOCK; silent on a node without a verbs device")
+REASONS = {
+    "MemlockLimitLow": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                              "nodehealth runs with a locked-memory limit under `min_bytes` (16 GiB) on an RDMA "
+                              "node, and processes started the same way inherit it: RDMA memory registration fails "
+                              "with ENOMEM. Raise it to unlimited"),
+    "MemlockLimitFinite": Reason(Severity.INFO, Action.FIX_CONFIG,
+                                 "the limit is large but not unlimited on an RDMA node (`expect_unlimited_on_rdma`)"),
+    "RdmaProcessMemlockLow": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                                    "a process that holds a verbs device open has a limit under `min_bytes` and no "
+                                    "CAP_IPC_LOCK (the device is the process name)"),
 }
 
 SELF_DEVICE = "nodehealth"

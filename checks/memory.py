@@ -24,7 +24,7 @@ Where /proc/meminfo and /proc/zoneinfo are readable they keep the zone's free li
 from __future__ import annotations
 
 from nodehealth.collectors.buddyinfo import HUGE_BLOCK_BYTES, Buddyinfo, Zone, ZoneSize, managed_key
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "memory"
 NEEDS = ("buddyinfo",)
@@ -64,6 +64,41 @@ DEFAULTS = {
     # real capture, 12% in the fragmented machine, whose files come from different captures); the
     # development VM that showed the problem has 7 times more in MemFree than in its lists.
     "unsettled_free_ratio": 0.5,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "unusable_index": "unusable free space index at 2 MiB above which a Normal zone is fragmented",
+    "large_block_bytes": ("block size for the large-block test: fragmented when no order of at least this size has "
+                          "`large_block_min_free` free blocks"),
+    "large_block_min_free": "see `large_block_bytes`",
+    "low_free_bytes": ("below this much free memory in a zone (or its high watermark) the problem is memory "
+                       "pressure, not fragmentation"),
+    "min_free_2mib_blocks": ("fewer free 2 MiB blocks than this (with enough free memory) is `HugeBlocksExhausted` "
+                             "(degraded)"),
+    "low_available_ratio": ("a zone low on free memory is a shortage only while MemAvailable is under this share of "
+                            "MemTotal"),
+    "drop_caches_min_ratio": ("the advice mentions dropping caches only when reclaimable page cache is at least "
+                              "this share of MemTotal"),
+    "unsettled_free_ratio": ("MemFree above the zones' free lists by more than this share means memory not yet "
+                             "handed to the zones (a VM adding memory): the zones are not judged"),
+}
+SOURCE = "`/proc/buddyinfo`, `/proc/pagetypeinfo`, `/proc/meminfo`, `/proc/zoneinfo`"
+FINDS = ("Normal zones too fragmented to supply 2 MiB blocks (huge pages, pinned buffers), and zones low on memory "
+         "while MemAvailable is low too; a zone that is still being given memory (a VM's deferred or added memory) "
+         "is not judged")
+REASONS = {
+    "HugeBlocksExhausted": Reason(Severity.DEGRADED, Action.REBOOT,
+                                  "a Normal zone has fewer than `min_free_2mib_blocks` (8) free 2 MiB blocks: huge "
+                                  "pages and large pinned or DMA buffers fall back, stall or fail. Compact memory, "
+                                  "reserve huge pages at boot, or reboot"),
+    "MemoryFragmented": Reason(Severity.WARNING, Action.NONE,
+                               "a Normal zone's unusable index at 2 MiB is over `unusable_index` (0.9), or no "
+                               "order of 1 MiB or more has 10 free blocks: huge-page allocations will stall in "
+                               "compaction"),
+    "ZoneLowOnMemory": Reason(Severity.WARNING, Action.NONE,
+                              "a Normal zone has under `low_free_bytes` (64 MiB, or its high watermark) free while "
+                              "MemAvailable is under `low_available_ratio` (10 %) of MemTotal: the node is short "
+                              "of memory, not fragmented"),
 }
 
 COMPACT = "compact memory with 'echo 1 > /proc/sys/vm/compact_memory'"

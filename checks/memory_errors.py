@@ -5,7 +5,7 @@ from __future__ import annotations
 from nodehealth.checks.host_log import Rating, judge_events
 from nodehealth.checks.kernel_log import near
 from nodehealth.collectors.kernel_events import CPER, CPU_THROTTLE, EDAC_ERROR, MCE, MEMORY_FAILURE, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "memory_errors"
 NEEDS = ("kmsg",)
@@ -19,6 +19,52 @@ DEFAULTS: dict = {
     "corrected_limit": 10,
     # Throttling reports in the window that make cooling a problem rather than a passing peak.
     "throttle_repeat": 3,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": ("corrected errors and throttling older than this no longer count; uncorrected ones count all "
+                       "boot"),
+    "corrected_limit": ("corrected errors of one kind on one device (a DIMM, a CPU) in the window that make it "
+                        "degraded (mcelog's default: 10 in 24 h)"),
+    "throttle_repeat": "CPU thermal throttling episodes in the window that make cooling a problem (degraded)",
+}
+SOURCE = "kernel log"
+FINDS = ("machine checks (`mce: [Hardware Error]`, decoded from the status word: corrected, uncorrected, fatal), "
+         "APEI/CPER records by `event severity`, EDAC error lines with the DIMM label, memory-failure recovery, CPU "
+         "thermal throttling; uncorrected is fatal; corrected errors at or over 10 per DIMM in 24 h (mcelog's "
+         "default) are degraded")
+REASONS = {
+    "MachineCheckFatal": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                "a fatal machine check (processor context corrupt); counts all boot"),
+    "MachineCheckUncorrected": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                      "an uncorrected machine check: data was lost and the process using it "
+                                      "killed; counts all boot"),
+    "MachineCheckCorrected": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                                    "corrected machine checks; degraded at `corrected_limit` (10) in the window"),
+    "MachineCheckLogged": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                                 "the kernel printed only `Machine check events logged` (no decoded record within "
+                                 "60 s says more): read them with `mcelog --client` or `ras-mc-ctl --errors`; "
+                                 "degraded at `corrected_limit` in the window"),
+    "HardwareErrorFatal": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                 "firmware (APEI/CPER) reported a fatal hardware error"),
+    "HardwareErrorRecoverable": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                       "firmware reported an uncorrected, contained hardware error: data was lost"),
+    "HardwareErrorCorrected": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                                     "firmware reported corrected hardware errors; degraded at `corrected_limit` (10)"),
+    "MemoryUncorrectable": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                  "an EDAC line reported an uncorrectable error on a DIMM (named by its label): "
+                                  "replace that DIMM"),
+    "MemoryCorrected": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                              "EDAC lines reported corrected errors on a DIMM; degraded at `corrected_limit` (10) "
+                              "errors in the window (one line may report many)"),
+    "MemoryFailureUnrecovered": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                       "the kernel could not take a bad memory page out of use"),
+    "MemoryFailureRecovered": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                                     "the kernel took a bad page out of use (the process using it was killed); "
+                                     "degraded at 3"),
+    "CpuThermalThrottling": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                                   "CPUs were throttled for temperature; degraded at `throttle_repeat` (3) "
+                                   "episodes. Check fans, airflow, inlet temperature"),
 }
 
 _W, _D, _F = Severity.WARNING, Severity.DEGRADED, Severity.FATAL

@@ -1,13 +1,21 @@
 """GPUDirect RDMA readiness from the loaded kernel modules."""
 from __future__ import annotations
 
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "modules"
 NEEDS = ("modules",)
 SUBSYSTEM = "kernel"
 DEFAULTS: dict = {}
 DEBOUNCE = False
+
+SOURCE = "`/proc/modules`"
+FINDS = "GPUDirect RDMA not ready: NVIDIA and RDMA drivers loaded, `nvidia_peermem` (or `nv_peer_mem`) not"
+REASONS = {
+    "GPUDirectRDMANotReady": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                                    "NVIDIA and RDMA drivers are loaded but `nvidia_peermem` is not: NCCL stages "
+                                    "GPU data through host memory. `modprobe nvidia_peermem`"),
+}
 
 PEER_MEMORY_MODULES = ("nvidia_peermem", "nv_peer_mem")
 RDMA_MODULES = ("ib_core", "mlx5_ib", "ib_uverbs")

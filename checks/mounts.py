@@ -8,13 +8,28 @@ from __future__ import annotations
 import errno
 import os
 
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "mounts"
 NEEDS = ("mounts",)
 SUBSYSTEM = "storage"
 DEFAULTS: dict = {}
 DEBOUNCE = True
+
+SOURCE = ("`/proc/self/mountinfo` (in a pod with `--root /host`: the host's, `/host/proc/1/mountinfo`, probed "
+          "through `/host/proc/1/root`, which needs `SYS_PTRACE`)")
+FINDS = "network and FUSE mounts (and configured paths) that do not answer a bounded `stat`, are stale or missing"
+REASONS = {
+    "MountUnresponsive": Reason(Severity.DEGRADED, Action.FIX_CONFIG,
+                                "a mount did not answer a `stat` within `collectors.mounts.timeout_seconds` (5 s): "
+                                "processes touching it hang in D state"),
+    "MountBroken": Reason(Severity.DEGRADED, Action.FIX_CONFIG,
+                          "a mount fails a `stat` (ESTALE, ENOTCONN, EIO, ...): every access fails; restore the "
+                          "server or daemon and remount"),
+    "MountMissing": Reason(Severity.WARNING, Action.FIX_CONFIG, "a path in `collectors.mounts.paths` is not mounted"),
+    "MountTableLinesSkipped": Reason(Severity.INFO, Action.NONE,
+                                     "lines of the mount table could not be parsed; their mounts were not probed"),
+}
 
 # The remedy is an operator's action on the node's mounts (remount, restore the server or the
 # FUSE daemon, fix fstab/autofs), not on a GPU or the application: fix-config is the closest

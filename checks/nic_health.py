@@ -8,7 +8,7 @@ from dataclasses import replace
 from nodehealth.checks.host_log import Rating, judge_events
 from nodehealth.checks.kernel_log import is_saved_log
 from nodehealth.collectors.kernel_events import MLX5_HEALTH, NETDEV_UNREGISTER, NETDEV_WATCHDOG, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "nic_health"
 NEEDS = ("kmsg",)
@@ -22,6 +22,34 @@ DEFAULTS: dict = {
     "unregister_repeat": 3,
     # NETDEV WATCHDOG reports in the window that make a NIC suspect rather than a passing stall.
     "watchdog_repeat": 3,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": ("transmit timeouts and unregister waits older than this no longer count; NIC firmware faults "
+                       "count all boot"),
+    "unregister_repeat": "`unregister_netdevice` reports in the window that make it degraded",
+    "watchdog_repeat": "`NETDEV WATCHDOG` reports in the window that make it degraded",
+}
+SOURCE = "kernel log"
+FINDS = ("mlx5 firmware heartbeat lost, fatal health syndromes, the adapter gone from PCIe, firmware command "
+         "timeouts (the whole adapter: its rail), `NETDEV WATCHDOG` transmit timeouts (interface and driver), "
+         "`unregister_netdevice` waits")
+REASONS = {
+    "NicFirmwareHeartbeatLost": Reason(Severity.FATAL, Action.REBOOT,
+                                       "an mlx5 adapter stopped answering its firmware health checks: every port "
+                                       "of the adapter (its rail) is down"),
+    "NicOffPcie": Reason(Severity.FATAL, Action.REBOOT, "an mlx5 adapter is no longer reachable on PCIe"),
+    "NicFirmwareFatal": Reason(Severity.FATAL, Action.REBOOT,
+                               "an mlx5 adapter reported a fatal firmware or hardware error (fatal health syndrome)"),
+    "NicCommandTimeout": Reason(Severity.FATAL, Action.REBOOT,
+                                "a firmware command to an mlx5 adapter timed out; its control plane is unresponsive"),
+    "NetdevTransmitTimeout": Reason((Severity.WARNING, Severity.DEGRADED), Action.HW_INSPECTION,
+                                    "an interface stopped transmitting (`NETDEV WATCHDOG`); degraded at "
+                                    "`watchdog_repeat` (3)"),
+    "NetdevUnregisterStuck": Reason((Severity.WARNING, Severity.DEGRADED), Action.REBOOT,
+                                    "the kernel waits for an interface to be released (`unregister_netdevice`); "
+                                    "new pod networks may hang behind it; degraded at `unregister_repeat` (3); "
+                                    "only a reboot clears it"),
 }
 
 # Syndromes of the firmware health buffer that mean the device is lost (health.c): internal FW

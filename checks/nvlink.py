@@ -8,9 +8,9 @@ enabled are ignored: MIG does not use NVLink.
 """
 from __future__ import annotations
 
-from nodehealth.checks.gpu_sku import GpuSku, device_of, match_sku, unknown_findings
+from nodehealth.checks.gpu_sku import FACTS_UNKNOWN, GpuSku, device_of, match_sku, unknown_findings
 from nodehealth.collectors.gpu_facts import Gpu
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "nvlink"
 NEEDS = ("nvml",)
@@ -23,6 +23,24 @@ DEFAULTS: dict = {
     # A link below this share of its SKU's per-link speed is degraded. Not 1.0: NVML rounds speeds to
     # whole MB/s (26562 for 26.5625 GB/s). A degraded H200 showed links at 1.0 and 1.562 GB/s of 26.562.
     "min_link_speed_share": 0.98,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "expected_links": "active links every GPU must have; 0 takes the count from the SKU table",
+    "min_link_speed_share": ("a link below this share of its SKU's per-link speed is degraded (not 1.0: NVML rounds "
+                             "speeds)"),
+}
+SOURCE = "NVML"
+FINDS = ("fewer active NVLinks than the SKU has (18 on H100/H200 SXM, 8 on H800, 12 on A100), links slower than the "
+         "SKU's speed; MIG and PCIe cards left out")
+REASONS = {
+    "NvLinkDown": Reason(Severity.FATAL, Action.RESET_GPU,
+                         "fewer active NVLinks than the SKU has (or `expected_links`)"),
+    "NvLinkSpeedDegraded": Reason(Severity.DEGRADED, Action.RESET_GPU,
+                                  "a link below `min_link_speed_share` (0.98) of the SKU's per-link speed"),
+    "NvLinkStateUnknown": Reason(Severity.UNKNOWN, Action.NONE,
+                                 "the links NVML could not read would decide whether enough are up"),
+    "GpuFactsUnknown": FACTS_UNKNOWN,
 }
 
 GROUPS = ("all", "nvlink")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from nodehealth.checks.gpu_sku import device_of
 from nodehealth.collectors.gpu_facts import Gpu, NvLink, rate_key
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "nvlink_errors"
 NEEDS = ("nvml",)
@@ -19,6 +19,20 @@ DEBOUNCE = True
 DEFAULTS: dict = {
     # CRC (flit or data) errors per second on one link that make the GPU fatal: DCGM's MAX_NVLINK_CRC_ERROR.
     "crc_errors_per_second": 100.0,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "crc_errors_per_second": "CRC errors per second on one link that make the GPU fatal (DCGM's limit)",
+}
+SOURCE = "NVML"
+FINDS = "NVLink CRC, replay and recovery error rates (DCGM's thresholds)"
+REASONS = {
+    "NvLinkCrcErrorRateHigh": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                     "CRC errors over `crc_errors_per_second` (100) on a link"),
+    "NvLinkCrcErrors": Reason(Severity.WARNING, Action.HW_INSPECTION, "CRC errors on a link, under the limit"),
+    "NvLinkReplays": Reason(Severity.WARNING, Action.HW_INSPECTION, "NVLink replays since the last pass"),
+    "NvLinkRecoveries": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                               "NVLink recoveries (retrains) since the last pass"),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 from nodehealth.collectors.pcie import PciDevice, aer_key
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "pcie"
 NEEDS = ("pcie",)
@@ -19,6 +19,37 @@ DEFAULTS: dict = {
     # runs now: GT/s x 1e9 x lanes x BER per second. At 1e-12 that is DCGM's PCIe replay budget,
     # ceil(0.06 x GT/s x lanes) per minute: 31/min at x16 32 GT/s (Gen5), 16/min at x16 Gen4.
     "correctable_error_ber": 1e-12,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "ignore_devices": ("PCI addresses (`0000:01:00.0`) whose links are not judged, e.g. an onboard NIC wired with "
+                       "fewer lanes than it supports"),
+    "correctable_error_ber": ("correctable AER errors are allowed up to what this bit error rate gives at the "
+                              "link's width and speed (1e-12: 31 per minute at Gen5 x16)"),
+}
+SOURCE = "`/sys/bus/pci/devices`"
+FINDS = ("GPUs, NICs, NVMe drives and NVSwitches whose link trained below its width or speed; AER fatal, non-fatal "
+         "and correctable errors. GPUs that NVML reports are left to `gpu_pcie`. A finding's subsystem follows its "
+         "device: gpu, network (a NIC), storage (an NVMe drive), else kernel")
+REASONS = {
+    "PCIeLinkWidthDegraded": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                    "a link trained with fewer lanes than the device and its slot support"),
+    "PCIeLinkSpeedDegraded": Reason((Severity.DEGRADED, Severity.WARNING), Action.HW_INSPECTION,
+                                    "a link runs below its speed; warning for an NVSwitch (its PCIe link carries "
+                                    "only management traffic)"),
+    "PCIeLinkSpeedBelowMax": Reason(Severity.INFO, Action.NONE,
+                                    "a GPU's link is below its speed in sysfs: normal while the GPU is idle"),
+    "PCIeSlotSlowerThanDevice": Reason(Severity.INFO, Action.NONE,
+                                       "the slot offers fewer lanes or a lower speed than the device; the link is "
+                                       "judged against the slot"),
+    "PCIeAERFatal": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                           "fatal uncorrectable AER errors since boot: the link was reset and work on the device "
+                           "failed"),
+    "PCIeAERNonFatal": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                              "new non-fatal uncorrectable AER errors (a counter event, held 10 min)"),
+    "PCIeAERCorrectable": Reason(Severity.WARNING, Action.HW_INSPECTION,
+                                 "correctable AER errors above what a bit error rate of `correctable_error_ber` "
+                                 "(1e-12) allows at the link's width and speed"),
 }
 
 

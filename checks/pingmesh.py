@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 if TYPE_CHECKING:  # the facts' type only: `check` never has them, and need not load their module
     from nodehealth.collectors.pingmesh import Verdicts
@@ -18,6 +18,22 @@ NEEDS = ("pingmesh",)
 SUBSYSTEM = "network"
 DEBOUNCE = False
 DEFAULTS: dict = {}
+
+SOURCE = "the pingmesh controller's verdicts (the daemon with pingmesh on)"
+FINDS = "this node or its leaf named faulty, a path from or to its leaf degraded, no inventory"
+REASONS = {
+    "PingmeshNodeFaulty": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                 "the controller localized a network fault to this node"),
+    "PingmeshLeafFaulty": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                 "the controller localized a network fault to this node's leaf"),
+    "PingmeshPathDegraded": Reason(Severity.WARNING, Action.NONE,
+                                   "a leaf-to-leaf path from or to this node's leaf is degraded"),
+    "PingmeshVerdictsStale": Reason(Severity.INFO, Action.NONE,
+                                    "the controller's verdicts are older than 3 windows; they are ignored"),
+    "PingmeshNoInventory": Reason(Severity.WARNING, Action.FIX_CONFIG, "the agent probes nobody: no inventory"),
+    "PingmeshNotInInventory": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                                     "the agent probes nobody: this node is not in the inventory"),
+}
 # Verdicts older than this many of their windows are ignored: a controller that stopped (or an API
 # server the agent cannot reach) must not keep a taint on a node forever. Three windows ride out a
 # missed analysis or two and a leader change (a 15 s Lease).

@@ -20,7 +20,7 @@ bandwidth metric: nothing ran, so nothing is called healthy):
 from __future__ import annotations
 
 from nodehealth.collectors.rdma_bw import OK, RdmaBw, Run
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "rdma_bw"
 NEEDS = ("rdma_bw",)
@@ -40,6 +40,30 @@ DEFAULTS: dict = {
     "low_runs": 2,
     # A rail whose writes fail against this many different peers in a row is broken (fatal).
     "fatal_after_peers": 2,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "min_fraction": "a rail below this share of its expected rate is slow",
+    "expected_gbps": ("expected Gb/s by port (`mlx5_0:1`), device, HCA model (`MT4129`) or link layer, the first "
+                      "listed; else the port's line rate when its model is known"),
+    "low_runs": "slow tests in a row on one rail that make `RdmaBandwidthLow`",
+    "fatal_after_peers": "different peers in a row a rail's writes must fail against to be fatal",
+}
+SOURCE = "the daemon's periodic RDMA WRITE tests (`rdma_bw.enabled`)"
+FINDS = ("a rail whose last 2 tests wrote below 90 % of its line rate (a known HCA model) or of the rate configured "
+         "for its port, device, model or link layer; writes that failed; a test that could not run or whose peer "
+         "did not answer")
+REASONS = {
+    "RdmaBandwidthLow": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                               "a rail's last `low_runs` (2) tests wrote below `min_fraction` (0.9) of its "
+                               "expected rate"),
+    "RdmaWriteFailed": Reason((Severity.DEGRADED, Severity.FATAL), Action.HW_INSPECTION,
+                              "RDMA writes failed: degraded against one peer, fatal against `fatal_after_peers` "
+                              "(2) different peers in a row"),
+    "RdmaBwNotRun": Reason(Severity.UNKNOWN, Action.FIX_CONFIG,
+                           "the test could not run (no device, port down, memlock, pyverbs missing)"),
+    "RdmaBwPeerUnavailable": Reason(Severity.UNKNOWN, Action.NONE,
+                                    "no peer took the test: check that the peers' daemons serve `rdma_bw`"),
 }
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 from nodehealth.checks.host_log import Rating, judge_events
 from nodehealth.checks.kernel_log import is_saved_log
 from nodehealth.collectors.kernel_events import FS_ERROR, FS_READONLY, IO_ERROR, NVME_ERROR, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "storage_errors"
 NEEDS = ("kmsg",)
@@ -17,6 +17,45 @@ DEBOUNCE = False
 DEFAULTS: dict = {
     # Errors older than this no longer count; a read-only or shut-down filesystem and a lost write count all boot.
     "window_seconds": 86400.0,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": ("storage errors older than this no longer count; a read-only or shut-down filesystem counts "
+                       "all boot"),
+}
+SOURCE = "kernel log"
+FINDS = ("ext4 errors, XFS shutdowns, filesystems remounted read-only, `Buffer I/O error`, NVMe I/O timeouts, "
+         "controller resets and removals, by device (with its mount points on this host)")
+REASONS = {
+    "FilesystemReadOnly": Reason(Severity.FATAL, Action.REBOOT,
+                                 "a filesystem was remounted read-only after an error: writes fail; fsck and reboot"),
+    "FilesystemShutdown": Reason(Severity.FATAL, Action.REBOOT,
+                                 "an XFS filesystem shut itself down: every access fails; unmount, xfs_repair, reboot"),
+    "FilesystemError": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                              "a filesystem reported an error: its metadata or the disk under it is damaged"),
+    "BlockIoError": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                           "reads or writes to a block device failed (`Buffer I/O error`)"),
+    "DataWriteLost": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                            "ext4 could not write files' data to the disk (`ext4_end_bio ... I/O error ... writing "
+                            "to inode`): data applications wrote is lost, the inodes are in the evidence; counts "
+                            "all boot"),
+    "FilesystemMetadataIoError": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                        "XFS could not read or write its metadata (`metadata I/O error`); run "
+                                        "xfs_repair once unmounted"),
+    "DiskWriteError": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                             "a write or flush request to a block device failed (`I/O error, dev ..., op "
+                             "0x1:(WRITE)`): data the kernel had accepted did not reach the disk"),
+    "DiskReadError": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                            "a read request to a block device failed; degraded at 3 in 24 h on one disk"),
+    "DiskIoError": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                          "a request to a block device failed and the line does not say it was a write (discard, "
+                          "or an old kernel's form); degraded at 3 in 24 h"),
+    "NvmeControllerLost": Reason(Severity.FATAL, Action.HW_INSPECTION,
+                                 "an NVMe controller was disabled or removed; its namespaces are gone until a reboot"),
+    "NvmeControllerReset": Reason(Severity.DEGRADED, Action.HW_INSPECTION,
+                                  "an NVMe controller was reset after an I/O timeout"),
+    "NvmeIoTimeout": Reason((Severity.WARNING, Severity.DEGRADED), (Action.NONE, Action.HW_INSPECTION),
+                            "NVMe I/O timed out and was aborted; degraded at 3"),
 }
 
 _INSPECT = "check the disk's SMART/NVMe health log and the cabling or slot, and replace it if it keeps failing"

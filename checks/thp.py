@@ -11,7 +11,7 @@ Rates exist from the second pass on, so a one-shot `nodehealth check` judges the
 """
 from __future__ import annotations
 
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "thp"
 NEEDS = ("vm",)
@@ -29,6 +29,26 @@ DEFAULTS = {
     # Judge the fallback share only when at least this many THP faults per second happened: a few
     # faults make a noisy ratio.
     "min_thp_faults_per_second": 1.0,
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "compact_stall_per_second": ("direct compaction stalls per second above which THP `always`/`always` is degraded "
+                                 "rather than a warning"),
+    "fallback_ratio": "share of THP faults falling back to small pages above which an info finding is raised",
+    "min_thp_faults_per_second": "the fallback share is judged only from this many THP faults per second",
+}
+SOURCE = "`/sys/kernel/mm/transparent_hugepage`, `/proc/vmstat`"
+FINDS = "THP `enabled=always` with `defrag=always` (stalls), compaction stall rate, THP fallback"
+REASONS = {
+    "ThpCompactionStalls": Reason(Severity.DEGRADED, Action.FIX_CONFIG,
+                                  "THP `enabled=always` with `defrag=always` and direct compaction over "
+                                  "`compact_stall_per_second` (1/s): page faults stall applications. Set `defrag` "
+                                  "to `defer+madvise` or `madvise`"),
+    "ThpDefragAlways": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                              "THP `enabled=always` with `defrag=always`: page faults compact memory synchronously "
+                              "first"),
+    "ThpFaultFallbackHigh": Reason(Severity.INFO, Action.NONE,
+                                   "over `fallback_ratio` (50 %) of THP faults fell back to 4 KiB pages"),
 }
 
 DEFRAG_FIX = ("set 'echo defer+madvise > /sys/kernel/mm/transparent_hugepage/defrag' (or madvise) so that only "

@@ -24,7 +24,7 @@ from nodehealth.checks.kernel_log import (
     with_earlier,
 )
 from nodehealth.collectors.kernel_events import GPU_FALLEN_OFF_BUS, SXID, XID, KernelEvent
-from nodehealth.model import Action, Finding, Observed, Severity
+from nodehealth.model import Action, Finding, Observed, Reason, Severity
 
 NAME = "xid"
 NEEDS = ("kmsg",)
@@ -39,6 +39,39 @@ DEFAULTS: dict = {
     # Severity "ok" silences a code.
     "overrides": {},
     "sxid_overrides": {},
+}
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "window_seconds": ("warning and info Xid events older than this no longer count; fatal hardware events count "
+                       "all boot"),
+    "repeat_count": "a warning-level Xid seen this often on one GPU in the window makes the GPU degraded",
+    "overrides": ("per-code changes to the Xid catalog: `{79: {severity: fatal, action: reboot}}`; severity `ok` "
+                  "silences a code. A bad entry is ignored and reported as `XidOverrideInvalid`"),
+    "sxid_overrides": "the same for SXid codes",
+}
+SOURCE = "kernel log"
+FINDS = ("GPU Xid errors rated by NVIDIA's whole Xid catalog (all 172 codes), NVSwitch SXids, "
+         "\"fallen off the bus\" without a number, Xid 154 recovery actions, repeats")
+REASONS = {
+    "Xid<N><Name>": Reason((), (),
+                           "a GPU logged Xid N: severity and action from the [Xid catalog](xid.md); a "
+                           "warning-level code seen `repeat_count` (5) times on one GPU in the window becomes "
+                           "degraded, hw-inspection (not the codes that only follow another error: 43, 45, 94)"),
+    "SXid<N><Name>": Reason((), (),
+                            "an NVSwitch logged SXid N: see the [SXid table](xid.md#sxids); a line the driver "
+                            "marks Fatal is never rated below fatal. Xid 79 together with SXid 20034 on one host "
+                            "means the node must be rebooted"),
+    "Xid<N>": Reason(Severity.WARNING, Action.NONE,
+                     "a code newer than nodehealth's catalog: look it up in NVIDIA's newer Xid documentation and "
+                     "set `checks.xid.overrides` if it needs more"),
+    "XidUnknown": Reason(Severity.WARNING, Action.NONE, "an Xid line whose number could not be read"),
+    "SXid<N>": Reason((Severity.WARNING, Severity.FATAL), (Action.NONE, Action.RESET_GPU),
+                      "an SXid not in the Fabric Manager guide: fatal when the driver marked it Fatal"),
+    "SXidUnknown": Reason((Severity.WARNING, Severity.FATAL), (Action.NONE, Action.RESET_GPU),
+                          "an SXid line whose number could not be read"),
+    "XidOverrideInvalid": Reason(Severity.WARNING, Action.FIX_CONFIG,
+                                 "an entry of `checks.xid.overrides` or `sxid_overrides` is invalid and was "
+                                 "ignored; the catalog applies to that code until it is fixed"),
 }
 
 # Fatal events with one of these actions are hardware faults: they count for the whole boot.

@@ -41,6 +41,10 @@ DEFAULTS: dict = {
     "files": [],
 }
 
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "files": "saved kernel logs to read instead of `/dev/kmsg` (flag `--kernel-log`)",
+}
+
 MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going forever
 # A regular file without inotify is polled: every 10 ms while it grows, backing off to 1 s while idle.
 FILE_POLL_SECONDS = (0.01, 1.0)

@@ -23,6 +23,11 @@ DEFAULTS: dict = {
     "max_fds": 200000,
 }
 
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "max_processes": "at most this many `/proc/<pid>` directories are read per pass (the memlock check's process scan)",
+    "max_fds": "... and at most this many fd links in all",
+}
+
 MEMLOCK_ROW = "Max locked memory"
 CAP_IPC_LOCK = 14  # bit in CapEff (include/uapi/linux/capability.h)
 UVERBS_PREFIX = "uverbs"

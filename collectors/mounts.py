@@ -31,6 +31,14 @@ DEFAULTS: dict = {
     "fstypes": [],
 }
 
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "paths": ("mount points that must be mounted (e.g. `/home`, `/datasets`); probed whatever their type. A missing "
+              "one is `MountMissing`"),
+    "timeout_seconds": ("a `stat` of a mount point that has not returned after this long makes it unresponsive; "
+                        "must be below `daemon.collector_timeout_seconds`"),
+    "fstypes": "filesystem types to probe besides the network ones and FUSE (e.g. `panfs`, `orangefs`)",
+}
+
 # Filesystems served over the network (or by another machine) whose stat blocks when the server
 # does. 9p is here because its server is another process or host too (virtio-9p shares in VM and
 # sandbox guests, 9p over TCP): when that side stops answering, a stat blocks just like on NFS.

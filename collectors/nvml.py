@@ -51,6 +51,11 @@ DEFAULTS: dict = {
     "gpu_timeout_seconds": 5.0,
 }
 
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "gpu_timeout_seconds": ("a GPU whose NVML calls have not all answered after this long is `unknown` and is not "
+                            "asked again while its call is stuck; must be below `daemon.collector_timeout_seconds`"),
+}
+
 NVIDIA_VENDOR = "0x10de"
 BACKEND_ENV = "NODEHEALTH_NVML_BACKEND"
 # Field ids (nvmlDeviceGetFieldValues).

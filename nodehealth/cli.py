@@ -1,5 +1,5 @@
-"""Command line: `nodehealth check`, `daemon`, `clear` and `version`; every feature adds its own
-subcommands (hang, netcheck, rdma-bw, pingmesh, controller, slurm, breaker) from its package.
+"""Command line: `nodehealth check`, `daemon`, `clear`, `config defaults` and `version`; every feature adds
+its own subcommands (hang, netcheck, rdma-bw, pingmesh, controller, slurm, breaker) from its package.
 
 Argparse only: each command imports what it runs when it runs, so that `check` pays only for the
 pass and `rdma-bw` for neither the pass nor the daemon.
@@ -7,26 +7,55 @@ pass and `rdma-bw` for neither the pass nor the daemon.
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from collections.abc import Sequence
 
-from nodehealth import __version__, config
+from nodehealth import __version__, config, logs
 
 EXIT_HEALTHY, EXIT_UNHEALTHY, EXIT_UNKNOWN = 0, 1, 2
+EXIT_CODES = """exit codes:
+  0  healthy: no finding worse than a warning (--fail-on warning makes a warning unhealthy)
+  1  unhealthy: a degraded or fatal finding
+  2  could not judge (an unknown finding and nothing worse), bad usage or a bad configuration
+"""
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     from nodehealth import node_pass
     from nodehealth import report as render
 
+    if args.list:
+        from nodehealth import registry
+
+        sys.stdout.write(render.to_check_list(registry.CHECKS))
+        return 0
     cfg = config.load(args.config)
     if args.kernel_log:
+        for path in args.kernel_log:  # a typo is one usage error, not every kernel-log check unknown
+            _readable("--kernel-log", path)
         cfg["collectors"]["kmsg"]["files"] = list(args.kernel_log)
     engine = node_pass.build_engine(cfg, args.root, node_pass.names(args.only), node_pass.names(args.skip) or ())
     report = node_pass.run(engine, cfg, node_pass.node_name(engine.host, args.node_name), args.state_dir,
                            read_state=not args.kernel_log, fail_on_warning=args.fail_on == "warning")
-    sys.stdout.write(render.to_json(report) if args.json else render.to_table(report, verbose=args.verbose))
+    sys.stdout.write(render.to_json(report) if args.json
+                     else render.to_table(report, verbose=args.verbose, checks=engine.checks))
     return report.status.code
+
+
+def _readable(flag: str, path: str) -> None:
+    """A regular file this process may read (as the kernel-log collector wants it), or UsageError. Opened
+    without blocking, so that a FIFO is refused rather than waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise config.UsageError(f"{flag} {path}: cannot read it: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise config.UsageError(f"{flag} {path}: cannot read it: not a regular file")
+    finally:
+        os.close(fd)
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -59,20 +88,35 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from nodehealth.daemon import Daemon
 
     engine = node_pass.build_engine(cfg, args.root, node_pass.names(args.only), node_pass.names(args.skip) or ())
-    return Daemon(engine, cfg, node_pass.node_name(engine.host, args.node_name)).serve()
+    node = node_pass.node_name(engine.host, args.node_name)
+    logs.setup(args.log_format, args.log_level, node)
+    return Daemon(engine, cfg, node).serve()
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
     """Clear sticky faults after a repair: the daemon on this node applies it at its next pass."""
     cfg = config.load(args.config)
-    from nodehealth.policy import request_clear
+    from nodehealth.policy import STATE_FILE, request_clear
 
+    directory = config.state_dir(cfg, args.state_dir)
+    if not os.path.isfile(os.path.join(directory, STATE_FILE)):  # a typo would clear nothing, said as done
+        what = "no daemon state" if os.path.isdir(directory) else "no such directory"
+        raise config.UsageError(f"--state-dir {directory}: {what} ({STATE_FILE}): give the state directory of "
+                                "the daemon on this node")
     try:
-        path = request_clear(config.state_dir(cfg, args.state_dir), args.reason)
+        path = request_clear(directory, args.reason)
     except OSError as e:
         print(f"nodehealth: cannot write the clear request: {e}", file=sys.stderr)
         return EXIT_UNKNOWN
     print(f"clear requested ({path}); the daemon applies it at its next pass")
+    return 0
+
+
+def cmd_config_defaults(args: argparse.Namespace) -> int:
+    """The configuration every command runs with: the defaults, merged with --config FILE."""
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(config.load(args.config), sort_keys=False, default_flow_style=False))
     return 0
 
 
@@ -107,14 +151,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"nodehealth {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    c = sub.add_parser("check", help="run one pass and report (exit 0 healthy, 1 unhealthy, 2 unknown)")
+    c = sub.add_parser("check", help="run one pass and report (exit 0 healthy, 1 unhealthy, 2 unknown)",
+                       description="Run one pass: every collector reads its source, every check judges, and the "
+                                   "verdict is printed.", epilog=EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     pass_options(c)
     c.add_argument("--kernel-log", nargs="+", metavar="FILE",
                    help="read saved kernel logs (kmsg, dmesg, dmesg -T, journalctl -k, syslog) instead of /dev/kmsg")
     c.add_argument("--json", action="store_true", help="print the JSON report")
     c.add_argument("--fail-on", choices=("degraded", "warning"), default="degraded",
                    help="lowest severity that makes the node unhealthy (default degraded)")
-    c.add_argument("-v", "--verbose", action="store_true", help="also list unsupported collectors")
+    c.add_argument("-v", "--verbose", action="store_true",
+                   help="list each check with its source and verdict, and findings of severity ok")
+    c.add_argument("--list", action="store_true", help="list every check, its source and what it finds; run nothing")
     c.set_defaults(func=cmd_check)
 
     d = sub.add_parser("daemon", help="run passes on an interval and serve /metrics, /healthz, /v1/report")
@@ -130,6 +179,7 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--probe-listen", metavar="ADDR:PORT",
                    help="run the pingmesh probe agent: answer Pings here (port 9457) and probe this node's peers")
     d.add_argument("--probe-inventory", metavar="FILE", help="pingmesh inventory (nodes, leaves, addresses)")
+    logs.add_options(d)
     d.set_defaults(func=cmd_daemon)
 
     c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
@@ -137,6 +187,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default /var/lib/nodehealth)")
     c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
     c.set_defaults(func=cmd_clear)
+
+    g = sub.add_parser("config", help="the configuration (defaults)")
+    g = g.add_subparsers(dest="config_command", required=True).add_parser(
+        "defaults", help="print the effective configuration as YAML: the defaults, merged with --config FILE")
+    g.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json) to merge")
+    g.set_defaults(func=cmd_config_defaults)
 
     from nodehealth.hang import cli as hang
     from nodehealth.kube import cli as kube

@@ -23,11 +23,29 @@ POLICY_DEFAULTS: dict[str, Any] = {
     "event_hold_seconds": 600.0,
 }
 
+POLICY_MEANINGS = {  # what each key means, in docs/configuration.md
+    "raise_after_passes": "bad passes in a row before a debounced (performance) finding is raised",
+    "clear_after_passes": "good passes in a row before a debounced finding clears ...",
+    "clear_after_seconds": "... and at least this long since it was last bad",
+    "event_hold_seconds": ("how long a counter-increase finding (an InfiniBand link went down once, a non-fatal "
+                           "PCIe error) stays after the last increase"),
+}
+
 DAEMON_DEFAULTS: dict[str, Any] = {
     "listen": "0.0.0.0:9456",
     "interval_seconds": 30.0,
     "state_dir": "/var/lib/nodehealth",
     "collector_timeout_seconds": 10.0,
+}
+
+DAEMON_MEANINGS = {  # what each key means, in docs/configuration.md
+    "listen": ("HTTP address of `/metrics`, `/healthz` and `/v1/report` (flag `--listen`). 9456 stays clear of "
+               "node_exporter (9100), dcgm-exporter (9400), the OpenTelemetry exporter (9464) and gpud (15132)"),
+    "interval_seconds": "seconds between two passes (flag `--interval`); the kernel log is followed between passes",
+    "state_dir": ("where the state file (`state.json`) and hang bundles go (flag `--state-dir`, or "
+                  "`$NODEHEALTH_STATE_DIR`)"),
+    "collector_timeout_seconds": ("a collector still reading after this long is reported stuck (its checks say "
+                                  "`unknown`), and is not started again while it stays stuck"),
 }
 
 
@@ -39,33 +57,41 @@ class UsageError(Exception):
     """The command line asks for what cannot be: an unknown check, a root that is no machine (exit 2)."""
 
 
-def defaults() -> dict[str, Any]:
+def parts() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
+    """Every part of the configuration: (its dotted name, its defaults, what each key means), in the
+    order docs/configuration.md lists them. defaults() builds the configuration from it, and
+    docs/generate.py the reference, so that a key cannot be added to one and not the other."""
     from nodehealth import registry
-    from nodehealth.attribution.defaults import DEFAULTS as ATTRIBUTION
-    from nodehealth.hang.defaults import DEFAULTS as HANG
-    from nodehealth.hooks.defaults import DEFAULTS as HOOKS
-    from nodehealth.kube.defaults import DEFAULTS as KUBE
-    from nodehealth.netcheck.defaults import DEFAULTS as NETCHECK
-    from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH
-    from nodehealth.rdma.defaults import DEFAULTS as RDMA_BW
-    from nodehealth.silences.defaults import DEFAULTS as SILENCES
-    from nodehealth.slurm.defaults import DEFAULTS as SLURM
+    from nodehealth.attribution import defaults as attribution
+    from nodehealth.hang import defaults as hang
+    from nodehealth.hooks import defaults as hooks
+    from nodehealth.kube import defaults as kube
+    from nodehealth.netcheck import defaults as netcheck
+    from nodehealth.pingmesh import defaults as pingmesh
+    from nodehealth.rdma import defaults as rdma_bw
+    from nodehealth.silences import defaults as silences
+    from nodehealth.slurm import defaults as slurm
 
-    return {
-        "collectors": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.COLLECTORS},
-        "checks": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.CHECKS},
-        "policy": copy.deepcopy(POLICY_DEFAULTS),
-        "daemon": copy.deepcopy(DAEMON_DEFAULTS),
-        "kube": copy.deepcopy(KUBE),
-        "hang": copy.deepcopy(HANG),
-        "pingmesh": copy.deepcopy(PINGMESH),
-        "slurm": copy.deepcopy(SLURM),
-        "rdma_bw": copy.deepcopy(RDMA_BW),
-        "netcheck": copy.deepcopy(NETCHECK),
-        "attribution": copy.deepcopy(ATTRIBUTION),
-        "silences": copy.deepcopy(SILENCES),
-        "hooks": copy.deepcopy(HOOKS),
-    }
+    # A collector or check without settings has an empty DEFAULTS and no MEANINGS.
+    return [("daemon", DAEMON_DEFAULTS, DAEMON_MEANINGS), ("policy", POLICY_DEFAULTS, POLICY_MEANINGS),
+            *((f"collectors.{m.NAME}", m.DEFAULTS, getattr(m, "MEANINGS", {})) for m in registry.COLLECTORS),
+            *((f"checks.{m.NAME}", m.DEFAULTS, getattr(m, "MEANINGS", {})) for m in registry.CHECKS),
+            ("kube", kube.DEFAULTS, kube.MEANINGS), ("slurm", slurm.DEFAULTS, slurm.MEANINGS),
+            ("hang", hang.DEFAULTS, hang.MEANINGS), ("pingmesh", pingmesh.DEFAULTS, pingmesh.MEANINGS),
+            ("rdma_bw", rdma_bw.DEFAULTS, rdma_bw.MEANINGS), ("netcheck", netcheck.DEFAULTS, netcheck.MEANINGS),
+            ("attribution", attribution.DEFAULTS, attribution.MEANINGS),
+            ("silences", silences.DEFAULTS, silences.MEANINGS), ("hooks", hooks.DEFAULTS, hooks.MEANINGS)]
+
+
+def defaults() -> dict[str, Any]:
+    cfg: dict[str, Any] = {}
+    for name, values, _ in parts():
+        *outer, key = name.split(".")
+        section = cfg
+        for part in outer:
+            section = section.setdefault(part, {})
+        section[key] = copy.deepcopy(values)
+    return cfg
 
 
 def load(path: str | None) -> dict[str, Any]:

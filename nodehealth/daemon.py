@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from nodehealth import exporter, node_pass, server
+from nodehealth import exporter, logs, node_pass, server
 from nodehealth import report as render
 from nodehealth.collectors import kmsg, nvml
 from nodehealth.collectors import pingmesh as pingmesh_facts
@@ -343,7 +343,6 @@ class Daemon:
     def serve(self) -> int:
         """Run until SIGTERM/SIGINT/SIGHUP: check what the enabled faces need, listen, start, and at
         the end stop and save the state."""
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self._check_faces()
         listen = self.cfg["daemon"]["listen"]
         try:
@@ -367,10 +366,10 @@ class Daemon:
     def _check_faces(self) -> None:
         """What an enabled face needs, said once at start instead of at every retry."""
         if self.cfg["kube"]["enabled"]:
-            from nodehealth.kube.api import KubeError, require_client
+            from nodehealth.kube.api import KubeError, require_config
 
             try:
-                require_client()
+                require_config(self.cfg["kube"]["kubeconfig"])
             except KubeError as e:
                 raise ConfigError(f"--kube: {e}") from None
         if self.cfg["slurm"]["enabled"] and shutil.which(self.cfg["slurm"]["scontrol"]) is None:
@@ -491,7 +490,9 @@ def _problems(report: Report | None) -> dict[tuple[str, str, str], Finding]:
 
 
 def log_change(previous: Report | None, current: Report) -> None:
-    """Log a change of the verdict or of what makes it: WARNING when it gets worse, INFO when better."""
+    """Log a change of the verdict or of what makes it: WARNING when it gets worse, INFO when better; then
+    one line per finding that came (WARNING, with its message) or went (INFO), with its check, reason and
+    device as fields of the line (nodehealth/logs.py)."""
     before, after = _problems(previous), _problems(current)
     old_status = previous.status.value if previous is not None else None
     if old_status == current.status.value and before.keys() == after.keys():
@@ -503,6 +504,14 @@ def log_change(previous: Report | None, current: Report) -> None:
     log.log(logging.WARNING if worse else logging.INFO, "node %s: %s -> %s%s%s", current.node,
             old_status or "starting", current.status.value, "; new: " + ", ".join(new) if new else "",
             "; gone: " + ", ".join(gone) if gone else "")
+    for key, f in after.items():
+        if key not in before:
+            log.warning("raised: %s %s%s (%s): %s", f.severity.value, f.reason, f" on {f.device}" if f.device else "",
+                        f.check, f.message, extra=logs.finding_fields(f))
+    for key, f in before.items():
+        if key not in after:
+            log.info("cleared: %s%s (%s)", f.reason, f" on {f.device}" if f.device else "", f.check,
+                     extra=logs.finding_fields(f))
 
 
 def _windows_param(query: str) -> int | None:

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from typing import Any, Callable
 
 from nodehealth.host import HostPaths
-from nodehealth.model import CollectorResult, Finding, Observed, Severity
+from nodehealth.model import Action, CollectorResult, Finding, Observed, Reason, Severity
+
+# What run_check reports for any check that could not judge (docs/checks.md: "every check").
+COLLECTOR_FAILED = "CollectorFailed"
+REASONS = {
+    COLLECTOR_FAILED: Reason(Severity.UNKNOWN, Action.NONE,
+                             "a collector the check reads failed; the message gives its error"),
+    "CheckFailed": Reason(Severity.UNKNOWN, Action.NONE, "the check itself raised an error"),
+}
 
 
 class _Worker(threading.Thread):
@@ -197,7 +205,7 @@ def run_check(check: Any, results: dict[str, CollectorResult], obs: Observed,
     failed = [r for r in needed if not r.success]
     if failed:
         r = failed[0]
-        return [Finding(check.NAME, Severity.UNKNOWN, "CollectorFailed",
+        return [Finding(check.NAME, Severity.UNKNOWN, COLLECTOR_FAILED,
                         f"Could not judge: collector {r.name} failed: {r.error}.", device="")]
     try:
         return list(check.judge(obs, cfg))

@@ -106,6 +106,27 @@ class Finding:
         )
 
 
+@dataclass(frozen=True)
+class Reason:
+    """What a reason code means to an operator: the severities and actions its check gives it, and
+    when. Each check keeps a table of these (`REASONS`) beside the code that makes the findings;
+    docs/checks.md is written from them, and tests/test_docs.py ties them to the findings the code makes.
+    An empty severity and action mean "set per code by a catalog" (the xid check's Xid and SXid codes).
+    """
+
+    severity: Severity | tuple[Severity, ...]
+    action: Action | tuple[Action, ...]
+    meaning: str
+
+    @property
+    def severities(self) -> tuple[Severity, ...]:
+        return self.severity if isinstance(self.severity, tuple) else (self.severity,)
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        return self.action if isinstance(self.action, tuple) else (self.action,)
+
+
 def sort_findings(findings: Sequence[Finding]) -> list[Finding]:
     """Worst first, then by check, device and reason, so output order is stable."""
     return sorted(findings, key=lambda f: (-f.severity.rank, f.check, f.device, f.reason))

@@ -19,11 +19,17 @@ from nodehealth import registry
 from nodehealth.config import UsageError
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths, boot_id, hostname
-from nodehealth.model import CollectorResult, Finding, Report, Severity, sort_findings, verdict
+from nodehealth.model import Action, CollectorResult, Finding, Reason, Report, Severity, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile
 
 log = logging.getLogger(__name__)
 NOTHING_CHECKED = "NothingChecked"
+# The pass's own finding, under the check name `nodehealth` (docs/checks.md).
+REASONS = {
+    NOTHING_CHECKED: Reason(Severity.UNKNOWN, Action.NONE,
+                            "no selected check has its source on this host (see "
+                            "[troubleshooting](troubleshooting.md#check-or-the-daemon-says-nothingchecked))"),
+}
 
 
 def names(flag: str | None) -> list[str] | None:

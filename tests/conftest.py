@@ -32,6 +32,17 @@ class KmsgFacts:
     boot_id: str | None = "live-boot"  # None: a saved log replayed with --kernel-log
 
 
+def load_script(path: str, name: str):
+    """A script of the repository (dashboards/generate.py, docs/generate.py), imported as module `name`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(os.path.dirname(HERE), path))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def machine(name: str) -> str:
     return os.path.join(MACHINES_DIR, name)
 

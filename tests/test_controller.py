@@ -783,7 +783,8 @@ def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, a
         "pingmesh": {"enabled": True, "window_seconds": 1.0, "fetch_timeout_seconds": 0.5,
                      "controller_listen": f"127.0.0.1:{port}"}}))
     code = ("import argparse, sys; from nodehealth.pingmesh import controller; "
-            "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None)))")
+            "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None, "
+            "log_format='text', log_level='info')))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cfg)], env=dict(os.environ, POD_NAME="controller-7f9c"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -809,7 +810,8 @@ def test_a_stop_that_cannot_finish_exits_anyway_with_every_stack(tmp_path):
             "def stray_thread_that_never_ends():\n    time.sleep(3600)\n"
             "threading.Thread(target=stray_thread_that_never_ends).start()\n"
             "from nodehealth.pingmesh import controller\n"
-            "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None)))")
+            "sys.exit(controller.cmd_controller(argparse.Namespace(config=sys.argv[1], listen=None, identity=None, "
+            "log_format='text', log_level='info')))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         assert wait_for(lambda: _answers(f"http://127.0.0.1:{port}/healthz") or proc.poll() is not None, 15.0)

@@ -361,4 +361,8 @@ def test_health_changes_are_logged_worse_at_warning_better_at_info(caplog):
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("INFO", "node n: starting -> healthy"),
         ("WARNING", "node n: healthy -> unhealthy; new: fatal Xid79FallenOffBus on 0000:1b:00.0 (xid)"),
-        ("INFO", "node n: unhealthy -> healthy; gone: Xid79FallenOffBus on 0000:1b:00.0")]
+        ("WARNING", "raised: fatal Xid79FallenOffBus on 0000:1b:00.0 (xid): m"),
+        ("INFO", "node n: unhealthy -> healthy; gone: Xid79FallenOffBus on 0000:1b:00.0"),
+        ("INFO", "cleared: Xid79FallenOffBus on 0000:1b:00.0 (xid)")]
+    assert [(r.check, r.reason, r.device) for r in caplog.records if hasattr(r, "check")] == [
+        ("xid", "Xid79FallenOffBus", "0000:1b:00.0")] * 2

@@ -3,14 +3,13 @@ exports; the shipped alert rules too. tests/test_dashboard_queries.py runs every
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import re
 import sys
 
 import pytest
-from conftest import HERE
+from conftest import HERE, load_script
 
 ROOT = os.path.dirname(HERE)
 NAME = re.compile(r"\bnodehealth_[a-z0-9_]+")
@@ -22,12 +21,7 @@ def generator():
     (grafana-foundation-sdk, in the test extra from Python 3.11 on) need Python 3.11."""
     if sys.version_info < (3, 11):
         pytest.skip("grafana-foundation-sdk needs Python 3.11")
-    path = os.path.join(ROOT, "dashboards", "generate.py")
-    spec = importlib.util.spec_from_file_location("dashboards_generate", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(os.path.join("dashboards", "generate.py"), "dashboards_generate")
 
 
 def committed() -> dict:

@@ -1,7 +1,8 @@
-"""The docs hold together: every relative link resolves, and the references name what the code has.
+"""The docs hold together: every relative link resolves, and the references are what the code says.
 
-The coverage tests below (config keys, metric families, reason codes) keep the hand-written references
-honest until they are generated from the code; the generator's drift test replaces them.
+The configuration, checks, metrics and Xid references are written from the code by docs/generate.py: the
+drift test regenerates them in memory and compares; the reason tables are tied to the findings the code
+makes (its Finding(...) calls and the golden reports).
 """
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import os
 import re
 
 import pytest
-
-from nodehealth import config
+from conftest import load_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ["README.md", *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))]
@@ -109,83 +109,198 @@ def test_pending_pages_are_still_pending():
     assert [p for p in PENDING if os.path.exists(os.path.join(ROOT, p))] == []
 
 
-def rows(page: str, row: str) -> set[str]:
-    """The first group of `row` in every table row of a page that matches it."""
-    return {m.group(1) for m in re.finditer(row, read(page), re.M)}
+@functools.cache
+def generator():
+    """docs/generate.py, a script beside the pages it writes rather than a module of the package."""
+    return load_script(os.path.join("docs", "generate.py"), "docs_generate")
 
 
-def config_leaves(tree: dict, prefix: str) -> list[tuple[str, object]]:
-    """Every documented key: nested settings spelled out; a collector or check with none has no row."""
-    out = []
-    for key, value in tree.items():
-        path = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, dict) and value:
-            out += config_leaves(value, path)
-        elif not (isinstance(value, dict) and prefix in ("collectors", "checks")):
-            out.append((path, value))
-    return out
+@pytest.mark.parametrize("page", ["configuration.md", "checks.md", "metrics.md", "xid.md"])
+def test_the_generated_references_are_what_the_code_says(page):
+    """Regenerated in memory: a key, reason, family or Xid added, changed or removed in the code without
+    `python docs/generate.py` fails here."""
+    text = read(f"docs/{page}")
+    assert "<!-- generated: " in text
+    assert generator().render(page, text) == text, f"docs/{page} is out of date: run python docs/generate.py"
 
 
-def test_every_config_key_is_documented_with_its_default():
-    rows = {}
-    for line in read("docs/configuration.md").splitlines():
-        row = re.match(r"\| `([a-z0-9_.]+)` \| `(.*?)` \|", line)
-        if row:
-            rows[row.group(1)] = row.group(2)
-    defaults = dict(config_leaves(config.defaults(), ""))
-    assert {k: json.dumps(v) for k, v in defaults.items() if rows.get(k) != json.dumps(v)} == {}
-    assert set(rows) - set(defaults) == set()
+def test_the_drift_test_sees_a_changed_default_a_reason_and_a_family(monkeypatch):
+    from nodehealth.checks import kernel, memory
+
+    gen = generator()
+    before = {page: gen.render(page, read(f"docs/{page}")) for page in ("configuration.md", "checks.md")}
+    monkeypatch.setitem(kernel.DEFAULTS, "hung_task_repeat", 4)
+    monkeypatch.setitem(memory.REASONS, "MemoryFragmented", memory.REASONS["ZoneLowOnMemory"])
+    assert gen.render("configuration.md", before["configuration.md"]) != before["configuration.md"]
+    assert gen.render("checks.md", before["checks.md"]) != before["checks.md"]
+    monkeypatch.setitem(kernel.DEFAULTS, "new_key", 1)  # a key without its meaning stops the generator
+    with pytest.raises(gen.DocsError, match="checks.kernel: keys without a meaning in MEANINGS: \\['new_key'\\]"):
+        gen.render("configuration.md", before["configuration.md"])
+    table = "<!-- generated: metrics collectors/edac.py -->\n<!-- end generated -->\n"
+    assert "`nodehealth_edac_errors_total` | counter |" in gen.render("other.md", table)
+    with pytest.raises(gen.DocsError, match="families in no table: .*nodehealth_edac_errors_total"):
+        gen.render("metrics.md", read("docs/metrics.md").replace("metrics collectors/edac.py",
+                                                                 "metrics collectors/mounts.py"))
+
+
+def test_every_setting_has_its_meaning_beside_its_default():
+    from nodehealth import config
+
+    for name, defaults, meanings in config.parts():
+        keys = {key for key, _ in generator().settings(defaults)}
+        assert set(meanings) == keys, name
+        assert all(isinstance(m, str) and m and "|" not in m for m in meanings.values()), name
+
+
+def test_every_configuration_section_has_its_table():
+    from nodehealth import config
+
+    page = read("docs/configuration.md")
+    sections = {name.split(".")[0] for name, _, _ in config.parts()}
+    assert sorted(s for s in sections if f"<!-- generated: config {s} -->" not in page) == []
 
 
 @functools.cache
-def source_trees() -> tuple[ast.AST, ...]:
+def source_trees() -> tuple[tuple[str, ast.AST], ...]:
     """Every module of the source, parsed once for the tests that read it."""
-    trees = []
-    for package in ("nodehealth", "collectors", "checks"):
-        for path in glob.glob(os.path.join(ROOT, package, "**", "*.py"), recursive=True):
-            with open(path, encoding="utf-8") as f:
-                trees.append(ast.parse(f.read()))
-    return tuple(trees)
+    return tuple((path, tree) for path, _, tree in generator()._sources())
 
 
 def golden(pattern: str) -> list[str]:
     return sorted(glob.glob(os.path.join(ROOT, "tests", "golden", pattern)))
 
 
-def test_every_metric_family_is_documented():
-    family = re.compile(r"nodehealth_[a-z0-9_]+")
-    names = set()
-    for tree in source_trees():
+def documented() -> dict[str, dict[str, object]]:
+    """check name -> its reasons (reason -> Reason), from every table docs/checks.md is written from."""
+    out: dict[str, dict[str, object]] = {}
+    for check, reasons in generator().reason_owners():
+        out.setdefault(check, {}).update(reasons)
+    return out
+
+
+def constants(tree: ast.AST) -> dict[str, ast.expr]:
+    """A module's top-level NAME = value (and A, B = x, y) assignments."""
+    out = {}
+    for node in getattr(tree, "body", []):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    out[target.id] = node.value
+                elif isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    out.update({t.id: v for t, v in zip(target.elts, node.value.elts) if isinstance(t, ast.Name)})
+    return out
+
+
+def literal(node: ast.expr | None, names: dict[str, ast.expr], kind: str) -> set[str] | None:
+    """What `node` can be: a string constant, or `Severity.X` / `Action.X` values (both branches of an
+    `a if c else b`), through the module's constants; None where the code computes it."""
+    from nodehealth.model import Action, Severity
+
+    if isinstance(node, ast.Name) and node.id in names:
+        return literal(names[node.id], names, kind)
+    if isinstance(node, ast.IfExp):
+        a, b = literal(node.body, names, kind), literal(node.orelse, names, kind)
+        return None if a is None or b is None else a | b
+    if kind == "str" and isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, ast.Attribute) and getattr(node.value, "id", "") == kind:
+        return {{"Severity": Severity, "Action": Action}[kind][node.attr].value}
+    return None
+
+
+def made_findings() -> list[tuple[str, str | None, str, set[str] | None, set[str] | None]]:
+    """(file:line, check, reason, severities, actions) of every Finding(...) and Rating(...) in the source
+    whose reason is a constant; check None where a helper outside a check takes it as an argument (then
+    any check's table will do)."""
+    out = []
+    for path, tree in source_trees():
+        names = constants(tree)
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-                    and isinstance(node.args[0].value, str) and family.fullmatch(node.args[0].value)):
-                names.add(node.args[0].value)
-    for path in golden("*.metrics.txt"):
-        with open(path, encoding="utf-8") as f:
-            names |= set(re.findall(r"^# TYPE (\S+)", f.read(), re.M))
-    documented = rows("docs/metrics.md",
-                      r"^\| `((?:nodehealth|process)_[a-z0-9_<>]+)` \| (?:gauge|counter|histogram) \|")
-    vmstat = {n for n in names if n.startswith("nodehealth_vmstat_")}  # one row: nodehealth_vmstat_<counter>_total
-    assert vmstat and "nodehealth_vmstat_<counter>_total" in documented
-    assert sorted(names - vmstat - documented) == []
+            name = getattr(node.func, "id", getattr(node.func, "attr", "")) if isinstance(node, ast.Call) else ""
+            if name not in ("Finding", "Rating"):
+                continue
+            kw = {k.arg: k.value for k in node.keywords}
+            if name == "Finding":
+                check, severity, reason = (node.args + [None] * 3)[:3]
+                severities, actions = [severity], [kw.get("action", ast.Attribute(ast.Name("Action"), "NONE"))]
+            else:
+                reason, severity, action = (node.args + [None] * 3)[:3]
+                check, severities = None, [severity, kw.get("repeated")]
+                actions = [action, kw.get("repeated_action")]
+            reasons = literal(reason, names, "str")
+            if reasons is None:
+                continue
+            checks = literal(check, names, "str") if check is not None else None
+            if checks is None and "NAME" in names:  # a check module's Rating, or its helper's Finding
+                checks = literal(names["NAME"], names, "str")
+            if isinstance(check, ast.Attribute) and check.attr == "NAME" and path == "nodehealth/engine.py":
+                checks = {"every check"}
+            found = [literal(s, names, "Severity") for s in severities if s is not None]
+            done = [literal(a, names, "Action") for a in actions if a is not None]
+            for reason in reasons:
+                for one in sorted(checks) if checks else [None]:
+                    out.append((f"{path}:{node.lineno}", one, reason,
+                                None if None in found else set().union(*found),
+                                None if None in done else set().union(*done)))
+    return out
 
 
-def test_every_reason_code_is_documented():
+def test_the_reason_tables_name_every_finding_the_code_makes_with_its_severity_and_action():
+    tables = documented()
+    everywhere: dict[str, list[object]] = {}
+    for reasons in tables.values():
+        for reason, about in reasons.items():
+            everywhere.setdefault(reason, []).append(about)
+    made = made_findings()
+    assert len(made) > 80  # the walk sees the checks' findings
+    wrong = []
+    for where, check, reason, severities, actions in made:
+        abouts = [tables[check][reason]] if check in tables and reason in tables[check] else (
+            everywhere.get(reason, []) if check is None else [])
+        if not abouts:
+            wrong.append(f"{where}: {reason} of {check or 'a check'} is in no REASONS table")
+            continue
+        if severities is not None and not any(severities <= {s.value for s in a.severities} for a in abouts):
+            wrong.append(f"{where}: {reason} can be {sorted(severities)}, its table says otherwise")
+        if actions is not None and not any(actions <= {x.value for x in a.actions} for a in abouts):
+            wrong.append(f"{where}: {reason} can ask for {sorted(actions)}, its table says otherwise")
+    assert wrong == []
+
+
+def test_the_reason_tables_hold_every_finding_of_the_golden_reports():
     from nodehealth.checks import xid_catalog
 
-    reasons = set()
-    for tree in source_trees():
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
-            name = getattr(node.func, "id", getattr(node.func, "attr", ""))
-            at = {"Finding": 2, "Rating": 0}.get(name)
-            if at is not None and len(node.args) > at and isinstance(node.args[at], ast.Constant):
-                reasons.add(node.args[at].value)
+    tables = documented()
+    catalog = {i.reason: i for i in [*xid_catalog.XID_CATALOG.values(), *xid_catalog.SXID_CATALOG.values()]}
+    wrong, seen = [], 0
     for path in golden("*.check.json"):
         with open(path, encoding="utf-8") as f:
-            reasons |= {finding["reason"] for finding in json.load(f)["findings"]}
-    catalog = {i.reason for i in xid_catalog.XID_CATALOG.values()} | {
-        i.reason for i in xid_catalog.SXID_CATALOG.values()}
-    assert sorted(reasons - catalog - rows("docs/checks.md", r"^\| [^|]+ \| `([A-Za-z0-9<>]+)` \|")) == []
-    assert sorted(catalog - rows("docs/xid.md", r"^\| [0-9]+ \| `([A-Za-z0-9]+)` \|")) == []
+            findings = json.load(f)["findings"]
+        for f in findings:
+            seen += 1
+            about = catalog.get(f["reason"]) if f["check"] == "xid" else None
+            if about is not None:
+                if (f["severity"], f["action"]) != (about.severity.value, about.action.value):
+                    wrong.append(f"{os.path.basename(path)}: {f['reason']} is not as the catalog rates it")
+                continue
+            about = tables.get(f["check"], {}).get(f["reason"]) or tables["every check"].get(f["reason"])
+            if about is None:
+                wrong.append(f"{os.path.basename(path)}: {f['check']} {f['reason']} is in no REASONS table")
+            elif f["severity"] not in {s.value for s in about.severities} or \
+                    f["action"] not in {a.value for a in about.actions}:
+                wrong.append(f"{os.path.basename(path)}: {f['reason']} {f['severity']}/{f['action']} is not in its "
+                             "table")
+    assert seen > 20 and wrong == []
+
+
+def test_every_documented_reason_is_one_the_code_makes():
+    """No stale row: each reason of a table is spelled somewhere in the source, outside the tables."""
+    spelled = set()
+    for _, tree in source_trees():
+        tables = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  and any(getattr(t, "id", "") == "REASONS" for t in n.targets)}
+        skip = {id(k) for n in ast.walk(tree) if id(n) in tables for k in n.keys}
+        spelled |= {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                    and id(n) not in skip}
+    stale = sorted(r for reasons in documented().values() for r in reasons if "<" not in r and r not in spelled)
+    assert stale == []

@@ -38,6 +38,7 @@ SYNOPSES = {
     "check": "docs/commands.md",
     "daemon": "docs/commands.md",
     "clear": "docs/commands.md",
+    "config defaults": "docs/commands.md",
     "breaker reset": "docs/commands.md",
     "silence add": "docs/commands.md",
     "silence list": "docs/commands.md",

@@ -26,6 +26,21 @@ DEFAULTS: dict[str, Any] = {
     "metric_labels": False,
 }
 SOURCES = ("kubelet", "slurm")
+MEANINGS = {
+    "enabled": "name the pods and Slurm jobs behind every GPU finding: evidence (`pods`, `slurm_jobs`), the "
+               "table, `/v1/report`, an Event on each pod, the Slurm drain reason",
+    "sources": "where to look: `kubelet` (its PodResources socket) and/or `slurm` (scontrol; the daemon needs "
+               "`--slurm`)",
+    "kubelet_socket": "the kubelet's PodResources socket as the agent sees it (`deploy/components/attribution` "
+                      "mounts its directory read-only)",
+    "kubelet_timeout_seconds": "one deadline for a whole PodResources call, connecting included",
+    "kubelet_max_answer_bytes": "a bigger PodResources answer is refused (`AttributionUnavailable`)",
+    "slurm_max_jobs": "at most this many local jobs are looked up with `scontrol show job -d` per round",
+    "max_event_age_seconds": "an Xid is attributed only while at most this old (later, its GPU's users may have "
+                             "changed); what it was given while fresh stays with it",
+    "metric_labels": "export `nodehealth_gpu_pod_info` (which container holds which GPU, to join in PromQL); asks "
+                     "the kubelet every pass",
+}
 
 
 def settings(cfg: dict[str, Any] | None) -> dict[str, Any]:

@@ -18,10 +18,16 @@ from typing import Any, Union
 
 from nodehealth.attribution.gpus import Assignment, GpuRef, PodRef, gpu_of
 from nodehealth.attribution.slurm_jobs import JobAssignment
-from nodehealth.model import Finding, Severity
+from nodehealth.model import Action, Finding, Reason, Severity
 
 CHECK = "attribution"
 UNAVAILABLE = "AttributionUnavailable"
+# Its one finding, under the check name `attribution` (docs/checks.md).
+REASONS = {
+    UNAVAILABLE: Reason(Severity.INFO, Action.NONE,
+                        "the pods or Slurm jobs that used a faulty GPU could not be told, or not all of them: the "
+                        "kubelet or Slurm did not answer, or named GPUs this node does not have"),
+}
 MAX_SHOWN = 5  # unresolved ids named in a message
 
 # A source's answer: the assignment, an error sentence, or None when it was not asked.

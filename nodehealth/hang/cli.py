@@ -5,13 +5,14 @@ nodehealth/cli.py calls add_subcommands(); `python -m nodehealth.hang.cli` runs 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
+
+from nodehealth import logs
 
 EXIT_OK, EXIT_HANG, EXIT_ERROR = 0, 1, 2
 
@@ -32,6 +33,7 @@ def add_subcommands(subparsers: Any) -> None:
     w.add_argument("--once", action="store_true", help="scan once and exit (1 if a hang was found)")
     w.add_argument("--exit-on-hang", action="store_true",
                    help="exit 1 after the first hang (its bundle written, or refused)")
+    logs.add_options(w)
     w.set_defaults(func=cmd_watch)
 
     r = sub.add_parser("report", help="desync verdict and merged stacks from bundles or a record directory")
@@ -54,7 +56,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             cfg[key] = value
     if args.no_native:
         cfg["native_stacks"] = False
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logs.setup(args.log_format, args.log_level, os.environ.get("NODE_NAME"))
     detector = Detector(args.directory, args.out or os.path.join(args.directory, "bundles"), cfg)
     if args.once:
         _scan(detector)

@@ -47,3 +47,37 @@ DEFAULTS: dict[str, Any] = {
     "straggler_min_wait_seconds": 0.05,
     "straggler_scans": 5,
 }
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "enabled": "the daemon watches `directory` for hung ranks (flag `--hang-dir`)",
+    "directory": "where the training processes write their records (their `$NODEHEALTH_HANG_DIR`)",
+    "bundle_dir": "where bundles go; empty: `<state_dir>/hang` in the daemon, `DIR/bundles` for `hang watch DIR`",
+    "floor_seconds": "a pending op is hung when older than max(`floor_seconds`, `p99_factor` x its p99)",
+    "p99_factor": "see `floor_seconds`",
+    "min_samples": "with fewer completed ops than this, the floor alone decides",
+    "heartbeat_timeout_seconds": "a rank whose heartbeat stops this long is hung",
+    "stale_record_seconds": "records whose heartbeat is older than this belong to dead jobs and are ignored",
+    "scan_interval_seconds": "seconds between two scans of the records",
+    "py_spy": "the py-spy program (on `PATH`, else beside the running `nodehealth`)",
+    "stack_timeout_seconds": "one py-spy dump of Python frames",
+    "native_stacks": "also take native frames (a second, slower pass)",
+    "native_timeout_seconds": "one native-frames dump",
+    "parallel_dumps": "processes dumped at once",
+    "flight_recorder_timeout_seconds": "how long to wait for the ranks' PyTorch Flight Recorder dumps",
+    "max_records_per_scan": "records considered per scan (owners take turns)",
+    "max_scan_bytes": "bytes of records read per scan, all together",
+    "max_jobs_per_scan": "jobs considered per scan",
+    "dumps_per_minute": "bundles per minute on this node, all jobs together",
+    "job_dump_interval_seconds": "seconds between two bundles of one job",
+    "process_dump_interval_seconds": "seconds between two dumps of one process",
+    "max_children_per_rank": "child processes (DataLoader workers) dumped under each rank",
+    "max_metric_series": "per-rank metric series over all jobs; hung jobs first",
+    "max_bundle_bytes": "largest bundle; the bulkiest evidence is dropped first, and the bundle says so",
+    "max_bundle_dir_bytes": "bytes in the bundle directory; the oldest bundles are removed first",
+    "max_bundles": "bundles in the bundle directory; the oldest are removed first",
+    "straggler_ratio": ("a rank is a straggler when, over stretches of the ops all ranks share, the others spend "
+                        "this many times as long in collectives as it does ..."),
+    "straggler_min_wait_seconds": ("... and their longest wait per stretch is at least this much longer than its "
+                                   "own ..."),
+    "straggler_scans": "... in this many scans in a row",
+}

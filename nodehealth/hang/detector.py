@@ -30,9 +30,16 @@ from nodehealth.hang.oncelog import CAUSES, OncePerCause
 from nodehealth.hang.rules import DEFAULTS, Rank, judge, stragglers
 from nodehealth.hang.stacks import StackCollector
 from nodehealth.host import HostPaths, list_dir, read_text
-from nodehealth.model import Action, Finding, Metric, Severity
+from nodehealth.model import Action, Finding, Metric, Reason, Severity
 
 log = logging.getLogger(__name__)
+
+# The findings of the daemon's hang detector, under the check name `hang` (docs/checks.md).
+REASONS = {
+    "TrainingHang": Reason(Severity.WARNING, Action.NONE,
+                           "a local training job is hung; the message gives the verdict and the bundle's path"),
+    "TrainingStraggler": Reason(Severity.WARNING, Action.NONE, "one rank makes its peers wait in every collective"),
+}
 
 
 

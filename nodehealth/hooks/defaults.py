@@ -22,3 +22,15 @@ DEFAULTS: dict[str, Any] = {
     # Events waiting for a run; beyond it the oldest waiting one is dropped and counted.
     "max_queue": 100,
 }
+MEANINGS = {
+    "enabled": "run the hook when a finding appears or clears (needs `command` or `url`)",
+    "command": "the program and its arguments, its first an absolute path; run without a shell, the event's JSON "
+               "on stdin; exit 0 is success",
+    "url": "POST the event's JSON here (`http://` or `https://`); a 2xx answer is success",
+    "min_severity": "findings at or above this severity count: `warning`, `unknown`, `degraded` or `fatal` "
+                    "(silenced ones never do)",
+    "timeout_seconds": "one whole run: the command's process group is killed, the HTTP exchange cut",
+    "max_concurrency": "runs at once (events of one finding never run at once)",
+    "max_per_minute": "runs per minute at most (a bucket of this many, refilled evenly); the others wait",
+    "max_queue": "events waiting for a run; past it the oldest waiting one is dropped and counted",
+}

@@ -87,24 +87,42 @@ def require_client() -> None:
                                   "pip install 'nodehealth[k8s]'") from None
 
 
+def require_config(kubeconfig: str = "") -> None:
+    """Credentials to reach the API server, or one KubeError that says none were found: the daemon says
+    so at start instead of retrying for ever."""
+    require_client()
+    from kubernetes import client
+
+    _load(kubeconfig, client.Configuration())
+
+
+def _load(kubeconfig: str, configuration: Any) -> None:
+    """The client configuration: `kubeconfig`, else the in-cluster service account, else ~/.kube/config."""
+    from kubernetes import config
+
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        else:
+            try:
+                config.load_incluster_config(client_configuration=configuration)
+            except config.ConfigException:
+                config.load_kube_config(client_configuration=configuration)
+    except (config.ConfigException, OSError, TypeError, ValueError) as e:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else ("no in-cluster service account and no usable "
+                                                               "kubeconfig ($KUBECONFIG, ~/.kube/config)")
+        raise KubeError("config", f"no usable Kubernetes credentials: {where}: {e}") from None
+
+
 class ClientApi:
     """KubeApi over the official `kubernetes` client: in-cluster config, else a kubeconfig."""
 
     def __init__(self, kubeconfig: str = "", timeout_seconds: float = 10.0):
         require_client()
-        from kubernetes import client, config
+        from kubernetes import client
 
         configuration = client.Configuration()
-        try:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-            else:
-                try:
-                    config.load_incluster_config(client_configuration=configuration)
-                except config.ConfigException:
-                    config.load_kube_config(client_configuration=configuration)
-        except (config.ConfigException, OSError, TypeError, ValueError) as e:
-            raise KubeError("config", f"no usable Kubernetes client configuration: {e}") from None
+        _load(kubeconfig, configuration)
         configuration.retries = 0  # our own backoff decides when to try again
         api_client = client.ApiClient(configuration)
         self.core = client.CoreV1Api(api_client)

@@ -25,3 +25,29 @@ DEFAULTS: dict[str, Any] = {
     "managed_node_selector": "nvidia.com/gpu.present=true",
     "managed_nodes_refresh_seconds": 300.0,
 }
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "enabled": "publish the verdict on this node's Node object (flag `--kube`)",
+    "domain": ("prefix of every taint, annotation and label nodehealth writes or reads; change the admission policy "
+               "with it"),
+    "kubeconfig": "kubeconfig file; empty: the in-cluster config, else `~/.kube/config`",
+    "dry_run": ("compute and export what would be written (`nodehealth_kube_taint_desired`), write nothing (flag "
+                "`--dry-run`)"),
+    "noexecute_subsystems": ("subsystems whose fatal findings taint `NoExecute` (evicting pods without honouring "
+                             "PodDisruptionBudgets) instead of `NoSchedule`"),
+    "heartbeat_seconds": "conditions' `lastHeartbeatTime` is refreshed this often",
+    "resync_seconds": "the Node is read again this often (hold and clear annotations, taints someone removed)",
+    "request_timeout_seconds": "one API request",
+    "retry_initial_seconds": "first backoff after a failed write",
+    "retry_max_seconds": "longest backoff",
+    "conflict_retries": "409 Conflicts answered at once by a fresh read, before backing off",
+    "event_namespace": "namespace of the Node's Events (where the kubelet records them)",
+    "breaker_enabled": "cap the nodes quarantined at once with the circuit breaker",
+    "breaker_namespace": "namespace of the breaker's Lease",
+    "breaker_name": "name of the breaker's Lease",
+    "max_quarantined_fraction": ("share of the managed nodes that may carry a `NoSchedule`/`NoExecute` taint from "
+                                 "nodehealth at once (at least 1 node)"),
+    "managed_node_selector": ("label selector of the nodes the cap is a share of (keep it the same as the "
+                              "DaemonSet's `nodeSelector`)"),
+    "managed_nodes_refresh_seconds": "the managed nodes are counted this often",
+}

@@ -32,3 +32,17 @@ DEFAULTS: dict[str, Any] = {
     "kube_index_label": "batch.kubernetes.io/job-completion-index",
     "kube_poll_seconds": 2.0,  # between two lists of the job's pods while they start
 }
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "port": "every node's agent (`netcheck job --port`)",
+    "method": ("`auto`: rdma-bw where every node has a verbs device for its data address, else TCP for all; `tcp` "
+               "or `rdma` force one"),
+    "seconds": "length of one pair test",
+    "slow_fraction": "a test below this fraction of the median of the passed tests is slow",
+    "max_rounds": "rounds stop here even if a node is undecided",
+    "rdma_port": "rdma-bw's out-of-band port on the data address",
+    "rdma_size": "bytes per RDMA WRITE",
+    "wait_seconds": "how long the first node waits for the others to join; a node that has not joined is `missing`",
+    "kube_index_label": "pod label whose value 0 marks the coordinator",
+    "kube_poll_seconds": "seconds between two lists of the job's pods while they start",
+}

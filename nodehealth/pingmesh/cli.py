@@ -18,6 +18,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
 
+from nodehealth import logs
+
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 # A bundle is read as a stream, but its size still bounds the work: 10,000 agents' summaries of a
 # few windows each (~100 KB) fit; a bundle of every agent's whole history does not, fetch fewer windows.
@@ -57,6 +59,7 @@ def add_subcommands(subparsers: Any) -> None:
     c.add_argument("--listen", metavar="ADDR:PORT", help="/metrics and /healthz (default 0.0.0.0:9458)")
     c.add_argument("--identity", metavar="NAME", help="its name in the leader Lease (default $POD_NAME, else the "
                                                       "hostname)")
+    logs.add_options(c)
     c.set_defaults(func=cmd_controller)
 
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from nodehealth import __version__, exporter, inventory, server
+from nodehealth import __version__, exporter, inventory, logs, server
 from nodehealth.kube.api import ClientApi, KubeApi, KubeError
 from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.kube.election import LEASE_SECONDS, RENEW_SECONDS, LeaderElector
@@ -490,6 +490,6 @@ def cmd_controller(args: argparse.Namespace) -> int:
     cfg = config.load(args.config)
     if args.listen:
         cfg["pingmesh"]["controller_listen"] = args.listen
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(args.log_format, args.log_level, os.environ.get("NODE_NAME"))  # the node the replica runs on
     identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
     return Controller(cfg, identity).serve()

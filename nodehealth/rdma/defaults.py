@@ -27,6 +27,25 @@ DEFAULTS: dict[str, Any] = {
     "start_delay_seconds": 60.0,
     "history": 8,  # runs kept per rail (the check looks at the newest few in a row)
 }
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "enabled": "the daemon tests its rails and serves the test to its peers (a test fills its rail for its duration)",
+    "peers": ("addresses or names of peers whose daemons serve the test, taken in turn; empty: the leaf-mates in "
+              "`pingmesh.inventory_file`, else serve only. At most 64"),
+    "rails": "`device:port` or `device` (port 1); empty: every ACTIVE port, sorted. Rail i serves on `port` + i",
+    "serve": "serve the test to peers, one client at a time per rail",
+    "serve_to": ("whose clients the servers take: addresses, CIDR networks (`0.0.0.0/0` and `::/0` for anyone) or "
+                 "names; empty: the peers"),
+    "listen": "address the servers listen on",
+    "port": "out-of-band TCP port of rail 0 (perftest's)",
+    "interval_seconds": "seconds between rounds; a round tests every rail once; more than twice `duration_seconds`",
+    "duration_seconds": "length of one test (at most 60)",
+    "size": "message size in bytes (perftest's default)",
+    "gid_index": "RoCE GID index; -1 picks a RoCE v2 GID with an IPv4 address; InfiniBand uses LIDs",
+    "timeout_seconds": "a peer that does not answer the out-of-band exchange in this time is unavailable",
+    "start_delay_seconds": "wait after start before the first round",
+    "history": "tests kept per rail; at least `checks.rdma_bw.low_runs`",
+}
 # The bounds a test may not exceed: a test holds its rail and a CPU core while it runs.
 MAX_DURATION_SECONDS = 60.0
 MAX_PEERS = 64  # per rail, the series of the newest run against each peer

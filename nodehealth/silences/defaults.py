@@ -12,3 +12,9 @@ DEFAULTS: dict[str, Any] = {
     # pass is matched against them, and an annotation is read from the API server.
     "max_silences": 64,
 }
+MEANINGS = {
+    "max_seconds": "the longest a silence may last (30 days): every silence ends, and one set further ahead is "
+                   "refused",
+    "max_silences": "silences used from the file and from the annotation each; those past it are refused and "
+                    "counted",
+}

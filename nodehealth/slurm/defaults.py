@@ -24,3 +24,17 @@ DEFAULTS: dict[str, Any] = {
     # Slurm shows the reason in sinfo -R; nodehealth's are a few words, longer ones are cut here.
     "reason_max_chars": 120,
 }
+
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "enabled": "the daemon drains and resumes this node in Slurm (flag `--slurm`)",
+    "dry_run": ("read the node's state but only log the `scontrol update` that would drain or resume it (NHC's "
+                "`MARK_OFFLINE=0`); `nodehealth slurm` then exits 0 (flag `--dry-run`)"),
+    "node_name": "Slurm's name for this node; empty: `--node-name`, else `$SLURMD_NODENAME`, else the short hostname",
+    "resync_seconds": ("besides verdict changes, the daemon runs scontrol this often (puts back a drain someone "
+                       "lifted while the fault stays)"),
+    "scontrol": "the scontrol program, found on `PATH`",
+    "attempts": "tries when slurmctld does not answer (it may be restarting)",
+    "retry_delay_seconds": "seconds between two tries",
+    "timeout_seconds": "one scontrol call",
+    "reason_max_chars": "longest drain reason; longer ones are cut",
+}
