@@ -30,15 +30,21 @@ def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_address: str, 
          pings_per_node: int) -> None:
     """The peers: a Ping service per peer address; and, towards the daemon, what they would send it
     each interval: a TCP connect per peer and rail and `pings_per_node` Pings per peer."""
+    import asyncio
     import socket
     import struct
+    import threading
 
     import grpc
 
     from nodehealth.pingmesh import agent, probe_pb2, probe_pb2_grpc
 
-    servers = [agent.serve(f"{peer_address(n * rails + r)}:{port}", f"peer{n:04d}")
-               for n in range(nodes) for r in range(rails)]
+    async def serve_all() -> list:  # every peer's Ping service on one loop, not a thread each
+        return [await agent.start_server(f"{peer_address(n * rails + r)}:{port}", f"peer{n:04d}", lambda *_: None)
+                for n in range(nodes) for r in range(rails)]
+    loop = asyncio.new_event_loop()
+    servers = loop.run_until_complete(serve_all())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
     stub = probe_pb2_grpc.ProbeStub(grpc.insecure_channel(f"{daemon_address}:{port}"))
     assert len(servers) == nodes * rails
     sys.stdout.write("ready\n")
