@@ -136,11 +136,12 @@ class BoundedHTTPServer(HTTPServer):
     def process_request(self, request, client_address) -> None:
         request.setblocking(False)
         with self._lock:
-            if len(self._incoming) >= self.max_pending:  # the reader is behind: refuse, do not pile up
-                self._drop_locked("waiting")
-                request.close()
-                return
             self._incoming.append((request, client_address, time.monotonic() + self.request_seconds))
+            oldest = self._incoming.popleft()[0] if len(self._incoming) > self.max_pending else None
+            if oldest is not None:  # the reader is behind: the oldest goes now, as it would there
+                self._drop_locked("waiting")
+        if oldest is not None:
+            self.shutdown_request(oldest)
         self._wake()
 
     def _drop(self, reason: str) -> None:
@@ -203,7 +204,12 @@ class BoundedHTTPServer(HTTPServer):
         with self._lock:
             incoming, self._incoming = self._incoming, deque()
         for sock, client, deadline in incoming:
-            selector.register(sock, selectors.EVENT_READ)
+            try:
+                selector.register(sock, selectors.EVENT_READ)
+            except (OSError, ValueError):  # epoll out of memory, a socket already gone: drop it, read on
+                self._drop("descriptors")
+                self.shutdown_request(sock)
+                continue
             pending[sock] = (client, deadline, bytearray())
         while len(pending) > self.max_pending:
             oldest = next(iter(pending))
