@@ -63,6 +63,18 @@ def require_netns() -> None:
             unavailable(f"{tool} is not installed (.ci/run installs iproute2 and nftables)")
 
 
+def wait_for(predicate, timeout: float = 5.0, step: float = 0.01):
+    """The predicate's first true value within `timeout` seconds, else None: tests wait for what they
+    need, never a fixed time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import STOP_SECONDS, free_port, http_get, machine
+from conftest import STOP_SECONDS, free_port, http_get, machine, wait_for
 
 from nodehealth.server import STUCK_EXIT_SECONDS
 
@@ -42,16 +42,6 @@ def metric_value(text: str, name: str, **labels) -> float | None:
         if line.startswith(name + "{") or line.startswith(name + " "):
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-def wait_for(fn, timeout=5.0, step=0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(step)
     return None
 
 

@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from conftest import STOP_SECONDS, free_port, http_get, wait_for
 
 from nodehealth import server as httpbound
 
@@ -161,15 +162,6 @@ def test_listeners_leave_descriptors_for_the_process_own_work(limit, wants, caps
     assert httpbound.share_descriptors(limit, wants) == caps
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_the_controller_answers_healthz_past_a_slow_client_and_stops_at_once(tmp_path):
     """`nodehealth controller` serves through this server: a client that drips its request holds
     neither /healthz (the kubelet would kill the pod) nor the stop."""
@@ -177,8 +169,6 @@ def test_the_controller_answers_healthz_past_a_slow_client_and_stops_at_once(tmp
     import signal
     import subprocess
     import sys
-
-    from conftest import STOP_SECONDS, free_port, http_get
     port = free_port()
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"pingmesh": {"enabled": False}}))

@@ -3,23 +3,12 @@ is down /healthz and nodehealth_worker_up say so."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-from conftest import machine
+from conftest import machine, wait_for
 
 from nodehealth import config, exporter, node_pass, supervisor
 from nodehealth.daemon import Daemon
-
-
-def wait_for(predicate, timeout: float = 10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.01)
-    return None
 
 
 class Flaky:
@@ -94,7 +83,11 @@ def test_the_daemon_fails_healthz_while_a_worker_is_down_and_recovers(tmp_path, 
     d.workers.start()
     try:
         healthz = d.routes()["/healthz"]
-        code, body, _ = wait_for(lambda: (lambda a: a if a[0] == 503 else None)(healthz("")))
+
+        def unhealthy():
+            answer = healthz("")
+            return answer if answer[0] == 503 else None
+        code, body, _ = wait_for(unhealthy)
         assert body.startswith(b"worker pingmesh-prober died (OSError: [Errno 24] Too many open files)"), body
         assert 'nodehealth_worker_up{worker="pingmesh-prober"} 0' in exporter.render(d.metrics()).decode()
         worker.may_run.set()
