@@ -66,17 +66,18 @@ class Supervisor:
         backoff = FIRST_BACKOFF_SECONDS
         while not self.stop.is_set():
             started = time.monotonic()
+            error: Exception | None = None
             try:
                 w.run()
-                if self.stop.is_set():
-                    return
-                why = "returned before the stop"
-                log.error("worker %s %s; running it again in %gs", w.name, why, backoff)
-            except Exception as e:  # noqa: BLE001 (any error: the worker is run again, and says why)
-                why = f"{type(e).__name__}: {e}"
-                log.exception("worker %s died; running it again in %gs", w.name, backoff)
+            except Exception as e:  # noqa: BLE001 (any error: the worker is run again, and the log says why)
+                error = e
+            if self.stop.is_set():
+                return  # ended by the stop, or failing because of it
             if time.monotonic() - started >= STEADY_SECONDS:
                 backoff = FIRST_BACKOFF_SECONDS
+            why = f"{type(error).__name__}: {error}" if error is not None else "returned before the stop"
+            log.error("worker %s %s; running it again in %gs", w.name, "died" if error is not None else why, backoff,
+                      exc_info=error)
             with self.lock:
                 w.restarts += 1
                 w.down_since, w.why = time.monotonic(), why
@@ -97,14 +98,14 @@ class Supervisor:
                 if not w.thread.is_alive():
                     out.append(f"worker {w.name} is dead")
                 elif w.down_since is not None:
-                    out.append(f"worker {w.name} died ({w.why}) and restarts in a moment "
-                               f"({w.restarts} restart{'s' if w.restarts != 1 else ''})")
+                    out.append(f"worker {w.name} died ({w.why}) and is run again after a backoff "
+                               f"({w.restarts} restart{'s' if w.restarts != 1 else ''} so far)")
         return out
 
     def metrics(self) -> list[Metric]:
         up = Metric("nodehealth_worker_up", "1 while the daemon's worker thread runs, 0 while it is dead or waits to "
                     "be restarted.", labels=("worker",))
-        restarts = Metric("nodehealth_worker_restarts_total", "Times the worker thread died and was run again.",
+        restarts = Metric("nodehealth_worker_restarts_total", "Times the worker thread died (it is run again after a backoff).",
                           "counter", ("worker",))
         with self.lock:
             for w in self.workers:

@@ -50,7 +50,7 @@ def test_a_worker_that_dies_is_run_again_and_reported_while_down(fast_backoff, d
     sup.start()
     try:
         problems = wait_for(sup.problems)
-        assert problems and problems[0].startswith(f"worker prober died ({why}) and restarts"), problems
+        assert problems and problems[0].startswith(f"worker prober died ({why}) and is run again"), problems
         assert wait_for(lambda: worker.runs >= 3)  # it keeps trying
         worker.may_run.set()
         assert wait_for(lambda: not sup.problems() and up(sup, "prober") == 1)
