@@ -437,6 +437,11 @@ def test_a_flood_of_idle_connections_leaves_the_daemon_its_descriptors_and_its_p
             code, body = d.get("/v1/report")
             return code == 200 and any(f["reason"] == "Xid79FallenOffBus" for f in json.loads(body)["findings"])
         assert wait_for(reported, timeout=10), "the Xid never reached /v1/report"
+        passes = metric_value(d.get("/metrics")[1].decode(), "nodehealth_daemon_passes_total")
+        assert wait_for(lambda: metric_value(d.get("/metrics")[1].decode(), "nodehealth_daemon_passes_total") > passes,
+                        timeout=10), "no pass ran under the flood"
+        findings = json.loads(d.get("/v1/report")[1])["findings"]
+        assert [f["reason"] for f in findings if f["severity"] == "unknown"] == []  # every collector read its source
         assert wait_for(lambda: json.loads((state / "state.json").read_text())["kmsg"]["last_seq"] == seq,
                         timeout=10), "the state was not saved"
         assert d.get("/healthz") == (200, b"ok\n")
