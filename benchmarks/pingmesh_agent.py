@@ -6,8 +6,11 @@ with its node's name, which also probes the measured daemon the way those peers 
 connect per peer and rail, and a Ping per peer, every interval), so the agent serves what it
 would serve in the mesh. CPU comes from /proc/PID/stat over the measurement, RSS from
 /proc/PID/status at its end. Targets: at most 1 % of one core and +20 MiB over the daemon
-without probes. Usage: python benchmarks/pingmesh_agent.py [--nodes 41] [--rails 8] [--seconds 120]
-[--ping-all-rails]
+without probes. `--compare-python PY` runs a third daemon with probes, by another checkout's
+interpreter (its .venv/bin/python), as one more node the farm probes, in the same run: a change
+is measured against the code before it under the same load. Usage: python
+benchmarks/pingmesh_agent.py [--nodes 41] [--rails 8] [--seconds 120] [--ping-all-rails]
+[--compare-python PY]
 """
 from __future__ import annotations
 
@@ -26,42 +29,53 @@ def peer_address(i: int) -> str:
     return f"127.0.{1 + (i + 1) // 256}.{(i + 1) % 256}"
 
 
-def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_address: str, interval: float,
+def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_addresses: list[str], interval: float,
          pings_per_node: int) -> None:
-    """The peers: a Ping service per peer address; and, towards the daemon, what they would send it
-    each interval: a TCP connect per peer and rail and `pings_per_node` Pings per peer."""
+    """The peers: a Ping service per peer address; and, towards each measured daemon, what they would
+    send it each interval: a TCP connect per peer and rail and `pings_per_node` Pings per peer."""
+    import asyncio
     import socket
     import struct
+    import threading
 
     import grpc
 
     from nodehealth.pingmesh import agent, probe_pb2, probe_pb2_grpc
 
-    servers = [agent.serve(f"{peer_address(n * rails + r)}:{port}", f"peer{n:04d}")
-               for n in range(nodes) for r in range(rails)]
-    stub = probe_pb2_grpc.ProbeStub(grpc.insecure_channel(f"{daemon_address}:{port}"))
+    async def serve_all() -> list:  # every peer's Ping service on one loop, not a thread each
+        return [await agent.start_server(f"{peer_address(n * rails + r)}:{port}", f"peer{n:04d}", lambda *_: None)
+                for n in range(nodes) for r in range(rails)]
+    loop = asyncio.new_event_loop()
+    servers = loop.run_until_complete(serve_all())
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    stubs = {a: probe_pb2_grpc.ProbeStub(grpc.insecure_channel(f"{a}:{port}")) for a in daemon_addresses}
     assert len(servers) == nodes * rails
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    work = ["tcp"] * (nodes * rails) + ["ping"] * (nodes * pings_per_node)
+    work = [(kind, a) for a in daemon_addresses
+            for kind in ["tcp"] * (nodes * rails) + ["ping"] * (nodes * pings_per_node)]
     seq = 0
     while True:
-        for kind in work:
+        for kind, address in work:
             seq += 1
             if kind == "ping":
-                stub.Ping.future(probe_pb2.PingRequest(seq=seq, source="peer", padding=b"\0" * 64), timeout=2.0)
+                stubs[address].Ping.future(probe_pb2.PingRequest(seq=seq, source="peer", padding=b"\0" * 64),
+                                           timeout=2.0)
             else:
                 with socket.socket() as s:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     s.settimeout(2.0)
-                    s.connect_ex((daemon_address, tcp_port))
+                    s.connect_ex((address, tcp_port))
             time.sleep(interval / len(work))
 
 
-def start_daemon(state: str, port: int, extra: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "nodehealth.cli", "daemon", "--root", machine("h100-8x-cx7"),
+def start_daemon(state: str, port: int, extra: list[str], python: str = sys.executable) -> subprocess.Popen:
+    """In the state directory: `-m` puts the working directory first on the path, and a checkout there
+    would be imported instead of the interpreter's own."""
+    os.makedirs(state)
+    return subprocess.Popen([python, "-m", "nodehealth.cli", "daemon", "--root", machine("h100-8x-cx7"),
                              "--state-dir", state, "--listen", f"127.0.0.1:{port}", "--interval", "30", *extra],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state)
 
 
 def main() -> None:
@@ -71,19 +85,26 @@ def main() -> None:
     p.add_argument("--ping-all-rails", action="store_true", help="a gRPC Ping on every rail, not only the first")
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--interval", type=float, default=10.0, help="seconds between probes of one peer")
+    p.add_argument("--compare-python", metavar="PY", help="also a daemon with probes run by this interpreter "
+                                                            "(another checkout's venv), side by side")
     p.add_argument("--farm", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--probe-port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--targets", default="127.0.0.1", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.farm:
-        farm(args.nodes, args.rails, args.probe_port, args.probe_port + 1, "127.0.0.1", args.interval,
+        farm(args.nodes, args.rails, args.probe_port, args.probe_port + 1, args.targets.split(","), args.interval,
              args.rails if args.ping_all_rails else 1)
         return
+    # The measured node's rails (and the compared one's) sit on loopback addresses of their own.
+    measured = {"measured": [f"127.0.0.{r + 1}" for r in range(args.rails)]}
+    if args.compare_python:
+        measured["compared"] = [f"127.0.0.{args.rails + r + 1}" for r in range(args.rails)]
     probe_port = free_port()  # and probe_port + 1 for the TCP probes
     with tempfile.TemporaryDirectory() as tmp:
         inventory = os.path.join(tmp, "inventory.json")
-        # The measured node's rails all sit on 127.0.0.1 here: one address serves every rail.
-        nodes = [{"name": "measured", "leaf": "leaf0",
-                  "addresses": [f"127.0.0.{r + 1}" for r in range(args.rails)]}]
+        # Each measured daemon listens on its first address; its other rails are probed there in vain
+        # (TCP refused: answered), as before.
+        nodes = [{"name": k, "leaf": "leaf0", "addresses": a} for k, a in measured.items()]
         nodes += [{"name": f"peer{n:04d}", "leaf": "leaf0",
                    "addresses": [peer_address(n * args.rails + r) for r in range(args.rails)]}
                   for n in range(args.nodes)]
@@ -96,16 +117,19 @@ def main() -> None:
                                     "ping_all_rails": args.ping_all_rails}}, f)
         farm_proc = subprocess.Popen([sys.executable, __file__, "--farm", "--nodes", str(args.nodes),
                                       "--rails", str(args.rails), "--probe-port", str(probe_port),
-                                      "--interval", str(args.interval)]
+                                      "--interval", str(args.interval),
+                                      "--targets", ",".join(a[0] for a in measured.values())]
                                      + (["--ping-all-rails"] if args.ping_all_rails else []),
                                      stdout=subprocess.PIPE, text=True)
         assert farm_proc.stdout.readline().strip() == "ready", "the peer farm did not start"
-        ports = {"with": free_port(), "without": free_port()}
-        common = ["--config", config, "--node-name", "measured"]
-        procs = {"with": start_daemon(os.path.join(tmp, "a"), ports["with"],
-                                      common + ["--probe-listen", f"127.0.0.1:{probe_port}",
-                                                "--probe-inventory", inventory]),
-                 "without": start_daemon(os.path.join(tmp, "b"), ports["without"], common)}
+        ports = {k: free_port() for k in [*measured, "without"]}
+        procs = {k: start_daemon(os.path.join(tmp, k), ports[k],
+                                 ["--config", config, "--node-name", k, "--probe-listen", f"{a[0]}:{probe_port}",
+                                  "--probe-inventory", inventory],
+                                 args.compare_python if k == "compared" else sys.executable)
+                 for k, a in measured.items()}
+        procs["without"] = start_daemon(os.path.join(tmp, "without"), ports["without"],
+                                        ["--config", config, "--node-name", "without"])
         try:
             for port in ports.values():
                 wait_http(f"http://127.0.0.1:{port}/v1/report")
@@ -116,7 +140,7 @@ def main() -> None:
             elapsed = time.monotonic() - t0
             cpu = {k: process_cpu_seconds(p.pid) - cpu0[k] for k, p in procs.items()}
             rss = {k: rss_bytes(p.pid) / 2**20 for k, p in procs.items()}
-            text = get(f"http://127.0.0.1:{ports['with']}/metrics").decode()
+            text = get(f"http://127.0.0.1:{ports['measured']}/metrics").decode()
         finally:
             for proc in (*procs.values(), farm_proc):
                 proc.terminate()
@@ -126,14 +150,16 @@ def main() -> None:
     lost = {k: metric_value(text, "nodehealth_pingmesh_lost_total", peer_group="same-leaf", probe=k) or 0
             for k in ("ping", "tcp")}
     skipped = metric_value(text, "nodehealth_pingmesh_probes_skipped_total") or 0
-    extra = (cpu["with"] - cpu["without"]) / elapsed * 100
     pings = args.nodes * (args.rails if args.ping_all_rails else 1)
     print(f"peers {args.nodes} nodes x {args.rails} rails; every {args.interval:g}s a TCP connect to each peer "
           f"address and a gRPC Ping to {pings} of them (the same towards this node); {elapsed:.0f}s, side by side")
-    for k in ("with", "without"):
-        print(f"daemon {k + ' probes':14s} CPU {cpu[k] / elapsed * 100:5.2f} % of a core   RSS {rss[k]:6.1f} MiB")
-    print(f"probe agent: +{extra:.2f} % of a core (target <= 1 %), "
-          f"+{rss['with'] - rss['without']:.1f} MiB (target <= 20 MiB)")
+    names = {"measured": "with probes", "compared": "compared", "without": "without probes"}
+    for k in procs:
+        print(f"daemon {names[k]:14s} CPU {cpu[k] / elapsed * 100:5.2f} % of a core   RSS {rss[k]:6.1f} MiB")
+    for k in measured:
+        print(f"probe agent{' (compared)' if k == 'compared' else ''}: "
+              f"+{(cpu[k] - cpu['without']) / elapsed * 100:.2f} % of a core (target <= 1 %), "
+              f"+{rss[k] - rss['without']:.1f} MiB (target <= 20 MiB)")
     print(f"sent ping {sent['ping']:.0f} (lost {lost['ping']:.0f}), tcp {sent['tcp']:.0f} (lost {lost['tcp']:.0f}), "
           f"skipped {skipped:.0f}")
 

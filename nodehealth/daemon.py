@@ -2,13 +2,16 @@
 
 Long on purpose: every part the daemon runs (passes, streams, sources, faces) starts, meets and stops here.
 
-Threads: the main thread waits for a signal (nodehealth/server.py); a pass thread runs the collectors
-every interval; the kernel stream (nodehealth/kernel_stream.py) brings kernel records and NVML Xids
-as they come, and the daemon judges the kernel-log checks again at once (a new Xid reaches /metrics
-in milliseconds, not at the next pass); so do a bandwidth test's end (nodehealth/rdma/periodic.py)
-and the pingmesh controller's verdicts (nodehealth/pingmesh/verdicts.py). Every judgement goes
-through the same pass (nodehealth/node_pass.py) and policy, and each full report goes to every face.
-All shared state changes under one lock and is saved atomically after each change.
+Threads: the main thread waits for a signal (nodehealth/server.py); the workers below run under a
+supervisor that runs one again when it dies and shows it in /healthz (nodehealth/supervisor.py). A
+pass thread runs the collectors every interval; the kernel stream (nodehealth/kernel_stream.py)
+brings kernel records and NVML Xids as they come, and the daemon judges the kernel-log checks again
+at once (a new Xid reaches /metrics in milliseconds, not at the next pass); so do a bandwidth test's
+end (nodehealth/rdma/periodic.py) and the pingmesh controller's verdicts
+(nodehealth/pingmesh/verdicts.py). Every judgement goes through the same pass
+(nodehealth/node_pass.py) and policy, and each full report goes to every face. All shared state
+changes under one lock and is saved atomically after each change. Its listeners hold at most what
+leaves descriptors for this work (serve()).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity,
 from nodehealth.policy import Policy, StateFile, take_clear_request
 from nodehealth.process_metrics import process_metrics
 from nodehealth.silences.tracker import Silences
+from nodehealth.supervisor import Supervisor
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -83,8 +87,10 @@ class Daemon:
         self.passes = 0
         self.last_pass: float | None = None
         self.pass_duration = 0.0
-        self.threads: list[threading.Thread] = []
-        self.follower_thread: threading.Thread | None = None
+        self.workers = Supervisor(self.stop)
+        self.http: server.BoundedHTTPServer | None = None  # serve() makes it
+        # Connections each listener may hold: serve() fits them to the descriptor limit.
+        self.caps = {"http": server.MAX_PENDING}
         self.save_errors = 0
         self.save_error: str | None = None  # why the last save failed; None once one succeeds
         self.exporter = exporter.Exporter(self._modules)
@@ -296,7 +302,8 @@ class Daemon:
         if self.kmsg_module is not None and self.kernel_supported is None:
             out.append(Metric.one("nodehealth_kernel_log_follower_up",
                                   "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
-        for part in [*self.faces[1:], self.silences, self.hang, self.pingmesh, self.attributor]:
+        for part in [*self.faces[1:], self.silences, self.hang, self.pingmesh, self.attributor, self.workers,
+                     self.http]:
             if part is not None:
                 out.extend(part.metrics())
         return out
@@ -310,13 +317,17 @@ class Daemon:
         if age > 3 * self.interval + self.engine.timeout:
             return False, f"last pass was {age:.0f}s ago"
         # A kernel log the daemon may not open (an unprivileged pod) makes the kernel checks unknown
-        # and the follower-up metric 0; only a follower thread that died makes the daemon unhealthy.
-        if self.follower_thread is not None and not self.follower_thread.is_alive():
-            return False, "kernel log follower thread died"
+        # and the follower-up metric 0; only a worker thread that is down makes the daemon unhealthy.
+        problems = self.workers.problems()
+        if problems:
+            return False, "; ".join(problems)
         if self.save_error is not None:
             # Still 200: a restart cannot fix a full or read-only disk and would lose what only memory holds.
             return True, f"degraded: {self.save_error}"
-        return True, "ok" if self.stream.alive or self.follower_thread is None else f"ok ({self.stream.error})"
+        return True, "ok" if self.stream.alive or not self._follows_kernel() else f"ok ({self.stream.error})"
+
+    def _follows_kernel(self) -> bool:
+        return self.kmsg_module is not None and self.kernel_supported is None
 
     def routes(self) -> server.Routes:
         routes = {"/metrics": lambda _: (200, exporter.render(self.metrics()), exporter.CONTENT_TYPE),
@@ -344,9 +355,10 @@ class Daemon:
         """Run until SIGTERM/SIGINT/SIGHUP: check what the enabled faces need, listen, start, and at
         the end stop and save the state."""
         self._check_faces()
+        self._fit_descriptors()
         listen = self.cfg["daemon"]["listen"]
         try:
-            http = make_server(self, listen)
+            http = self.http = make_server(self, listen)
         except (OSError, ValueError, OverflowError) as e:  # port in use, no such address, not ADDR:PORT
             raise ConfigError(f"cannot listen on {listen}: {getattr(e, 'strerror', None) or e}") from None
         try:
@@ -362,6 +374,20 @@ class Daemon:
                      self.state.path)
 
         return server.serve_until_signal(http, self.stop, start, self.shutdown, STUCK_STOP_SECONDS)
+
+    def _fit_descriptors(self) -> None:
+        """Listeners' caps that leave descriptors for the daemon's own work, whatever its clients do."""
+        wants = {"http": server.MAX_PENDING}
+        if self.cfg["pingmesh"]["enabled"]:
+            from nodehealth.pingmesh import agent
+
+            wants["pingmesh"] = agent.MAX_CONNECTIONS
+        limit = server.raise_descriptor_limit()
+        self.caps = server.share_descriptors(limit, wants)
+        if self.caps != wants:
+            log.warning("the open-file limit is %d: connections capped at %s to keep %d for the daemon's own "
+                        "work (raise LimitNOFILE or the container's nofile limit)", limit,
+                        ", ".join(f"{self.caps[k]} on {k}" for k in wants), server.RESERVED_DESCRIPTORS)
 
     def _check_faces(self) -> None:
         """What an enabled face needs, said once at start instead of at every retry."""
@@ -392,14 +418,16 @@ class Daemon:
             self.kernel_supported = self.kmsg_module.supported(self.host, self.cfg["collectors"].get(kmsg.NAME, {}))
 
     def _open_pingmesh(self) -> None:
-        from nodehealth.pingmesh.agent import ProbeError
+        from nodehealth.pingmesh.agent import MAX_CONNECTIONS, ProbeError
         from nodehealth.pingmesh.mesh import Pingmesh  # grpc only where probes run
         from nodehealth.pingmesh.verdicts import inventory_source
 
         try:
             self.pingmesh = Pingmesh(self.node, self.cfg["pingmesh"], inventory_source(self.cfg["pingmesh"],
                                                                                         self.cfg["kube"]))
-            self.threads += self.pingmesh.start(self.stop)
+            for name, run in self.pingmesh.start(self.stop, self.caps.get("pingmesh", MAX_CONNECTIONS)).items():
+                self.workers.add(name, run)
+            self.workers.watch(self.pingmesh.agent.thread)
             # The agent runs: the `pingmesh` check has its source, with no verdict until the controller writes one.
             self.pingmesh_verdicts = pingmesh_facts.Verdicts(self.node, "", None, time.time())
         except ImportError as e:
@@ -418,33 +446,30 @@ class Daemon:
         except InventoryError as e:
             raise ConfigError(f"rdma_bw: cannot take peers from the pingmesh inventory: {e}") from None
         self.rdma = RdmaPeriodic(cfg, self.host, self.node, self.on_rdma, self.engine.clock, peers=peers)
-        self.threads += self.rdma.start(self.stop, self.pass_idle)
+        for thread in self.rdma.start(self.stop, self.pass_idle):
+            self.workers.watch(thread)  # started with the workers; the RDMA tests keep their own threads alive
 
     def start(self) -> None:
         """Start the passes, the streams, the sources and the faces (after open())."""
-        self.threads.insert(0, threading.Thread(target=self._pass_loop, name="passes", daemon=True))
-        if self.kmsg_module is not None and self.kernel_supported is None:
-            self.follower_thread = threading.Thread(target=self.stream.follow, args=(self.stop,), name="kmsg",
-                                                    daemon=True)
-            self.threads.append(self.follower_thread)
+        self.workers.add("passes", self._pass_loop)
+        if self._follows_kernel():
+            self.workers.add("kmsg", lambda: self.stream.follow(self.stop))
         if self.nvml_supported:
-            self.threads.append(threading.Thread(target=self.stream.nvml_events, args=(self.stop,),
-                                                 name="nvml-events", daemon=True))
+            self.workers.add("nvml-events", lambda: self.stream.nvml_events(self.stop))
         if self.cfg["hang"]["enabled"]:
             from nodehealth.hang.detector import Detector  # only a daemon watching training pays for it
 
             hang = self.cfg["hang"]
             bundles = hang["bundle_dir"] or os.path.join(self.state.directory, "hang")
             self.hang = Detector(hang["directory"], bundles, hang, node=self.node)
-            self.threads.append(threading.Thread(target=self.hang.run, args=(self.stop,), name="hang", daemon=True))
+            self.workers.add("hang", lambda: self.hang.run(self.stop))
         if self.pingmesh is not None and self.cfg["kube"]["enabled"]:
             from nodehealth.kube.api import ClientApi
             from nodehealth.pingmesh.verdicts import follow_verdicts
 
             api = ClientApi(self.cfg["kube"]["kubeconfig"], self.cfg["kube"]["request_timeout_seconds"])
-            self.threads.append(threading.Thread(target=follow_verdicts, name="pingmesh-verdicts", daemon=True,
-                                                 args=(api, self.cfg["pingmesh"], self.on_pingmesh_verdicts,
-                                                       self.stop)))
+            self.workers.add("pingmesh-verdicts", lambda: follow_verdicts(api, self.cfg["pingmesh"],
+                                                                          self.on_pingmesh_verdicts, self.stop))
         publisher = None
         if self.cfg["kube"]["enabled"]:
             from nodehealth.kube.publisher import Publisher  # only the daemon with kube.enabled pays for it
@@ -465,8 +490,7 @@ class Daemon:
             self.faces.append(Hook(self.node, self.cfg["hooks"], notify=publisher.note if publisher else None))
         for face in self.faces:
             face.start()
-        for t in self.threads:
-            t.start()
+        self.workers.start()
 
     def shutdown(self) -> None:
         """Stop what start() started, within STOP_GRACE_SECONDS for the threads, and save the state."""
@@ -477,8 +501,7 @@ class Daemon:
             nvml.reset_backend()  # wakes the event waiter
         if self.pingmesh is not None:
             self.pingmesh.stop()
-        for t in self.threads:
-            t.join(STOP_GRACE_SECONDS / max(1, len(self.threads)))
+        self.workers.join(STOP_GRACE_SECONDS)
         self.save_state()
 
 
@@ -518,7 +541,7 @@ def _windows_param(query: str) -> int | None:
     """`?windows=N`: only the newest N windows (the controller asks for the few it has not seen)."""
     for part in query.split("&"):
         key, _, value = part.partition("=")
-        if key == "windows" and value.isdigit():
+        if key == "windows" and value.isascii() and value.isdigit():  # "²" is a digit to isdigit(), not to int()
             return min(int(value), 1000)
     return None
 
@@ -539,4 +562,4 @@ def _since_param(query: str) -> float | None:
 
 def make_server(daemon: Daemon, listen: str) -> server.BoundedHTTPServer:
     """/metrics, /healthz, /v1/report, and /v1/pingmesh when the probe agent runs."""
-    return server.make_server(listen, daemon.routes, "nodehealth")
+    return server.make_server(listen, daemon.routes, "nodehealth", max_pending=daemon.caps["http"])

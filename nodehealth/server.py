@@ -1,5 +1,6 @@
 """The shell of nodehealth's long-running processes (the daemon, the pingmesh controller): a bounded
-HTTP server for their few GET routes, and the stop on a signal that cannot hang.
+HTTP server for their few GET routes, the file descriptors its listeners may hold, one log line per
+cause of trouble at a time, and the stop on a signal that cannot hang.
 
 The server's clients cannot hold it: every request has a total deadline, and only complete
 requests reach the worker threads. http.server's per-read socket timeout does not bound a request:
@@ -7,21 +8,35 @@ a client that sends one byte a second never times out (slowloris), and sixteen o
 worker. Here one reader thread collects each connection's request head without blocking, so a
 slow or idle client costs a file descriptor, not a worker; it is dropped at its deadline, and past
 MAX_PENDING the oldest waiting connection is dropped to make room. Workers get the head from
-memory and write the answer under what is left of the same deadline. Closing the server drops
+memory and write the answer under what is left of the same deadline. Some workers are kept for
+the priority paths (/metrics, /healthz): clients hammering a heavy path (/v1/pingmesh) take the
+others, never a scrape's or the kubelet's. A route that raises answers 500, and what goes wrong
+is one counted log line per cause and minute, not a traceback per request. Closing the server drops
 every connection, so a stop never waits on a client.
+
+A client's identity (mutual TLS, a token) is not checked yet. Where it slots in: a connection is
+taken in process_request and its head read without blocking in _read_heads, so a TLS handshake
+belongs there, under the same deadline; a token in the head belongs in _dispatch, before a worker.
+
+The daemon's own work (collectors, the state file, the kernel log, the prober's connections) needs
+descriptors whatever its clients do: raise_descriptor_limit() lifts the soft limit to the hard one,
+and share_descriptors() sizes the listeners' caps to leave RESERVED_DESCRIPTORS free.
 
 A stop (SIGTERM, SIGINT or SIGHUP, whose default would kill the process without its clean-up) that
 hangs anyway, in a thread or in the interpreter's teardown, prints every thread's stack and exits 1.
 """
 from __future__ import annotations
 
+import errno
 import faulthandler
 import io
 import json
 import logging
+import resource
 import selectors
 import signal
 import socket
+import sys
 import threading
 import time
 from collections import deque
@@ -29,12 +44,25 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+from nodehealth.model import Metric
+
 log = logging.getLogger("nodehealth.server")
 
 MAX_HEAD_BYTES = 16384  # our requests are a GET line and a few headers
 MAX_PENDING = 256  # connections still sending their request head; well under a default fd limit of 1024
 MAX_CONCURRENT_REQUESTS = 16
+PRIORITY_WORKERS = 4  # of those, kept for the priority paths: the scrape and the kubelet need one each
+PRIORITY_PATHS = ("/metrics", "/healthz")
 REQUEST_TIMEOUT_SECONDS = 5.0  # a request's whole time: reading its head and writing the answer
+ACCEPT_PAUSE_SECONDS = 0.1  # out of descriptors, the listener stays readable: accept again after this
+# Descriptors the listeners leave to the process's own work: ~60 collectors' files and pipes, the
+# state file, the kernel log, NVML, the Kubernetes client, the HTTP workers' 16 connections and the
+# pingmesh prober's (a channel per pinged peer, 50 at 10,000 nodes, and 16 connects in flight).
+RESERVED_DESCRIPTORS = 256
+# The soft limit is raised at most to this: subprocesses inherit it, and some close every possible
+# descriptor at start.
+MAX_DESCRIPTOR_LIMIT = 65536
+LOG_EVERY_SECONDS = 60.0
 # After the clean-up of a stop, the interpreter's teardown has this long before the stack dump and exit 1.
 STUCK_EXIT_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -43,14 +71,47 @@ Answer = tuple[int, bytes, str]  # status, body, content type
 Routes = dict[str, Callable[[str], Answer]]  # path -> the answer to its query string
 
 
-class BoundedHTTPServer(HTTPServer):
-    """Bounded workers (past the bound a complete request is refused at once, not queued), bounded
-    waiting connections, and a total deadline of `request_seconds` per request."""
+class RateLimitedLog:
+    """At most one line per cause every LOG_EVERY_SECONDS, saying how many like it went unsaid. What
+    a peer sends in a loop must not become a log line (or a traceback) per request: callers count
+    every one in a metric, and the log says that something happens and why."""
 
-    def __init__(self, address, handler, workers: int, request_seconds: float):
+    def __init__(self, logger: logging.Logger, every: float = LOG_EVERY_SECONDS):
+        self.logger = logger
+        self.every = every
+        self.said: dict[str, tuple[float, int]] = {}  # cause -> (when last said, how many since)
+        self.lock = threading.Lock()
+
+    def warning(self, cause: str, message: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            last, unsaid = self.said.get(cause, (-self.every, 0))
+            if now - last < self.every:
+                self.said[cause] = (last, unsaid + 1)
+                return
+            self.said[cause] = (now, 0)
+        more = f" ({unsaid} more like it in the last {self.every:g} s)" if unsaid else ""
+        self.logger.warning("%s%s", message, more)
+
+
+class BoundedHTTPServer(HTTPServer):
+    """Bounded workers (past the bound a complete request is refused at once, not queued), of which
+    `reserved` only for `priority` paths; bounded waiting connections (`max_pending`), and a total
+    deadline of `request_seconds` per request."""
+
+    DROPPED = ("waiting", "deadline", "too_large", "busy", "descriptors")  # reasons a connection is dropped
+
+    def __init__(self, address, handler, workers: int, request_seconds: float, max_pending: int = MAX_PENDING,
+                 priority: tuple[str, ...] = (), reserved: int = 0):
         self.request_seconds = request_seconds
+        self.max_pending = max_pending
+        self.priority = priority
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="http")
         self.slots = threading.BoundedSemaphore(workers)
+        self.shared_slots = threading.BoundedSemaphore(workers - reserved if priority else workers)
+        self.dropped = dict.fromkeys(self.DROPPED, 0)
+        self.errors = 0  # requests whose answer failed: a route raised, a handler error
+        self.trouble = RateLimitedLog(log)
         self.heads: dict[socket.socket, tuple[bytes, float]] = {}  # handed to the handler's setup()
         self._active: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -62,11 +123,33 @@ class BoundedHTTPServer(HTTPServer):
         super().__init__(address, handler)  # a failed bind calls server_close(), which must find the above
         self._reader.start()
 
+    def get_request(self):
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                self._drop("descriptors")
+                self.trouble.warning("descriptors", f"HTTP: cannot accept a connection: {e.strerror}")
+                time.sleep(ACCEPT_PAUSE_SECONDS)  # else this thread spins on a listener that stays readable
+            raise
+
     def process_request(self, request, client_address) -> None:
         request.setblocking(False)
         with self._lock:
             self._incoming.append((request, client_address, time.monotonic() + self.request_seconds))
+            oldest = self._incoming.popleft()[0] if len(self._incoming) > self.max_pending else None
+            if oldest is not None:  # the reader is behind: the oldest goes now, as it would there
+                self._drop_locked("waiting")
+        if oldest is not None:
+            self.shutdown_request(oldest)
         self._wake()
+
+    def _drop(self, reason: str) -> None:
+        with self._lock:
+            self._drop_locked(reason)
+
+    def _drop_locked(self, reason: str) -> None:
+        self.dropped[reason] += 1
 
     def _wake(self) -> None:
         try:
@@ -100,11 +183,14 @@ class BoundedHTTPServer(HTTPServer):
                     if done:
                         self._dispatch(sock, client, bytes(head), deadline)
                     else:
+                        if data:
+                            self._drop("too_large")
                         self.shutdown_request(sock)
             now = time.monotonic()
             for sock in [s for s, (_, d, _) in pending.items() if d <= now]:
                 selector.unregister(sock)
                 del pending[sock]
+                self._drop("deadline")
                 self.shutdown_request(sock)
         for sock in pending:
             self.shutdown_request(sock)
@@ -118,25 +204,44 @@ class BoundedHTTPServer(HTTPServer):
         with self._lock:
             incoming, self._incoming = self._incoming, deque()
         for sock, client, deadline in incoming:
-            selector.register(sock, selectors.EVENT_READ)
+            try:
+                selector.register(sock, selectors.EVENT_READ)
+            except (OSError, ValueError):  # epoll out of memory, a socket already gone: drop it, read on
+                self._drop("descriptors")
+                self.shutdown_request(sock)
+                continue
             pending[sock] = (client, deadline, bytearray())
-        while len(pending) > MAX_PENDING:
+        while len(pending) > self.max_pending:
             oldest = next(iter(pending))
             selector.unregister(oldest)
             del pending[oldest]
+            self._drop("waiting")
             self.shutdown_request(oldest)
 
     def _dispatch(self, sock: socket.socket, client, head: bytes, deadline: float) -> None:
+        """A complete head gets a worker now or is refused: a priority path any free worker, any other
+        path one of the shared workers."""
+        shared = request_path(head) not in self.priority
+        if shared and not self.shared_slots.acquire(blocking=False):
+            self._refuse(sock)
+            return
         if self._closing or not self.slots.acquire(blocking=False):
-            self.shutdown_request(sock)
+            if shared:
+                self.shared_slots.release()
+            self._refuse(sock)
             return
         sock.setblocking(True)
         with self._lock:
             self.heads[sock] = (head, deadline)
             self._active.add(sock)
-        self.pool.submit(self._handle, sock, client)
+        self.pool.submit(self._handle, sock, client, shared)
 
-    def _handle(self, sock: socket.socket, client) -> None:
+    def _refuse(self, sock: socket.socket) -> None:
+        if not self._closing:
+            self._drop("busy")
+        self.shutdown_request(sock)
+
+    def _handle(self, sock: socket.socket, client, shared: bool) -> None:
         try:
             self.finish_request(sock, client)
         except Exception:
@@ -147,6 +252,31 @@ class BoundedHTTPServer(HTTPServer):
                 self.heads.pop(sock, None)
             self.shutdown_request(sock)
             self.slots.release()
+            if shared:
+                self.shared_slots.release()
+
+    def handle_error(self, request, client_address) -> None:
+        """One counted line per minute, not socketserver's traceback per request."""
+        error = sys.exc_info()[1]
+        self.note_error("handler", f"HTTP: a request from {client_address[0]} failed: {type(error).__name__}: {error}")
+
+    def note_error(self, cause: str, message: str) -> None:
+        with self._lock:
+            self.errors += 1
+        self.trouble.warning(cause, message)
+
+    def metrics(self) -> list[Metric]:
+        dropped = Metric("nodehealth_http_connections_dropped_total",
+                         "HTTP connections closed without an answer, by reason: waiting (past the cap of "
+                         "connections waiting to send their request), deadline (the request not complete in "
+                         "time), too_large (its head), busy (no worker free for its path), descriptors (none "
+                         "left to accept with).", "counter", ("reason",))
+        with self._lock:
+            for reason, n in self.dropped.items():
+                dropped.add((reason,), n)
+            errors = self.errors
+        return [dropped, Metric.one("nodehealth_http_errors_total", "HTTP requests whose answer failed (a bug or a "
+                                    "client gone mid-answer); the log says why, once a minute.", errors, "counter")]
 
     def server_close(self) -> None:
         self._closing = True
@@ -191,6 +321,12 @@ class BoundedHandler(BaseHTTPRequestHandler):
         self.wfile = _Writer(self.connection)
 
 
+def request_path(head: bytes) -> str:
+    """The path of a request head's first line, without its query ("" when it has none)."""
+    parts = head.split(b"\n", 1)[0].split(b" ")
+    return parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) >= 2 else ""
+
+
 def listen_address(listen: str) -> tuple[str, int]:
     """ADDR:PORT (an IPv6 address in brackets or not) as (host, port); ValueError when it is not one."""
     host, _, port = listen.rpartition(":")
@@ -200,10 +336,11 @@ def listen_address(listen: str) -> tuple[str, int]:
 
 
 def make_server(listen: str, routes: Callable[[], Routes], version: str,
-                workers: int = MAX_CONCURRENT_REQUESTS, request_seconds: float = REQUEST_TIMEOUT_SECONDS
-                ) -> BoundedHTTPServer:
+                workers: int = MAX_CONCURRENT_REQUESTS, request_seconds: float = REQUEST_TIMEOUT_SECONDS,
+                max_pending: int = MAX_PENDING) -> BoundedHTTPServer:
     """GET and HEAD on the paths `routes()` lists now (read at each request: a route may come later);
-    any other path is a 404 that lists them. Raises OSError or ValueError when it cannot listen."""
+    any other path is a 404 that lists them; PRIORITY_PATHS keep PRIORITY_WORKERS of the workers.
+    Raises OSError or ValueError when it cannot listen."""
     host, port = listen_address(listen)
 
     class Handler(BoundedHandler):
@@ -216,8 +353,13 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
             if route is None:
                 body = json.dumps({"error": "not found", "paths": list(known)}).encode() + b"\n"
                 self._send(404, body, "application/json")
-            else:
-                self._send(*route(query))
+                return
+            try:
+                answer = route(query)
+            except Exception as e:  # a bug, or input no route should have let through: 500, counted
+                self.server.note_error(path, f"HTTP: {path} failed: {type(e).__name__}: {e}")
+                answer = (500, b'{"error": "internal error; the log says which"}\n', "application/json")
+            self._send(*answer)
 
         def _send(self, code: int, body: bytes, content_type: str) -> None:
             self.send_response(code)
@@ -237,7 +379,34 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
         request_queue_size = 64
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    return Server((host, port), Handler, workers, request_seconds)
+    return Server((host, port), Handler, workers, request_seconds, max_pending, PRIORITY_PATHS,
+                  min(PRIORITY_WORKERS, workers - 1))
+
+
+def raise_descriptor_limit() -> int:
+    """Lift the soft limit on open files to the hard one (at most MAX_DESCRIPTOR_LIMIT), as Go's
+    runtime does: systemd's default soft limit is 1024 under a hard one of 524288. Returns the soft
+    limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = MAX_DESCRIPTOR_LIMIT if hard == resource.RLIM_INFINITY else min(hard, MAX_DESCRIPTOR_LIMIT)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, want, e)
+    return soft
+
+
+def share_descriptors(limit: int, wants: dict[str, int]) -> dict[str, int]:
+    """Caps for the listeners (name -> connections it may hold) that leave RESERVED_DESCRIPTORS of
+    `limit` to the process's own work: what each wants, or where the limit is too low for that, its
+    share of what is left (at least 8 each)."""
+    room = max(0, limit - RESERVED_DESCRIPTORS)
+    total = sum(wants.values())
+    if total <= room:
+        return dict(wants)
+    return {name: max(8, want * room // total) for name, want in wants.items()}
 
 
 def serve_until_signal(server: HTTPServer, stop: threading.Event, start: Callable[[], None],

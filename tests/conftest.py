@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -73,6 +74,18 @@ def require_netns() -> None:
             unavailable(f"{tool} is not installed (.ci/run installs iproute2 and nftables)")
 
 
+def wait_for(predicate, timeout: float = 5.0, step: float = 0.01):
+    """The predicate's first true value within `timeout` seconds, else None: tests wait for what they
+    need, never a fixed time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(step)
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,13 +103,16 @@ def http_get(url: str, timeout: float = 5.0):
 class DaemonProcess:
     """`nodehealth daemon` as a real subprocess on loopback."""
 
-    def __init__(self, root: str, state_dir: str, *extra: str, interval: float = 1.0, env: dict | None = None):
+    def __init__(self, root: str, state_dir: str, *extra: str, interval: float = 1.0, env: dict | None = None,
+                 max_files: int | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "nodehealth.cli", "daemon", "--root", root, "--state-dir", state_dir,
                "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra]
         env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")  # stacks on SIGABRT
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        limit = None if max_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                     preexec_fn=limit)
 
     def wait_ready(self, timeout: float = 15.0) -> dict:
         deadline = time.monotonic() + timeout
@@ -142,8 +158,9 @@ class DaemonProcess:
 def daemon_factory():
     started = []
 
-    def start(root: str, state_dir: str, *extra: str, interval: float = 1.0, env: dict | None = None) -> DaemonProcess:
-        d = DaemonProcess(root, state_dir, *extra, interval=interval, env=env)
+    def start(root: str, state_dir: str, *extra: str, interval: float = 1.0, env: dict | None = None,
+              max_files: int | None = None) -> DaemonProcess:
+        d = DaemonProcess(root, state_dir, *extra, interval=interval, env=env, max_files=max_files)
         started.append(d)
         return d
     yield start

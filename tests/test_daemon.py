@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -11,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import STOP_SECONDS, free_port, http_get, machine
+from conftest import STOP_SECONDS, free_port, http_get, machine, wait_for
 
 from nodehealth.server import STUCK_EXIT_SECONDS
 
@@ -41,16 +42,6 @@ def metric_value(text: str, name: str, **labels) -> float | None:
         if line.startswith(name + "{") or line.startswith(name + " "):
             if all(f'{k}="{v}"' in line for k, v in labels.items()):
                 return float(line.rsplit(" ", 1)[1])
-    return None
-
-
-def wait_for(fn, timeout=5.0, step=0.005):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(step)
     return None
 
 
@@ -366,3 +357,115 @@ def test_health_changes_are_logged_worse_at_warning_better_at_info(caplog):
         ("INFO", "cleared: Xid79FallenOffBus on 0000:1b:00.0 (xid)")]
     assert [(r.check, r.reason, r.device) for r in caplog.records if hasattr(r, "check")] == [
         ("xid", "Xid79FallenOffBus", "0000:1b:00.0")] * 2
+
+
+# -- the listeners under a flood of connections ----------------------------------------------------
+
+HTTP2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # preface, SETTINGS
+
+
+def probes_answered(d, peer_group: str = "same-leaf", probe: str = "ping") -> float:
+    text = d.get("/metrics")[1].decode()
+    sent = metric_value(text, "nodehealth_pingmesh_probes_total", peer_group=peer_group, probe=probe) or 0
+    return sent - (metric_value(text, "nodehealth_pingmesh_lost_total", peer_group=peer_group, probe=probe) or 0)
+
+
+def connect_all(address, count: int, hello: bytes = b"") -> list[socket.socket]:
+    out = []
+    for _ in range(count):
+        s = socket.create_connection(address, timeout=2)
+        if hello:
+            s.sendall(hello)
+        out.append(s)
+    return out
+
+
+def wait_all_heard(socks: list[socket.socket], timeout: float) -> int:
+    """Wait until the server said something (HTTP/2 settings) or closed each socket; how many it did."""
+    import selectors
+    sel = selectors.DefaultSelector()
+    for s in socks:
+        sel.register(s, selectors.EVENT_READ)
+    heard = 0
+    deadline = time.monotonic() + timeout
+    while sel.get_map() and time.monotonic() < deadline:
+        for key, _ in sel.select(0.2):
+            sel.unregister(key.fileobj)
+            heard += 1
+    sel.close()
+    return heard
+
+
+def test_a_flood_of_idle_connections_leaves_the_daemon_its_descriptors_and_its_prober(plain, tmp_path,
+                                                                                   daemon_factory):
+    """A daemon with the pingmesh agent and 1,024 descriptors; 1,200 idle HTTP/2 connections to its Ping
+    port, 300 to its TCP probe port and 300 to its HTTP port. It keeps descriptors for its own work: the
+    connections past each listener's cap are closed, a new Xid is judged, reported and saved, /healthz
+    and /metrics answer, and the prober goes on probing its peer after the flood."""
+    import resource
+
+    from nodehealth.pingmesh import agent
+    from nodehealth.server import RESERVED_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"this test opens 1,800 connections; the open-file limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    port, tcp_port = free_port(), free_port()
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"nodes": [{"name": "a", "leaf": "l0", "address": "127.0.0.2"},
+                                               {"name": "b", "leaf": "l0", "address": "127.0.0.3"}]}))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"pingmesh": {"port": port, "tcp_port": tcp_port, "probe_interval_seconds": 0.2,
+                                               "timeout_seconds": 1.0}}))
+    state = tmp_path / "state"
+    d = daemon_factory(str(plain), str(state), "--config", str(config), "--node-name", "a",
+                       "--probe-listen", f"127.0.0.2:{port}", "--probe-inventory", str(inventory),
+                       interval=2.0, max_files=1024)
+    peer = agent.serve(f"127.0.0.3:{port}", "b")
+    flood: list[socket.socket] = []
+    try:
+        d.wait_ready()
+        assert wait_for(lambda: probes_answered(d) > 0, timeout=10), "the prober never reached its peer"
+        flood += connect_all(("127.0.0.1", d.port), 300)
+        flood += connect_all(("127.0.0.2", tcp_port), 300)
+        pings = connect_all(("127.0.0.2", port), 1200, HTTP2_HELLO)
+        flood += pings
+        assert wait_all_heard(pings, timeout=10) == len(pings)  # answered with settings, or closed past the cap
+        held = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+        assert held <= 1024 - RESERVED_DESCRIPTORS, held
+
+        seq = last_seq(plain) + 1
+        append_kmsg(plain, XID79, seq, 348_000_000)
+
+        def reported():
+            code, body = d.get("/v1/report")
+            return code == 200 and any(f["reason"] == "Xid79FallenOffBus" for f in json.loads(body)["findings"])
+        assert wait_for(reported, timeout=10), "the Xid never reached /v1/report"
+        passes = metric_value(d.get("/metrics")[1].decode(), "nodehealth_daemon_passes_total")
+        assert wait_for(lambda: metric_value(d.get("/metrics")[1].decode(), "nodehealth_daemon_passes_total") > passes,
+                        timeout=10), "no pass ran under the flood"
+        findings = json.loads(d.get("/v1/report")[1])["findings"]
+        assert [f["reason"] for f in findings if f["severity"] == "unknown"] == []  # every collector read its source
+        assert wait_for(lambda: json.loads((state / "state.json").read_text())["kmsg"]["last_seq"] == seq,
+                        timeout=10), "the state was not saved"
+        assert d.get("/healthz") == (200, b"ok\n")
+        code, body = d.get("/metrics")
+        assert code == 200 and metric_value(body.decode(), "nodehealth_gpu_xid_events_total", xid="79") == 1
+        # b"\xb2" is "²" to http.server (Latin-1): a digit to str.isdigit(), not to int().
+        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
+            s.sendall(b"GET /v1/pingmesh?windows=\xb2 HTTP/1.0\r\n\r\n")
+            assert s.makefile("rb").readline().startswith(b"HTTP/1.0 200")
+
+        while flood:
+            flood.pop().close()
+        answered = probes_answered(d)
+        assert wait_for(lambda: probes_answered(d) >= answered + 3, timeout=10), "the prober stopped"
+        text = d.get("/metrics")[1].decode()
+        assert metric_value(text, "nodehealth_worker_up", worker="pingmesh-prober") == 1
+        assert metric_value(text, "nodehealth_worker_restarts_total", worker="pingmesh-prober") == 0
+        assert d.stop() < STOP_SECONDS
+    finally:
+        for s in flood:
+            s.close()
+        peer.stop(0)
+    assert "Traceback" not in d.output()

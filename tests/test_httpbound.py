@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from conftest import STOP_SECONDS, free_port, http_get, wait_for
 
 from nodehealth import server as httpbound
 
@@ -76,11 +77,120 @@ def test_past_the_worker_bound_a_complete_request_is_refused_at_once(server):
     assert get(server, "/").startswith(b"HTTP/1.0 200")
 
 
-def test_waiting_connections_are_bounded_oldest_dropped_first(server, monkeypatch):
-    monkeypatch.setattr(httpbound, "MAX_PENDING", 4)
+def test_waiting_connections_are_bounded_oldest_dropped_first():
+    server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow, workers=1, request_seconds=30.0, max_pending=4)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     idle = [socket.create_connection(server.server_address[:2], timeout=3) for _ in range(6)]
-    time.sleep(0.3)
-    assert idle[0].recv(10) == b"" and idle[1].recv(10) == b""  # the two oldest were dropped
-    assert get(server, "/").startswith(b"HTTP/1.0 200")
-    for s in idle:
-        s.close()
+    try:
+        assert idle[0].recv(10) == b"" and idle[1].recv(10) == b""  # the two oldest were dropped, long before 30 s
+        assert get(server, "/").startswith(b"HTTP/1.0 200")
+        assert server.dropped["waiting"] == 3  # and, for the request, the next oldest
+    finally:
+        for s in idle:
+            s.close()
+        server.shutdown()
+        server.server_close()
+
+
+def status(address, path: bytes, timeout: float = 5.0) -> bytes:
+    """The status line's code, or b"" when the server closed the connection without one."""
+    with socket.create_connection(address, timeout=timeout) as s:
+        s.sendall(b"GET " + path + b" HTTP/1.0\r\n\r\n")
+        return s.makefile("rb").readline()[9:12]
+
+
+@pytest.fixture
+def routed():
+    """make_server with a heavy path that holds its worker until released, and a path that raises."""
+    release = threading.Event()
+    held = []
+
+    def heavy(query: str) -> httpbound.Answer:
+        held.append(query)
+        release.wait(10)
+        return 200, b"{}\n", "application/json"
+
+    def broken(query: str) -> httpbound.Answer:
+        return 200, str(int(query.partition("=")[2])).encode(), "text/plain"  # "²" passes isdigit(), not int()
+    routes = {"/v1/pingmesh": heavy, "/v1/broken": broken, "/metrics": lambda _: (200, b"m 1\n", "text/plain"),
+              "/healthz": lambda _: (200, b"ok\n", "text/plain")}
+    srv = httpbound.make_server("127.0.0.1:0", lambda: routes, "test")
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield srv, release, held
+    release.set()
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_clients_hammering_a_heavy_path_leave_workers_for_the_scrape_and_the_kubelet(routed):
+    srv, release, held = routed
+    address = srv.server_address[:2]
+    hammer = [threading.Thread(target=status, args=(address, b"/v1/pingmesh?n=%d" % n)) for n in
+              range(httpbound.MAX_CONCURRENT_REQUESTS)]
+    for t in hammer:
+        t.start()
+    shared = httpbound.MAX_CONCURRENT_REQUESTS - httpbound.PRIORITY_WORKERS
+    assert wait_for(lambda: len(held) == shared and srv.dropped["busy"] == httpbound.PRIORITY_WORKERS)
+    assert [status(address, p) for p in (b"/metrics", b"/healthz", b"/metrics")] == [b"200"] * 3
+    release.set()
+    for t in hammer:
+        t.join(10)
+    assert status(address, b"/v1/pingmesh") == b"200"
+
+
+def test_a_route_that_fails_answers_500_and_logs_one_counted_line_not_a_traceback(routed, caplog):
+    import logging
+    caplog.set_level(logging.DEBUG, "nodehealth.server")
+    srv, _, _ = routed
+    for _ in range(10):
+        assert status(srv.server_address[:2], b"/v1/broken?x=\xb2") == b"500"
+    assert srv.errors == 10
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "ValueError" in lines[0] and "Traceback" not in caplog.text, lines
+    from nodehealth.exporter import render
+    assert "nodehealth_http_errors_total 10\n" in render(srv.metrics()).decode()
+
+
+@pytest.mark.parametrize("limit, wants, caps", [
+    (1024, {"http": 256, "pingmesh": 256}, {"http": 256, "pingmesh": 256}),  # room for both and the reserve
+    (512, {"http": 256, "pingmesh": 256}, {"http": 128, "pingmesh": 128}),  # shared by what each wants
+    (300, {"http": 256}, {"http": 44}),
+    (100, {"http": 256, "pingmesh": 256}, {"http": 8, "pingmesh": 8}),  # a floor: the listener still answers
+])
+def test_listeners_leave_descriptors_for_the_process_own_work(limit, wants, caps):
+    assert httpbound.RESERVED_DESCRIPTORS == 256
+    assert httpbound.share_descriptors(limit, wants) == caps
+
+
+def test_the_controller_answers_healthz_past_a_slow_client_and_stops_at_once(tmp_path):
+    """`nodehealth controller` serves through this server: a client that drips its request holds
+    neither /healthz (the kubelet would kill the pod) nor the stop."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    port = free_port()
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"pingmesh": {"enabled": False}}))
+    proc = subprocess.Popen([sys.executable, "-m", "nodehealth.cli", "controller", "--config", str(config),
+                             "--listen", f"127.0.0.1:{port}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    slow = None
+    try:
+        def answers() -> bool:
+            try:
+                return http_get(f"http://127.0.0.1:{port}/healthz", timeout=1)[0] == 200
+            except OSError:
+                return proc.poll() is not None
+        assert wait_for(answers, 15) and proc.poll() is None
+        slow = socket.create_connection(("127.0.0.1", port), timeout=5)
+        slow.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and the rest never
+        assert http_get(f"http://127.0.0.1:{port}/healthz", timeout=2) == (200, b"idle: pingmesh.enabled is false\n")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(STOP_SECONDS + 5) == 0
+        assert time.monotonic() - t0 < STOP_SECONDS
+    finally:
+        if slow is not None:
+            slow.close()
+        proc.kill()
+        proc.wait()

@@ -317,3 +317,161 @@ def test_a_dropped_syn_is_a_retransmission_the_kernel_counted(port):
         assert [r[1] for r in dropped] == [True, True] and all(0.9 <= r[0] < 2.5 for r in dropped), dropped
     finally:
         subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+# -- a hostile peer on the Ping port ----------------------------------------------------------------
+
+OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # grpc shares connections between like channels
+
+
+def ping_once(port: int, address: str = "127.0.0.2", timeout: float = 3.0):
+    import grpc
+
+    from nodehealth.pingmesh import probe_pb2, probe_pb2_grpc
+    with grpc.insecure_channel(f"{address}:{port}", options=OWN_CONNECTION) as channel:
+        return probe_pb2_grpc.ProbeStub(channel).Ping(probe_pb2.PingRequest(seq=7), timeout=timeout)
+
+
+def test_calls_that_never_send_their_request_cannot_stop_the_answers_and_end_at_the_deadline(port, monkeypatch):
+    """Ten calls on two connections send their headers and never their message (no deadline of their
+    own): Pings are still answered, and the agent ends each stuck call itself, counted."""
+    import grpc
+    monkeypatch.setattr(agent, "CALL_SECONDS", 1.0)
+    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    never = threading.Event()
+
+    def no_message():
+        never.wait(30)
+        yield b""
+    channels = [grpc.insecure_channel(f"127.0.0.2:{port}", options=OWN_CONNECTION) for _ in range(2)]
+    try:
+        stuck = [channels[n % 2].stream_unary(agent.METHOD).future(no_message()) for n in range(10)]
+        reply = ping_once(port)
+        assert reply.seq == 7 and reply.node == "node-b"
+        codes = []
+        for call in stuck:
+            with pytest.raises(grpc.RpcError) as e:
+                call.result(timeout=10)
+            codes.append(e.value.code())
+        assert codes == [grpc.StatusCode.DEADLINE_EXCEEDED] * 10
+        assert server.refused["deadline"] == 10
+    finally:
+        never.set()
+        for channel in channels:
+            channel.close()
+        server.stop(0)
+
+
+def test_malformed_requests_are_refused_counted_and_logged_once(port, caplog):
+    import logging
+
+    import grpc
+    caplog.set_level(logging.DEBUG)
+    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    try:
+        with grpc.insecure_channel(f"127.0.0.2:{port}") as channel:
+            garbled = channel.unary_unary(agent.METHOD)
+            for _ in range(20):
+                with pytest.raises(grpc.RpcError) as e:
+                    garbled(b"\xff\xff\xff\xff", timeout=3)
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert ping_once(port).node == "node-b"
+    finally:
+        server.stop(0)
+    assert server.refused["malformed"] == 20
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and "refused" in lines[0].getMessage() and lines[0].exc_info is None, lines
+    assert "Traceback" not in caplog.text
+
+
+def test_connections_past_the_cap_are_closed_at_once_and_silent_ones_at_the_handshake_deadline(port, monkeypatch):
+    monkeypatch.setattr(agent, "HANDSHAKE_SECONDS", 1.0)
+    server = agent.Agent(f"127.0.0.2:{port}", "node-b", max_connections=8)
+    server.start()
+    conns = [socket.create_connection(("127.0.0.2", port), timeout=10) for _ in range(20)]
+    try:
+        closed_at_once, settings = 0, 0
+        for c in conns:
+            first = c.recv(100)  # the server's SETTINGS, or the close of a connection past the cap
+            closed_at_once += first == b""
+            settings += first != b""
+        assert closed_at_once >= 12 and settings <= 8
+        for c in conns:  # those that never speak HTTP/2 are closed at the handshake deadline
+            while c.recv(100):
+                pass
+        assert ping_once(port).node == "node-b"  # and the freed places take new peers
+    finally:
+        for c in conns:
+            c.close()
+        server.stop(0)
+
+
+OUT_OF_DESCRIPTORS_SCRIPT = """
+import json, os, resource, sys, threading, time
+from nodehealth.pingmesh import agent
+from nodehealth.pingmesh.defaults import DEFAULTS
+from nodehealth.pingmesh.pinglist import Target
+from nodehealth.pingmesh.prober import Prober
+port, tcp_port = int(sys.argv[1]), int(sys.argv[2])
+peer = agent.listen_tcp("127.0.0.9", tcp_port)  # the peer's TCP probe port: connects complete in its backlog
+# Our Ping service, as in the daemon. It also keeps gRPC initialized: gRPC aborts the process when it
+# must initialize again (after its last channel closed) with no descriptor left for its epoll.
+ours = agent.serve(f"127.0.0.8:{port}", "a")
+recorded = []
+prober = Prober("a", dict(DEFAULTS, port=port, tcp_port=tcp_port, probe_interval_seconds=0.1, timeout_seconds=1.0),
+                lambda t, probe, sent, rtt, retrans: recorded.append([probe, rtt]))
+prober.accept_probes(agent.listen_tcp("127.0.0.8", tcp_port))
+peers = [Target(node="b", address="127.0.0.9", rail=0, leaf="l", group="g")]
+answered = lambda since: sum(1 for probe, rtt in recorded[since:] if probe == "tcp" and rtt is not None)
+def wait(condition):
+    deadline = time.monotonic() + 10
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+stop = threading.Event()
+thread = threading.Thread(target=prober.run, args=(stop,))
+thread.start()
+prober.set_targets(peers)
+wait(lambda: answered(0) > 0)  # the loop runs
+prober.set_targets([])
+wait(lambda: prober.in_flight == 0)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+hog = []
+while True:
+    try:
+        hog.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+print("no descriptor left", flush=True)
+sys.stdin.readline()  # a peer's TCP probe now waits on our listener
+prober.set_targets(peers)
+wait(lambda: prober.skipped >= 3 and prober.accept_paused_until is not None)
+starved = {"skipped": prober.skipped, "paused": prober.accept_paused_until is not None}
+for fd in hog:
+    os.close(fd)
+before = len(recorded)
+wait(lambda: answered(before) >= 3)
+stop.set()
+thread.join(5)
+print(json.dumps(dict(starved, answered_after=answered(before), prober_alive=thread.is_alive() or None)))
+"""
+
+
+def test_out_of_descriptors_the_prober_skips_its_probes_rests_its_listener_and_lives_on(port):
+    """With every descriptor taken, a probe cannot start: it is skipped (not lost: the network lost
+    nothing), the TCP probe listener rests instead of spinning on a connection it cannot accept, and
+    once descriptors are free again the same loop probes on."""
+    tcp_port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", OUT_OF_DESCRIPTORS_SCRIPT, str(port), str(tcp_port)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=os.path.dirname(HERE))
+    try:
+        assert proc.stdout.readline() == "no descriptor left\n"
+        with socket.create_connection(("127.0.0.8", tcp_port), timeout=5):
+            out, err = proc.communicate("go\n", timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0, err
+    result = json.loads(out.splitlines()[-1])
+    assert result["skipped"] >= 3 and result["paused"], result
+    assert result["answered_after"] >= 3, result

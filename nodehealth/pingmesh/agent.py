@@ -3,43 +3,95 @@ a plain TCP port for the connect probes (the prober's loop accepts and closes th
 through gRPC's server each connect would cost its HTTP/2 set-up, about 0.5 % of a core at 33
 connects a second).
 
-Every peer can reach this port, so its inputs are bounded: small messages only, a fixed pool
-of handler threads and a cap on concurrent calls (past it gRPC answers RESOURCE_EXHAUSTED at
-once). A Ping does no work beyond echoing: nothing a peer sends can make this node do more.
+Every peer can reach this port, so everything on it is bounded. The service runs on gRPC's asyncio
+server on a thread of its own: a call waiting for its request is a coroutine, not a thread, so
+calls that send their headers and never their message cannot stop the answers (with a pool of
+handler threads, two such calls stopped them all). Each call has CALL_SECONDS from its headers to
+its message, whatever deadline the caller set; connections are capped at MAX_CONNECTIONS (one
+past the cap is closed as it is accepted), must speak HTTP/2 within HANDSHAKE_SECONDS and are
+closed after IDLE_SECONDS without a call; calls are capped in all and per connection (past the cap
+gRPC answers RESOURCE_EXHAUSTED at once), messages at 64 KiB. A request that cannot be parsed or
+never comes is refused, counted, and logged once a minute. A Ping does no work beyond echoing:
+nothing a peer sends can make this node do more.
+
+A peer's identity is not checked yet: where it slots in is _bind (server credentials in place of
+the insecure port) and the start of _answer (the call's auth context).
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import logging
 import socket
-from concurrent import futures
+import threading
+from collections.abc import Callable
 from typing import Any
 
+from nodehealth.model import Metric
+from nodehealth.server import RateLimitedLog
+
+log = logging.getLogger("nodehealth.probe")
+
 MAX_MESSAGE_BYTES = 64 * 1024  # Pingmesh's 64 KB payload cap
-HANDLER_THREADS = 2  # a Ping is an echo: two threads keep up with thousands a second
-MAX_CONCURRENT_RPCS = 64
+MAX_CONNECTIONS = 256  # a prober keeps one channel to us: ~50 peers at 10,000 nodes, ~330 with every rail pinged
+HANDSHAKE_SECONDS = 5.0  # from the connect to HTTP/2's preface and settings
+IDLE_SECONDS = 120.0  # without a call; a prober calls each peer every 10 s
+MAX_CALLS_PER_CONNECTION = 8  # a prober has one Ping at a time on its channel
+MAX_CONCURRENT_CALLS = 256
+CALL_SECONDS = 5.0  # from a call's headers to its request message
+REFUSED = ("malformed", "deadline")  # reasons a call is refused
+METHOD = "/nodehealth.probe.v1.Probe/Ping"  # on the wire: probe.proto keeps its first package name
 
 
 class ProbeError(Exception):
     pass
 
 
-def serve(listen: str, node: str) -> Any:
-    """Start the Ping service on `listen` (ADDR:PORT) and return the running grpc.Server."""
+async def start_server(listen: str, node: str, refuse: Callable[[str, str], None],
+                       max_connections: int = MAX_CONNECTIONS) -> Any:
+    """The Ping service, bound to `listen` (ADDR:PORT) and started on the running loop: a
+    grpc.aio.Server. `refuse(reason, why)` hears of each call refused. ProbeError when it cannot
+    listen."""
     import grpc
 
-    from nodehealth.pingmesh import probe_pb2, probe_pb2_grpc
+    from nodehealth.pingmesh import probe_pb2
 
-    class Servicer(probe_pb2_grpc.ProbeServicer):
-        def Ping(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC method name)
-            return probe_pb2.PingReply(seq=request.seq, send_time_ns=request.send_time_ns, node=node)
+    async def ping(requests: Any, context: Any) -> bytes:
+        """A unary call, read as a stream of its one message: so the wait for it has our deadline
+        and the bytes are parsed here, where a bad message is counted instead of logged in full."""
+        try:
+            raw = await asyncio.wait_for(context.read(), CALL_SECONDS)
+        except asyncio.TimeoutError:
+            refuse("deadline", f"a Ping from {context.peer()} sent no request within {CALL_SECONDS:g} s")
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"no request within {CALL_SECONDS:g} s")
+        try:
+            if not isinstance(raw, bytes):  # the caller closed its side without a message
+                raise ValueError("no request message")
+            request = probe_pb2.PingRequest.FromString(raw)
+        except Exception as e:  # noqa: BLE001 (protobuf's DecodeError and the like: all the peer's fault)
+            refuse("malformed", f"a Ping from {context.peer()} was refused: {type(e).__name__}: {e}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a PingRequest")
+        return probe_pb2.PingReply(seq=request.seq, send_time_ns=request.send_time_ns, node=node).SerializeToString()
 
+    service, _, method = METHOD[1:].partition("/")
+    handler = grpc.method_handlers_generic_handler(service, {method: grpc.stream_unary_rpc_method_handler(ping)})
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+               ("grpc.max_allowed_incoming_connections", max_connections),
+               ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_SECONDS * 1000)),
+               ("grpc.max_connection_idle_ms", int(IDLE_SECONDS * 1000)),
+               ("grpc.max_concurrent_streams", MAX_CALLS_PER_CONNECTION),
                ("grpc.so_reuseport", 0)]
-    server = grpc.server(futures.ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="probe-agent"),
-                         options=options, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
-    probe_pb2_grpc.add_ProbeServicer_to_server(Servicer(), server)
+    server = grpc.aio.server(options=options, maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS)
+    server.add_generic_rpc_handlers((handler,))
+    _bind(server, listen)
+    await server.start()
+    return server
+
+
+def _bind(server: Any, listen: str) -> None:
     host, _, port = listen.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isascii() or not port.isdigit():
         raise ProbeError(f"pingmesh listen address must be ADDR:PORT, not {listen!r}")
     try:
         bound = server.add_insecure_port(listen)
@@ -47,8 +99,74 @@ def serve(listen: str, node: str) -> Any:
         raise ProbeError(f"cannot listen on {listen} for pingmesh probes: {e}") from None
     if not bound:
         raise ProbeError(f"cannot listen on {listen} for pingmesh probes (address in use or not local?)")
-    server.start()
-    return server
+
+
+class Agent:
+    """The Ping service on its own thread and asyncio loop; start() returns once it listens."""
+
+    def __init__(self, listen: str, node: str, max_connections: int = MAX_CONNECTIONS):
+        self.listen = listen
+        self.node = node
+        self.max_connections = max_connections
+        self.thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: Any = None
+        self.refused = dict.fromkeys(REFUSED, 0)
+        self.trouble = RateLimitedLog(log)
+
+    def start(self) -> None:
+        """Listen and answer; ProbeError when it cannot listen (a port in use fails the daemon's start)."""
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        self.thread = threading.Thread(target=self._run, args=(ready,), name="pingmesh-agent", daemon=True)
+        self.thread.start()
+        ready.result()
+
+    def _run(self, ready: concurrent.futures.Future) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            self.server = loop.run_until_complete(start_server(self.listen, self.node, self._refuse,
+                                                               self.max_connections))
+        except BaseException as e:  # noqa: BLE001 (handed to start(), which raises it)
+            loop.close()
+            ready.set_exception(e)
+            return
+        self.loop = loop
+        ready.set_result(None)
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def _refuse(self, reason: str, why: str) -> None:
+        self.refused[reason] += 1  # only the loop's thread counts
+        self.trouble.warning(reason, f"pingmesh agent: {why}")
+
+    def stop(self, grace: float = 0.5) -> None:
+        """Stop answering: calls in flight get `grace` seconds; then the loop ends."""
+        loop = self.loop
+        if loop is None or self.thread is None or not self.thread.is_alive():
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.stop(grace), loop).result(grace + 2.0)
+        except (concurrent.futures.TimeoutError, RuntimeError):
+            pass  # the loop is stuck or already closing: end it anyway
+        loop.call_soon_threadsafe(loop.stop)
+        self.thread.join(2.0)
+
+    def metrics(self) -> list[Metric]:
+        refused = Metric("nodehealth_pingmesh_agent_refused_total",
+                         "Pings this agent refused, by reason: malformed (not a PingRequest) or deadline (no "
+                         f"request within {CALL_SECONDS:g} s of the call's headers).", "counter", ("reason",))
+        for reason, n in self.refused.items():
+            refused.add((reason,), n)
+        return [refused]
+
+
+def serve(listen: str, node: str) -> Agent:
+    """An Agent, started."""
+    agent = Agent(listen, node)
+    agent.start()
+    return agent
 
 
 def listen_tcp(host: str, port: int) -> socket.socket:

@@ -37,7 +37,7 @@ class Pingmesh:
         self.window = float(cfg["window_seconds"])
         self.lock = threading.Lock()
         self.prober = Prober(node, cfg, self.record)
-        self.server: Any = None
+        self.agent: agent.Agent | None = None
         self.inventory: Inventory | None = None
         self.inventory_error: str | None = None
         self.me = None  # this node's inventory entry
@@ -48,21 +48,23 @@ class Pingmesh:
         self.totals: dict[tuple[str, str], list[Any]] = {}
 
     # -- running -------------------------------------------------------------------------------
-    def start(self, stop: threading.Event) -> list[threading.Thread]:
-        """Serve Pings now (a port in use fails the daemon's start, loudly) and return the threads."""
-        self.server = agent.serve(self.cfg["listen"], self.node)
+    def start(self, stop: threading.Event, max_connections: int = agent.MAX_CONNECTIONS
+              ) -> dict[str, Callable[[], None]]:
+        """Serve Pings now (a port in use fails the daemon's start, loudly; the agent's thread is
+        `self.agent.thread`) and return the workers to run until `stop`, by name."""
+        self.agent = agent.Agent(self.cfg["listen"], self.node, max_connections)
+        self.agent.start()
         host = self.cfg["listen"].rpartition(":")[0]
         try:
             self.prober.accept_probes(agent.listen_tcp(host, int(self.cfg["tcp_port"])))
         except agent.ProbeError:
-            self.server.stop(0)
+            self.agent.stop(0)
             raise
-        return [threading.Thread(target=self.prober.run, args=(stop,), name="pingmesh-prober", daemon=True),
-                threading.Thread(target=self._refresh_loop, args=(stop,), name="pingmesh-pinglist", daemon=True)]
+        return {"pingmesh-prober": lambda: self.prober.run(stop), "pingmesh-pinglist": lambda: self._refresh_loop(stop)}
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.stop(0.5)
+        if self.agent is not None:
+            self.agent.stop(0.5)
         if self.prober.listener is not None:
             self.prober.listener.close()
 
@@ -186,7 +188,8 @@ class Pingmesh:
         info = Metric("nodehealth_pingmesh_info", "This node's place in the topology; always 1.",
                       labels=("leaf", "pod"))
         skipped = Metric("nodehealth_pingmesh_probes_skipped_total",
-                         "Probes not started because the rate or concurrency cap was reached.", "counter")
+                         "Probes not started: the rate or concurrency cap was reached, or this process had no "
+                         "descriptor left for one.", "counter")
         inventory = Metric("nodehealth_pingmesh_inventory_nodes", "Nodes in the last inventory read.")
         with self.lock:
             for (group, probe), (n, n_lost, n_retrans, counts, total) in sorted(self.totals.items()):
@@ -206,7 +209,8 @@ class Pingmesh:
                 inventory.add((), len(self.inventory.nodes))
             worst = self._worst_peers()
         skipped.add((), self.prober.skipped)
-        return [sent, lost, retrans, rtt, peers, info, skipped, inventory, *worst]
+        agent_metrics = self.agent.metrics() if self.agent is not None else []
+        return [sent, lost, retrans, rtt, peers, info, skipped, inventory, *worst, *agent_metrics]
 
     def _worst_peers(self) -> list[Metric]:
         """Per-peer series for the last closed window, only for peers over a threshold, worst first.

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nodehealth.pingmesh.pinglist import Target
+from nodehealth.server import RateLimitedLog
 
 log = logging.getLogger("nodehealth.probe")
 
@@ -44,6 +45,8 @@ SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow 
 TCP_INFO_BYTES, TCPI_RTT, TCPI_TOTAL_RETRANS = 104, 68, 100
 MAX_WAIT_SECONDS = 0.5  # the loop wakes at least this often to start due probes and expire late ones
 MAX_ACCEPTS_PER_WAKE = 64  # peers' TCP probes answered per turn of the loop (330 peers send 33 a second)
+ACCEPT_PAUSE_SECONDS = 1.0  # out of descriptors, peers' probes wait in the kernel's backlog this long
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 # record(target, probe, sent_at_wall, rtt_seconds_or_None, retransmitted)
 Record = Callable[[Target, str, float, "float | None", bool], None]
@@ -72,6 +75,8 @@ class Prober:
         self.tokens = self.rate
         self.refilled = time.monotonic()
         self.listener: socket.socket | None = None  # peers' TCP probes land here: accepted, closed
+        self.accept_paused_until: float | None = None  # out of descriptors: not accepting until then
+        self.trouble = RateLimitedLog(log)
 
     def accept_probes(self, listener: socket.socket) -> None:
         """Answer peers' TCP probes on this listening socket from the probing loop (no thread)."""
@@ -93,9 +98,13 @@ class Prober:
         sel = selectors.DefaultSelector()
         if self.listener is not None:
             sel.register(self.listener, selectors.EVENT_READ, None)
+        self.accept_paused_until = None
         heap: list[tuple[float, int, Target]] = []
         try:
             while not stop.is_set():
+                if self.accept_paused_until is not None and time.monotonic() >= self.accept_paused_until:
+                    self.accept_paused_until = None
+                    sel.register(self.listener, selectors.EVENT_READ, None)
                 if self.changed.is_set():
                     self.changed.clear()
                     heap = self._schedule()
@@ -143,6 +152,16 @@ class Prober:
     def _done(self) -> None:
         with self.lock:
             self.in_flight -= 1
+
+    def _not_started(self, target: Target, error: OSError) -> None:
+        """A probe admitted but not sent for want of this process's own resources: skipped, never
+        lost (the network did not lose it)."""
+        with self.lock:
+            self.in_flight -= 1
+            self.started -= 1
+            self.skipped += 1
+        self.trouble.warning("resources", f"pingmesh: cannot probe {target.address}: {error.strerror or error}; "
+                                          "skipped and counted")
 
     def _probe(self, target: Target, sel: selectors.BaseSelector) -> None:
         if (target.node, target.rail) in self.pinged and self._admit():
@@ -207,7 +226,11 @@ class Prober:
     def _connect(self, target: Target, sel: selectors.BaseSelector) -> None:
         sent_wall = time.time()
         family = socket.AF_INET6 if ":" in target.address else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(family, socket.SOCK_STREAM)
+        except OSError as e:  # out of descriptors: this loop must live on (a dead prober made every peer lose us)
+            self._not_started(target, e)
+            return
         try:
             s.setblocking(False)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST, no TIME_WAIT
@@ -239,7 +262,7 @@ class Prober:
             return
         for key, _ in sel.select(wait):
             if key.data is None:
-                self._accept_all()
+                self._accept_all(sel)
                 continue
             target, sent_wall, start = key.data
             seen = time.monotonic() - start  # includes however late this loop got here
@@ -258,17 +281,23 @@ class Prober:
             if key.data is not None and now - key.data[2] >= self.timeout:
                 self._finish_connect(sel, key.fileobj, key.data, None)
 
-    def _accept_all(self) -> None:
+    def _accept_all(self, sel: selectors.BaseSelector) -> None:
         """Accept and close pending probe connections: the handshake was the answer. At most
         MAX_ACCEPTS_PER_WAKE at a time, so a flood of connects from anyone delays our own probes by a
-        bounded amount (the kernel's backlog drops the excess)."""
+        bounded amount (the kernel's backlog drops the excess). Out of descriptors, the listener
+        stays readable and this loop would spin: it rests for ACCEPT_PAUSE_SECONDS."""
         for _ in range(MAX_ACCEPTS_PER_WAKE):
             try:
                 conn, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:  # ECONNABORTED and the like: the prober gave up; nothing to answer
-                continue
+            except OSError as e:
+                if e.errno in OUT_OF_DESCRIPTORS:
+                    sel.unregister(self.listener)
+                    self.accept_paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
+                    self.trouble.warning("accept", f"pingmesh: cannot answer TCP probes: {e.strerror}")
+                    return
+                continue  # ECONNABORTED and the like: the prober gave up; nothing to answer
             conn.close()
 
     def _finish_connect(self, sel: selectors.BaseSelector, s: Any, data: tuple, rtt: float | None,
