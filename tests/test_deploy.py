@@ -78,18 +78,14 @@ def pod_spec(docs: list[dict], kind: str = "DaemonSet") -> dict:
 
 
 def merged_config(docs: list[dict], tmp_path) -> dict:
-    """The config the daemon loads: the ConfigMap's files merged by its own merge.py, then loaded and
-    validated by nodehealth's loader."""
+    """The config the daemon loads: the ConfigMap's files in a directory, read by nodehealth's loader
+    as the pods read their mounted ConfigMap (`--config DIR`)."""
     data = of_kind("ConfigMap", docs=docs)["data"]
     source = tmp_path / "config.d"
     source.mkdir(parents=True)
     for name, text in data.items():
         (source / name).write_text(text)
-    target = tmp_path / "config.yaml"
-    done = subprocess.run([sys.executable, str(source / "merge.py"), str(source), str(target)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return config.load(str(target))
+    return config.load(str(source))
 
 
 # -- the ValidatingAdmissionPolicy, evaluated ------------------------------------------------------
@@ -366,13 +362,21 @@ def test_a_config_change_renames_the_configmap_so_the_pods_roll(tmp_path):
     assert len(names) == 2 and all(n.startswith("nodehealth-config-") for n in names)
 
 
-def test_the_merge_script_refuses_a_file_that_is_no_mapping(tmp_path):
-    (tmp_path / "00-base.yaml").write_text("daemon: {}\n")
-    (tmp_path / "90-site.yaml").write_text("- a list\n")
-    done = subprocess.run([sys.executable, os.path.join(DEPLOY, "config", "merge.py"), str(tmp_path),
-                           str(tmp_path / "out.yaml")], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "90-site.yaml: expected a mapping of settings, got list" in done.stderr
-    assert not (tmp_path / "out.yaml").exists()
+@pytest.mark.parametrize("components, kind", [((), "DaemonSet"), (("pingmesh",), "Deployment")])
+def test_the_pods_read_the_configmap_files_as_a_directory(components, kind):
+    """No init container merges the files: the daemon and the controller read the mounted ConfigMap's
+    directory (`--config DIR`), so the ConfigMap holds config files only."""
+    docs = build(*components)
+    pod = pod_spec(docs, kind)
+    assert "initContainers" not in pod
+    [container] = pod["containers"]
+    args = container["args"]
+    directory = args[args.index("--config") + 1]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+    assert mount["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mount["name"]]["configMap"]["name"] == of_kind("ConfigMap", docs=docs)["metadata"]["name"]
+    assert all(name.endswith(".yaml") for name in of_kind("ConfigMap", docs=docs)["data"])
 
 
 def test_shipped_config_starts_in_dry_run_with_hang_detection_and_pingmesh_off(tmp_path):
@@ -407,8 +411,10 @@ def test_the_hang_exit_codes_component_adds_only_net_admin_and_host_network():
 def test_the_kernel_log_privileged_component_makes_only_the_agent_privileged():
     docs = build("kernel-log-privileged")
     spec = pod_spec(docs)
+    base = copy.deepcopy(pod_spec(manifests()))
     assert spec["containers"][0]["securityContext"]["privileged"] is True
-    assert spec["initContainers"][0]["securityContext"] == pod_spec(manifests())["initContainers"][0]["securityContext"]
+    base["containers"][0]["securityContext"].update(privileged=True, allowPrivilegeEscalation=True)
+    assert spec == base  # nothing else changes
 
 
 def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_port():
@@ -510,8 +516,7 @@ def test_controller_deployment(tmp_path):
     [port] = container["ports"]
     assert port["containerPort"] == int(PINGMESH["controller_listen"].rpartition(":")[2])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
-    # The agents' config, merged by the same init container.
-    assert pod["initContainers"] == pod_spec(docs)["initContainers"]
+    # The agents' config, from the same ConfigMap.
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["config"] == {v["name"]: v for v in pod_spec(docs)["volumes"]}["config"]
     assert merged_config(docs, tmp_path)["pingmesh"]["enabled"] is True

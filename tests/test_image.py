@@ -1,7 +1,7 @@
 """The agent image's contents run `nodehealth check`: a root filesystem of the image's Debian packages
 (deploy/image/packages), built by mmdebstrap without any container runtime or registry, gets our wheels
 through the image's own install steps (deploy/image/install.sh), then runs, chrooted, what the DaemonSet
-runs: the config merge, a check of a fixture machine, pyverbs, py-spy. Nothing is cached between runs:
+runs: a check of a fixture machine with the config directory, pyverbs, py-spy. Nothing is cached between runs:
 about a minute for the packages and one for the wheels."""
 from __future__ import annotations
 
@@ -51,15 +51,11 @@ def chroot(root, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_the_image_checks_a_machine_with_the_config_the_daemonset_merges(rootfs):
+def test_the_image_checks_a_machine_with_the_config_directory_the_daemonset_mounts(rootfs):
     shutil.copytree(machine("h100-8x-cx7"), rootfs / "machine", symlinks=True)
     shutil.copytree(os.path.join(ROOT, "deploy", "config"), rootfs / "config.d")
     (rootfs / "config.d" / "90-site.yaml").write_text("kube:\n  dry_run: false\n")
-    (rootfs / "run" / "nodehealth-config").mkdir(parents=True)
-    # The init container's command, with the image's `python3` (the environment's: PyYAML).
-    merged = chroot(rootfs, "python3", "/config.d/merge.py", "/config.d", "/run/nodehealth-config/config.yaml")
-    assert merged.returncode == 0, merged.stderr
-    done = chroot(rootfs, "nodehealth", "check", "--root", "/machine", "--config", "/run/nodehealth-config/config.yaml",
+    done = chroot(rootfs, "nodehealth", "check", "--root", "/machine", "--config", "/config.d",
                   "--state-dir", "/tmp/state", "--json")
     assert done.returncode == 1, done.stderr  # unhealthy: the fixture's kernel log has an Xid 79
     report = json.loads(done.stdout)
