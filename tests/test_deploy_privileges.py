@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 import pytest
-from conftest import machine
+from conftest import live_root, machine
 
 KERNEL_LOG_CHECKS = {"xid", "kernel", "crashes", "link_events", "memory_errors", "nic_health", "storage_errors"}
 
@@ -46,7 +46,26 @@ def test_without_host_proc_the_agent_refuses_to_start(tmp_path):
     assert code == 2 and "no proc/ directory there" in out
 
 
-def test_without_host_sys_the_sysfs_collectors_are_skipped_not_unknown(tmp_path):
+SYSFS_COLLECTORS = {"pcie", "topology", "infiniband", "edac", "nvml"}
+
+
+def test_on_a_live_host_without_its_sys_mount_the_sysfs_collectors_say_unknown(tmp_path):
+    """The DaemonSet without its /sys mount: the host still has its PCI devices, NICs and memory
+    controllers, so their checks cannot judge (unknown), rather than being skipped as absent."""
+    with live_root(tmp_path / "blind") as root:
+        _, report = check(root, tmp_path / "blind")
+    with live_root(tmp_path / "seeing", sysfs=True) as root:
+        _, full = check(root, tmp_path / "seeing")
+    failed = {c["name"]: c["error"] for c in report["collectors"] if c["supported"] and not c["success"]}
+    assert set(failed) >= SYSFS_COLLECTORS - {"nvml"}, report["collectors"]
+    assert all("no sysfs mounted at" in failed[name] for name in SYSFS_COLLECTORS - {"nvml"})
+    assert report["status"] == "unknown"
+    assert {("pcie", "CollectorFailed"), ("edac", "CollectorFailed")} <= {
+        (f["check"], f["reason"]) for f in report["findings"] if f["severity"] == "unknown"}
+    assert {c["name"] for c in full["collectors"] if c["success"]} >= {"pcie", "topology"}
+
+
+def test_a_fixture_machine_recorded_without_sys_skips_the_sysfs_collectors(tmp_path):
     _, full = check(copy_without("host-faults", tmp_path / "a", None), tmp_path / "a")
     code, report = check(copy_without("host-faults", tmp_path / "b", "sys"), tmp_path / "b")
     assert {"pcie", "edac"} <= unsupported(report) - unsupported(full)
