@@ -123,6 +123,12 @@ def check_ranges(cfg: dict[str, Any]) -> None:
         if value >= daemon["collector_timeout_seconds"]:
             raise ConfigError(f"collectors.{name}.{key} ({value:g}) must be below daemon.collector_timeout_seconds "
                               f"({daemon['collector_timeout_seconds']:g}), or the collector times out first")
+    kernel_log = cfg["collectors"]["kmsg"]
+    if kernel_log["source"] not in ("auto", "kmsg", "journal"):
+        raise ConfigError(f"collectors.kmsg.source: must be auto, kmsg or journal, not {kernel_log['source']!r}")
+    if not all(isinstance(d, str) and d.startswith("/") for d in kernel_log["journal_directories"]):
+        raise ConfigError("collectors.kmsg.journal_directories: absolute paths on the host (read under --root), not "
+                          f"{kernel_log['journal_directories']!r}")
     for key in ("raise_after_passes", "clear_after_passes"):
         if cfg["policy"][key] < 1:
             raise ConfigError(f"policy.{key}: must be at least 1, not {cfg['policy'][key]!r}")

@@ -39,6 +39,9 @@ def test_yaml_and_json_override(tmp_path):
     ("policy:\n  raise_after_passes: 0\n", "policy.raise_after_passes: must be at least 1"),
     ("checks:\n  infiniband:\n    expected_rate_gbps: {InfiniBand: 400 Gb/s}\n",
      "expected_rate_gbps.InfiniBand: must be a number of Gb/s"),
+    ("collectors:\n  kmsg:\n    source: syslog\n", "collectors.kmsg.source: must be auto, kmsg or journal"),
+    ("collectors:\n  kmsg:\n    journal_directories: [var/log/journal]\n",
+     "collectors.kmsg.journal_directories: absolute paths"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, text, fragment):
     with pytest.raises(config.ConfigError) as e:
