@@ -50,9 +50,9 @@ DEFAULTS: dict = {
 }
 # When the kernel log cannot be read, its checks give one finding together (engine.py), not one each.
 FAILED_REASON = "KernelLogUnreadable"
-FIX = ("give the agent a kernel log it may read: on a node that runs journald, mount the host's /var/log and "
-       "/run/log read-only under the root (the base DaemonSet does); else run it privileged (the "
-       "kernel-log-privileged component), or on a host as root (deploy/README.md, \"The kernel log\")")
+FIX = ("mount the host's /var/log and /run/log read-only under the root on a node that runs journald (the base "
+       "DaemonSet does), or run the agent privileged (the kernel-log-privileged component); on a host, run it as "
+       "root (deploy/README.md, \"The kernel log\")")
 
 MAX_RECORDS_PER_READ = journal.MAX_RECORDS_PER_READ  # a flood of records cannot keep one read going forever
 MAX_READS = 100  # reads of one `check`: a log that never stops growing is judged on what came first
@@ -156,10 +156,10 @@ def collect(host: HostPaths, cfg: dict) -> KernelLog:
 
 def metrics(facts: KernelLog) -> list[Metric]:
     records = Metric("nodehealth_kernel_log_records_total",
-                     "Kernel log records read from the ring buffer or the saved logs.", "counter")
+                     "Kernel log records read from the ring buffer, the systemd journal or the saved logs.", "counter")
     records.add((), facts.records)
     overwritten = Metric("nodehealth_kernel_log_overwritten_records_total",
-                         "Kernel log records the ring buffer overwrote before they could be read.", "counter")
+                         "Kernel log records the ring buffer overwrote before they could be read (by us, or by journald).", "counter")
     overwritten.add((), facts.overwritten)
     malformed = Metric("nodehealth_kernel_log_malformed_lines_total",
                        "Kernel log lines skipped because they were not text.", "counter")
@@ -271,6 +271,7 @@ class KmsgFollower:
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
         else:
+            _open_log(self.path).close()  # a file we may not read fails here, as the device does
             try:
                 self._watch = _FileWatch(self.path)
             except (OSError, AttributeError):  # no inotify (instances used up, not Linux): poll with back-off

@@ -25,7 +25,7 @@ from nodehealth.collectors import kmsg, nvml
 from nodehealth.collectors import pingmesh as pingmesh_facts
 from nodehealth.collectors import rdma_bw as rdma_facts
 from nodehealth.config import ConfigError
-from nodehealth.engine import Engine
+from nodehealth.engine import Engine, failed
 from nodehealth.faces import Face
 from nodehealth.host import boot_id
 from nodehealth.kernel_stream import Batch, KernelEvents, KernelStream
@@ -126,7 +126,7 @@ class Daemon:
         if self.kernel_supported is not None:
             return CollectorResult(kmsg.NAME, False, False, error=self.kernel_supported)
         if self.stream.error is not None:
-            return CollectorResult(kmsg.NAME, True, False, error=self.stream.error)
+            return failed(kmsg, self.stream.error)
         return CollectorResult(kmsg.NAME, True, True, facts=self.kernel.facts())
 
     def _streamed(self) -> dict[str, CollectorResult]:
@@ -145,7 +145,8 @@ class Daemon:
         """Judge `checks` on `results` and rebuild the report. Caller holds the lock."""
         results = dict(results, **self._streamed())
         findings = node_pass.judge(self.engine, results, self.rates, now, checks)
-        names = [c.NAME for c in checks] + ["nodehealth"]  # NothingChecked is judged every time
+        # NothingChecked is judged every time; a failed source's one finding with the checks that read it
+        names = [c.NAME for c in checks] + sorted({n for c in checks for n in c.NEEDS}) + ["nodehealth"]
         current = self.policy.apply(findings, now, judged_checks=names)
         for name in names:
             self.current[name] = []

@@ -207,3 +207,77 @@ def test_on_a_live_host_the_journal_stands_in_for_an_unmounted_dev_kmsg(tmp_path
         write_journal(machine_journal(root), [kernel_entry(XID79, 7_000_000, boot_id(host), priority=3)])
         facts = kmsg.collect(host, kmsg.DEFAULTS)
         assert [e.code for e in facts.events] == [79]
+
+
+# -- the daemon follows the journal as a stream ---------------------------------------------------------
+
+def records_total(daemon) -> float | None:
+    for line in daemon.get("/metrics")[1].decode().splitlines():
+        if line.startswith("nodehealth_kernel_log_records_total "):
+            return float(line.split()[1])
+    return None
+
+
+def wait_until(condition, timeout: float = 15.0):
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    return condition()
+
+
+def test_the_daemon_follows_the_journal_across_restarts_and_a_switch_to_dev_kmsg(tmp_path, daemon_factory):
+    """Each record is counted once: the journal read whole, then a record as it is appended, then a
+    restart (the cursor), then a restart on /dev/kmsg once it is there (the keys)."""
+    root = journal_machine(tmp_path)
+    host, state = HostPaths(root), str(tmp_path / "state")
+    boot, file = boot_id(host), machine_journal(root)
+    new = [(900_000_000_000, "NVRM: Xid (PCI:0000:3b:00): 31, pid=1, name=a, Ch 00000001, intr 00000000"),
+           (900_000_100_000, "NVRM: Xid (PCI:0000:19:00): 31, pid=2, name=b, Ch 00000002, intr 00000000"),
+           (900_000_200_000, XID79)]
+
+    d = daemon_factory(root, state, interval=0.5)
+    d.wait_ready()
+    assert wait_until(lambda: records_total(d) == 31), records_total(d)
+    write_journal(file, [kernel_entry(new[0][1], new[0][0], boot, priority=3)])
+    assert wait_until(lambda: records_total(d) == 32), records_total(d)  # followed, not polled per pass
+    d.stop()
+
+    write_journal(file, [kernel_entry(new[1][1], new[1][0], boot, priority=3)])
+    d = daemon_factory(root, state, interval=0.5)
+    d.wait_ready()
+    assert wait_until(lambda: records_total(d) == 33), records_total(d)
+    d.stop()
+
+    shutil.copy(machine("h100-8x-cx7") + "/dev/kmsg", os.path.join(root, "dev", "kmsg"))  # the device is back
+    with open(os.path.join(root, "dev", "kmsg"), "a") as f:
+        for seq, (usec, text) in enumerate(new, 1600):
+            f.write(f"3,{seq},{usec},-;{text}\n")
+    d = daemon_factory(root, state, interval=0.5)
+    report = d.wait_ready()
+    assert wait_until(lambda: records_total(d) == 34), records_total(d)
+    report = json.loads(d.get("/v1/report")[1])
+    assert "Xid79FallenOffBus" in {f["reason"] for f in report["findings"]}
+    d.stop()
+    saved = json.loads((tmp_path / "state" / "state.json").read_text())["kmsg"]
+    assert (saved["records"], saved["last_seq"], saved["journal_cursor"]) == (34, 1602, None)
+
+
+def test_the_daemon_says_once_that_the_kernel_log_is_unreadable_until_the_journal_appears(tmp_path, daemon_factory):
+    with live_root(tmp_path / "host") as root:
+        d = daemon_factory(root, str(tmp_path / "state"), "--only", "kmsg", interval=0.5)
+        d.wait_ready()
+
+        def findings():
+            return {f["reason"]: f for f in json.loads(d.get("/v1/report")[1])["findings"]}
+        unreadable = wait_until(lambda: findings().get("KernelLogUnreadable"))
+        assert unreadable and unreadable["check"] == "kmsg" and len(findings()) == 1
+        assert "To fix:" in unreadable["message"]
+        assert "nodehealth_kernel_log_follower_up 0" in d.get("/metrics")[1].decode()
+        write_journal(machine_journal(root), [kernel_entry(XID79, 7_000_000, boot_id(HostPaths(root)), priority=3)])
+        assert wait_until(lambda: set(findings()) == {"Xid79FallenOffBus"}, timeout=20.0), findings()
+        assert "nodehealth_kernel_log_follower_up 1" in d.get("/metrics")[1].decode()
+        d.stop()
