@@ -277,15 +277,22 @@ def test_the_daemonset_carries_only_what_the_base_checks_need():
     security = container["securityContext"]
     assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG", "SYS_PTRACE"]}
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not any(spec.get(k) for k in ("hostPID", "hostIPC", "hostNetwork"))
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"host-proc": "/proc", "host-sys": "/sys", "host-kmsg": "/dev/kmsg",
-                          "state": "/var/lib/nodehealth"}
-    for path in ("/host/proc", "/host/sys", "/host/dev/kmsg"):
+    host_paths = {v["name"]: (v["hostPath"]["path"], v["hostPath"]["type"]) for v in spec["volumes"] if "hostPath" in v}
+    # The kernel log from the journal (deploy/README.md, "The kernel log"): /var/log must be there, /run/log
+    # may be created (a node with a persistent journal only), never /var/log/journal (journald would
+    # turn persistent when it appears).
+    assert host_paths == {"host-proc": ("/proc", "Directory"), "host-sys": ("/sys", "Directory"),
+                          "host-var-log": ("/var/log", "Directory"), "host-run-log": ("/run/log", "DirectoryOrCreate"),
+                          "state": ("/var/lib/nodehealth", "DirectoryOrCreate")}
+    for path in ("/host/proc", "/host/sys", "/host/var/log", "/host/run/log"):
         assert mounts[path]["readOnly"] is True
+    defaults = config.defaults()["collectors"]["kmsg"]
+    assert defaults["source"] == "auto" and all("/host" + d.rsplit("/", 1)[0] in mounts
+                                                for d in defaults["journal_directories"])
     assert "readOnly" not in mounts["/var/lib/nodehealth"]
     assert "/run/nodehealth/hang" not in mounts
     assert "nvidia.com/gpu" not in str(container["resources"])  # never takes GPUs from jobs
@@ -390,7 +397,7 @@ def test_the_hang_component_adds_exactly_what_hang_detection_needs(tmp_path):
     spec, base = pod_spec(docs), pod_spec(manifests())
     assert spec["hostPID"] is True
     context = spec["containers"][0]["securityContext"]
-    assert context["capabilities"]["add"] == ["SYSLOG", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the last one its own
+    assert context["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH"]  # the last one its own
     assert not context.get("privileged")
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
     assert "readOnly" not in mounts["/run/nodehealth/hang"]  # the detector writes Flight Recorder requests there
@@ -414,6 +421,9 @@ def test_the_kernel_log_privileged_component_makes_only_the_agent_privileged():
     base = copy.deepcopy(pod_spec(manifests()))
     assert spec["containers"][0]["securityContext"]["privileged"] is True
     base["containers"][0]["securityContext"].update(privileged=True, allowPrivilegeEscalation=True)
+    # and the device itself, which the agent then opens first (collectors.kmsg.source: auto)
+    base["containers"][0]["volumeMounts"].append({"name": "host-kmsg", "mountPath": "/host/dev/kmsg", "readOnly": True})
+    base["volumes"].append({"name": "host-kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}})
     assert spec == base  # nothing else changes
 
 

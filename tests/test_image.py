@@ -63,6 +63,26 @@ def test_the_image_checks_a_machine_with_the_config_directory_the_daemonset_moun
     assert {c["name"] for c in report["collectors"] if c["success"]} >= {"kmsg", "infiniband", "pcie", "limits"}
 
 
+def test_the_image_reads_the_kernel_log_from_a_journal_as_the_daemonset_mounts_it(rootfs):
+    """The base DaemonSet's case: no /dev/kmsg it may open, the host's journal under /host/var/log. The
+    image's python3-systemd (libsystemd) reads a journal file written by systemd-journal-remote."""
+    from journal_files import kmsg_entries, machine_journal, write_journal
+
+    from nodehealth.collectors import kmsg
+    from nodehealth.host import HostPaths, boot_id
+    root = rootfs / "journal-machine"
+    shutil.copytree(machine("h100-8x-cx7"), root, symlinks=True)
+    host = HostPaths(str(root))
+    write_journal(machine_journal(str(root)), kmsg_entries(str(root / "dev" / "kmsg"), boot_id(host),
+                                                          kmsg.boot_time(host)))
+    (root / "dev" / "kmsg").unlink()
+    done = chroot(rootfs, "nodehealth", "check", "--root", "/journal-machine", "--state-dir", "/tmp/state", "--json",
+                  "--only", "kmsg")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert "Xid79FallenOffBus" in {f["reason"] for f in report["findings"]}, report["findings"]
+
+
 def test_the_image_carries_pyverbs_for_rdma_and_py_spy_for_hangs(rootfs):
     # rdma-bw loads Debian's pyverbs from its dist-packages (nodehealth/rdma.py); here as it would.
     # (Its extension modules link libibverbs and librdmacm: importing them loads both.)
