@@ -42,6 +42,7 @@ class UsageError(Exception):
 
 def defaults() -> dict[str, Any]:
     from nodehealth import registry
+    from nodehealth.exporter import DEFAULTS as EXPORTER
     from nodehealth.hang.defaults import DEFAULTS as HANG
     from nodehealth.kube.defaults import DEFAULTS as KUBE
     from nodehealth.netcheck.defaults import DEFAULTS as NETCHECK
@@ -54,6 +55,7 @@ def defaults() -> dict[str, Any]:
         "checks": {m.NAME: copy.deepcopy(m.DEFAULTS) for m in registry.CHECKS},
         "policy": copy.deepcopy(POLICY_DEFAULTS),
         "daemon": copy.deepcopy(DAEMON_DEFAULTS),
+        "exporter": copy.deepcopy(EXPORTER),
         "kube": copy.deepcopy(KUBE),
         "hang": copy.deepcopy(HANG),
         "pingmesh": copy.deepcopy(PINGMESH),
@@ -123,6 +125,9 @@ def check_ranges(cfg: dict[str, Any]) -> None:
         if value >= daemon["collector_timeout_seconds"]:
             raise ConfigError(f"collectors.{name}.{key} ({value:g}) must be below daemon.collector_timeout_seconds "
                               f"({daemon['collector_timeout_seconds']:g}), or the collector times out first")
+    if not all(isinstance(p, str) and p for p in cfg["exporter"]["exclude_families"]):
+        raise ConfigError(f"exporter.exclude_families: family names or patterns, not "
+                          f"{cfg['exporter']['exclude_families']!r}")
     kernel_log = cfg["collectors"]["kmsg"]
     if kernel_log["source"] not in ("auto", "kmsg", "journal"):
         raise ConfigError(f"collectors.kmsg.source: must be auto, kmsg or journal, not {kernel_log['source']!r}")

@@ -300,7 +300,8 @@ class Daemon:
         return True, "ok" if self.stream.alive or self.follower_thread is None else f"ok ({self.stream.error})"
 
     def routes(self) -> server.Routes:
-        routes = {"/metrics": lambda _: (200, exporter.render(self.metrics()), exporter.CONTENT_TYPE),
+        routes = {"/metrics": lambda _: (200, exporter.render(exporter.shape(self.metrics(), self.cfg["exporter"])),
+                                         exporter.CONTENT_TYPE),
                   "/healthz": self._healthz, "/v1/report": self._report}
         if self.pingmesh is not None:
             routes["/v1/pingmesh"] = self._pingmesh
