@@ -28,7 +28,7 @@ from typing import Any
 
 from nodehealth.collectors import CollectError
 from nodehealth.collectors.kernel_events import EventParser, KernelEvent, KernelRecord
-from nodehealth.collectors.kernel_position import Position, text_key
+from nodehealth.collectors.kernel_position import Position
 from nodehealth.host import HostPaths
 
 # journald's own entry when it found a gap in /dev/kmsg's sequence numbers (SD_MESSAGE_JOURNAL_MISSED):
@@ -155,40 +155,44 @@ class JournalFollower:
     def read_new(self) -> tuple[int, int, int | None, list[KernelEvent]]:
         """(records, overwritten, None, events) for what the journal gained since the previous call."""
         reader, position = self._reader, self.position
-        count = overwritten = 0
+        overwritten, read = 0, False
+        counted: list[tuple[int | None, str]] = []
         events: list[KernelEvent] = []
         for _ in range(MAX_RECORDS_PER_READ):
             if not reader._next():
                 break
-            position.cursor, position.seq = reader._get_cursor(), None
-            if _text(reader, "_TRANSPORT") != "kernel":
-                missed = _MISSED.search(_text(reader, "MESSAGE") or "")
+            read = True
+            fields = reader._get_all()  # one call for every field: cheaper than one per field
+            if _text(fields, "_TRANSPORT") != "kernel":
+                missed = _MISSED.search(_text(fields, "MESSAGE") or "")
                 overwritten += int(missed.group(1)) if missed else 0
                 continue
-            record = self._record(reader)
-            key = text_key(record.message if not record.facility else "")
-            if not self._trusted and position.seen(record.monotonic_us, key):
+            record = self._record(fields, reader)
+            text = record.message if not record.facility else ""  # as the kmsg follower keys it
+            if not self._trusted and position.seen(record.monotonic_us, text):
                 continue
-            position.read(record.monotonic_us, key)
-            count += 1
+            counted.append((record.monotonic_us, text))
             events.extend(self._events.feed(record))
         events.extend(self._events.flush())
-        return count, overwritten, None, events
+        if read:
+            position.cursor, position.seq = reader._get_cursor(), None
+        position.read(counted)
+        return len(counted), overwritten, None, events
 
-    def _record(self, reader: Any) -> KernelRecord:
+    def _record(self, fields: dict[str, Any], reader: Any) -> KernelRecord:
         """An entry's fields as the record /dev/kmsg gave journald: its text, level, facility, stamp (the
         kmsg microseconds, _SOURCE_MONOTONIC_TIMESTAMP) and the device dictionary."""
-        us = _number(reader, "_SOURCE_MONOTONIC_TIMESTAMP")
+        us = _number(fields, "_SOURCE_MONOTONIC_TIMESTAMP")
         if us is not None and self.btime is not None:
             wall = self.btime + us / 1e6
         else:
             wall = reader._get_realtime() / 1e6
         dictionary = {name: value for name, field in (("SUBSYSTEM", "_KERNEL_SUBSYSTEM"), ("DEVICE", "_KERNEL_DEVICE"))
-                      if (value := _text(reader, field)) is not None}
-        priority = _number(reader, "PRIORITY")
-        return KernelRecord(_text(reader, "MESSAGE") or "", None, us, wall,
+                      if (value := _text(fields, field)) is not None}
+        priority = _number(fields, "PRIORITY")
+        return KernelRecord(_text(fields, "MESSAGE") or "", None, us, wall,
                             priority if priority is not None and priority <= 7 else None, dictionary,
-                            _number(reader, "SYSLOG_FACILITY"))
+                            _number(fields, "SYSLOG_FACILITY"))
 
     def close(self) -> None:
         if self._reader is not None:
@@ -196,14 +200,15 @@ class JournalFollower:
             self._reader = None
 
 
-def _text(reader: Any, field: str) -> str | None:
-    try:
-        value = reader._get(field)
-    except KeyError:
+def _text(fields: dict[str, Any], name: str) -> str | None:
+    value = fields.get(name)
+    if isinstance(value, list):  # a field an entry holds twice: the first
+        value = value[0] if value else None
+    if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _number(reader: Any, field: str) -> int | None:
-    text = _text(reader, field)
+def _number(fields: dict[str, Any], name: str) -> int | None:
+    text = _text(fields, name)
     return int(text) if text is not None and text.isdigit() and len(text) <= 20 else None

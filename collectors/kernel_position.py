@@ -13,9 +13,9 @@ The state file keeps a Position per boot (nodehealth/kernel_stream.py).
 """
 from __future__ import annotations
 
-import bisect
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,22 +42,25 @@ class Position:
     high_us: int | None = None  # the highest stamp (microseconds since boot) read, from either source
     recent: list[tuple[int, str]] = field(default_factory=list)  # (stamp, text_key) of the records near it
 
-    def seen(self, us: int | None, key: str) -> bool:
+    def seen(self, us: int | None, text: str, kmsg_escaped: bool = False) -> bool:
         """Whether a record was read before, by its key (for a source whose own position is lost). A
-        record without a stamp cannot be told apart: it counts."""
-        if us is None or not self.recent:
+        record without a stamp cannot be told apart: it counts. The text is hashed only when the stamp
+        falls in the window."""
+        if us is None or not self.recent or us > self.recent[-1][0]:
             return False
-        return us < self.recent[0][0] or (us, key) in self.recent
+        return us < self.recent[0][0] or (us, text_key(text, kmsg_escaped)) in self.recent
 
-    def read(self, us: int | None, key: str) -> None:
-        """A record was read (counted): remember its key."""
-        if us is None:
+    def read(self, records: Sequence[tuple[int | None, str]], kmsg_escaped: bool = False) -> None:
+        """Records were read (counted), (stamp, text) in the order read: keep the keys of those in the
+        window below the highest stamp; only those are hashed."""
+        stamped = [(us, text) for us, text in records if us is not None]
+        if not stamped:
             return
-        self.high_us = us if self.high_us is None else max(self.high_us, us)
-        bisect.insort(self.recent, (us, key))
+        high = max(us for us, _ in stamped)
+        self.high_us = high if self.high_us is None else max(self.high_us, high)
         floor = self.high_us - RECENT_US
-        while self.recent[0][0] < floor or len(self.recent) > MAX_RECENT:
-            del self.recent[0]
+        near = [(us, text_key(text, kmsg_escaped)) for us, text in stamped[-MAX_RECENT:] if us >= floor]
+        self.recent = sorted([r for r in self.recent if r[0] >= floor] + near)[-MAX_RECENT:]
 
     def copy(self) -> Position:
         return Position(self.seq, self.cursor, self.high_us, list(self.recent))

@@ -34,7 +34,7 @@ from nodehealth.collectors.kernel_events import (
     KernelEvent,
     KernelRecord,
 )
-from nodehealth.collectors.kernel_position import Position, text_key
+from nodehealth.collectors.kernel_position import Position
 from nodehealth.host import HostPaths, boot_id, parse_key_values, read_text
 from nodehealth.model import Metric
 
@@ -307,22 +307,24 @@ class KmsgFollower:
         else:
             records, overwritten = self._file_records(), 0
         position = self.position
-        count = 0
+        by_keys = self._after_seq is None  # no sequence number to go by (the journal was read last, or nothing)
+        counted: list[tuple[int | None, str]] = []
         events: list[KernelEvent] = []
         for record in records:
-            key = text_key(record.message if not record.facility else "", kmsg_escaped=True)
+            text = record.message if not record.facility else ""  # journald rewrites what userspace wrote
             if record.seq is not None:
                 if self._after_seq is not None and record.seq <= self._after_seq:
                     continue
                 position.seq = record.seq if position.seq is None else max(position.seq, record.seq)
-            if position.cursor is not None or self._after_seq is None:
-                position.cursor = None  # the journal's cursor no longer says where we are
-                if position.seen(record.monotonic_us, key):
-                    continue
-            position.read(record.monotonic_us, key)
-            count += 1
+            if by_keys and position.seen(record.monotonic_us, text, kmsg_escaped=True):
+                continue
+            counted.append((record.monotonic_us, text))
             events.extend(self._events.feed(record))
         events.extend(self._events.flush())
+        if records:
+            position.cursor = None  # the journal's cursor no longer says where we are
+        position.read(counted, kmsg_escaped=True)
+        count = len(counted)
         if position.seq is not None:
             self._after_seq = position.seq
         if records:
