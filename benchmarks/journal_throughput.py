@@ -8,35 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
 
 from common import ROOT
-from kmsg_throughput import base_tree, write_machine
-
-FOLLOW = r"""
-import sys, time
-import nodehealth
-from nodehealth.host import HostPaths
-from nodehealth.collectors import kmsg
-host = HostPaths(sys.argv[1])
-if sys.argv[2] == "kmsg":
-    follower = kmsg.KmsgFollower(host, {})
-else:
-    follower = kmsg.open_follower(host, dict(kmsg.DEFAULTS, source="journal"))
-total, events, cpu, wall = 0, 0, time.process_time(), time.perf_counter()
-while True:
-    count, _, _, found = follower.read_new()
-    if not count:
-        break
-    total += count
-    events += len(found)
-cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-print(f"{total}\t{events}\t{cpu:.3f}\t{wall:.3f}")
-"""
-
+from kmsg_throughput import base_tree, measure, write_machine
 
 def write_journal(root: str) -> None:
     sys.path.insert(0, os.path.join(ROOT, "tests"))
@@ -51,13 +28,6 @@ def write_journal(root: str) -> None:
     entries = kmsg_entries(os.path.join(root, "dev", "kmsg"), boot, 1700000000.0)
     for start in range(0, len(entries), 50000):  # journal-remote rotates its output file as journald would
         append(machine_journal(root), entries[start:start + 50000])
-
-
-def measure(root: str, source: str, pythonpath: str | None) -> tuple[int, int, float, float]:
-    env = dict(os.environ, PYTHONPATH=pythonpath) if pythonpath else dict(os.environ)
-    out = subprocess.run([sys.executable, "-c", FOLLOW, root, source], env=env, check=True, capture_output=True,
-                         text=True, cwd=tempfile.gettempdir()).stdout.strip().split("\t")
-    return int(out[0]), int(out[1]), float(out[2]), float(out[3])
 
 
 def main() -> None:
@@ -76,7 +46,7 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so load on the machine hits all alike
             for name, source, path in ((f"kmsg, base {args.base}", "kmsg", base), ("kmsg, this tree", "kmsg", None),
                                        ("journal, this tree", "journal", None)):
-                total, events, cpu, wall = measure(root, source, path)
+                _, total, events, cpu, wall = measure(root, path, source)
                 print(f"{name:>20}: {total} records, {events} events, CPU {cpu:.2f} s, wall {wall:.2f} s, "
                       f"{total / cpu / 1000:.0f}k records per CPU second")
 
