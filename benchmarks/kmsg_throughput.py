@@ -25,9 +25,12 @@ from common import ROOT, machine
 MEASURE = r"""
 import sys, time
 import nodehealth
-from nodehealth.collectors.kmsg import KmsgFollower
+from nodehealth.collectors import kmsg
 from nodehealth.host import HostPaths
-follower = KmsgFollower(HostPaths(sys.argv[1]), {})
+if sys.argv[2:] == ["journal"]:  # the journal of the same records (journal_throughput.py; this tree only)
+    follower = kmsg.open_follower(HostPaths(sys.argv[1]), dict(kmsg.DEFAULTS, source="journal"))
+else:
+    follower = kmsg.KmsgFollower(HostPaths(sys.argv[1]), {})
 total, events, cpu, wall = 0, 0, time.process_time(), time.perf_counter()
 while True:
     count, _, _, found = follower.read_new()
@@ -102,11 +105,11 @@ def base_tree(commit: str, where: str) -> str:
     return pkg
 
 
-def measure(root: str, pythonpath: str | None) -> tuple[str, int, int, float, float]:
+def measure(root: str, pythonpath: str | None, source: str = "kmsg") -> tuple[str, int, int, float, float]:
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
-    out = subprocess.run([sys.executable, "-c", MEASURE, root], env=env, check=True, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", MEASURE, root, source], env=env, check=True, capture_output=True,
                          text=True, cwd=tempfile.gettempdir()).stdout.strip().split("\t")
     return out[0], int(out[1]), int(out[2]), float(out[3]), float(out[4])
 

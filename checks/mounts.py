@@ -47,6 +47,8 @@ HINTS = {
 
 def judge(obs: Observed, cfg: dict) -> list[Finding]:
     facts = obs.facts["mounts"]
+    if facts.unreachable is not None:
+        return [_unreachable(facts)]
     findings = []
     for m in facts.mounts:
         finding = _judge_mount(m)
@@ -63,6 +65,8 @@ def judge(obs: Observed, cfg: dict) -> list[Finding]:
 
 
 def _judge_mount(m) -> Finding | None:
+    if not m.reached:
+        return _not_reached(m)
     if m.responsive is None:  # not probed this pass: every probe slot is held by a stuck stat
         return None
     if not m.responsive:
@@ -102,6 +106,28 @@ def _broken(m) -> Finding:
         f"behind it and remount it (umount -l {m.mountpoint}; mount {m.mountpoint}).",
         device=m.mountpoint, action=ACTION,
         evidence={"fstype": m.fstype, "source": m.source, "error": m.error})
+
+
+def _unreachable(facts) -> Finding:
+    return Finding(
+        NAME, Severity.UNKNOWN, "MountsUnreachable",
+        f"The {len(facts.mounts)} network or FUSE mounts (and required paths) of this host could not be probed: "
+        f"its mount points are reached through its init process's root, and the kernel refused that "
+        f"({facts.unreachable}) before any mount was reached, so a hung NFS or Lustre mount would go unseen. "
+        "The agent needs to be allowed to ptrace the host's init: give it the SYS_PTRACE capability (the base "
+        "DaemonSet has it; deploy/README.md, \"Privileges of the agent\").",
+        evidence={"error": facts.unreachable, "mounts": [m.mountpoint for m in facts.mounts][:20]})
+
+
+def _not_reached(m) -> Finding:
+    parent = os.path.dirname(m.mountpoint.rstrip("/")) or "/"
+    return Finding(
+        NAME, Severity.UNKNOWN, "MountNotReached",
+        f"The {_what(m)} could not be probed: the stat was refused ({m.error}) in {parent} on the way, before it "
+        f"reached the mount, so whether the mount answers is unknown. Give the agent the DAC_READ_SEARCH "
+        f"capability (the hang component adds it) or run it as root with its capabilities, so that it may search "
+        f"{parent}.",
+        device=m.mountpoint, evidence={"fstype": m.fstype, "source": m.source, "error": m.error})
 
 
 def _missing(m) -> Finding:

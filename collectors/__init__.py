@@ -24,6 +24,15 @@ class CollectError(Exception):
     """The source exists but could not be read or parsed; the message says which file and why."""
 
 
+def require_sysfs(host: HostPaths) -> None:
+    """CollectError when a live host's sysfs is not mounted where the collector reads it. The
+    collectors of /sys call it in collect() and say supported in supported() meanwhile: on a live
+    host the devices are there, only not seen, so their checks say unknown instead of being skipped."""
+    missing = host.sysfs_missing()
+    if missing is not None:
+        raise CollectError(missing)
+
+
 @runtime_checkable
 class Collector(Protocol):
     NAME: str  # the collector's name (metric label, --only/--skip)

@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from nodehealth.collectors import require_sysfs
 from nodehealth.host import HostPaths, list_dir, read_attr
 from nodehealth.model import Metric
 
@@ -66,6 +67,8 @@ def _root(host: HostPaths) -> str:
 
 
 def supported(host: HostPaths, cfg: dict) -> str | None:
+    if host.sysfs_missing():
+        return None  # collect() says why: unknown, not absent
     if not os.path.isdir(_root(host)) or not any(_MC.match(n) for n in list_dir(_root(host))):
         return ("no EDAC memory controllers (no EDAC driver for this platform, or firmware-first error "
                 "reporting: memory errors then appear only as APEI/CPER records in the kernel log)")
@@ -84,6 +87,7 @@ def _text(path: str) -> str:
 
 
 def collect(host: HostPaths, cfg: dict) -> Edac:
+    require_sysfs(host)
     controllers = []
     root = _root(host)
     for name in sorted((n for n in list_dir(root) if _MC.match(n)), key=lambda n: int(n[2:])):

@@ -10,6 +10,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from nodehealth.collectors import require_sysfs
 from nodehealth.collectors.pcie import PCI_ADDRESS
 from nodehealth.host import HostPaths, list_dir, read_attr, read_int_dir
 from nodehealth.model import Metric
@@ -149,6 +150,8 @@ class InfiniBand:
 
 
 def supported(host: HostPaths, cfg: dict):
+    if host.sysfs_missing():
+        return None  # collect() says why: unknown, not absent
     if not os.path.isdir(host.sys("class", "infiniband")):
         return "no InfiniBand/RoCE devices (no /sys/class/infiniband)"
     return None
@@ -223,6 +226,7 @@ def _pci_bus_id(link: str) -> str | None:
 
 def collect(host: HostPaths, cfg: dict) -> InfiniBand:
     """A device that vanishes mid-walk reads as a device with no ports and None attributes."""
+    require_sysfs(host)
     root = host.sys("class", "infiniband") + "/"
     return InfiniBand(tuple(_read_device(name, root + name) for name in list_dir(root)))
 

@@ -1,4 +1,5 @@
-"""The kernel log: /dev/kmsg (or saved logs from a dead node) read into records, then events.
+"""The kernel log: /dev/kmsg, the systemd journal's copy of it (collectors/journal.py), or saved logs
+from a dead node, read into records, then events.
 
 Long on purpose: one reader for /dev/kmsg, its follower and every saved-log framing; they share the
 record parser and its bounds, and the framings are told apart line by line.
@@ -11,6 +12,7 @@ recognised on its own, so a file that mixes them still reads.
 from __future__ import annotations
 
 import calendar
+import collections
 import errno
 import io
 import os
@@ -21,9 +23,9 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
-from nodehealth.collectors import CollectError
+from nodehealth.collectors import CollectError, journal
 from nodehealth.collectors.kernel_events import (
     KINDS,
     SXID,
@@ -32,6 +34,7 @@ from nodehealth.collectors.kernel_events import (
     KernelEvent,
     KernelRecord,
 )
+from nodehealth.collectors.kernel_position import Position
 from nodehealth.host import HostPaths, boot_id, parse_key_values, read_text
 from nodehealth.model import Metric
 
@@ -39,13 +42,30 @@ NAME = "kmsg"
 DEFAULTS: dict = {
     # Saved kernel logs to read instead of /dev/kmsg (CLI --kernel-log), e.g. from a sosreport.
     "files": [],
+    # Where this boot's kernel log is read: auto (/dev/kmsg if it opens, else the systemd journal that
+    # holds this boot's kernel records), kmsg, or journal.
+    "source": "auto",
+    # The journal directories, under --root, in order: the first that holds this boot is read.
+    "journal_directories": ["/var/log/journal", "/run/log/journal"],
 }
+# When the kernel log cannot be read, its checks give one finding together (engine.py), not one each.
+FAILED_REASON = "KernelLogUnreadable"
+FIX = ("mount the host's /var/log and /run/log read-only under the root on a node that runs journald (the base "
+       "DaemonSet does), or run the agent privileged (the kernel-log-privileged component); on a host, run it as "
+       "root (deploy/README.md, \"The kernel log\")")
 
 MEANINGS = {  # what each key means, in docs/configuration.md
     "files": "saved kernel logs to read instead of `/dev/kmsg` (flag `--kernel-log`)",
+    "source": "where this boot's kernel log is read: `auto` (`/dev/kmsg` if it opens, else the systemd journal "
+              "that holds this boot's kernel records), `kmsg` or `journal`; where none can be read, one "
+              "`KernelLogUnreadable` finding ([deploy](../deploy/README.md#the-kernel-log))",
+    "journal_directories": "the journal directories, under `--root`, in order: the first that holds kernel records "
+                           "of this boot is read (needs python3-systemd)",
 }
 
-MAX_RECORDS_PER_READ = 100000  # a flood of records cannot keep one read going forever
+MAX_RECORDS_PER_READ = journal.MAX_RECORDS_PER_READ  # a flood of records cannot keep one read going forever
+MAX_READS = 100  # reads of one `check`: a log that never stops growing is judged on what came first
+MAX_EVENTS = 10000  # events kept of one boot (`check` and the daemon): the oldest go first
 # A regular file without inotify is polled: every 10 ms while it grows, backing off to 1 s while idle.
 FILE_POLL_SECONDS = (0.01, 1.0)
 MAX_LINE_BYTES = 64 * 1024  # longer lines keep their head; the rest is skipped
@@ -55,7 +75,7 @@ KMSG_READ_SIZE = 16384  # above the kernel's 8 KiB record limit; a smaller buffe
 
 @dataclass(frozen=True)
 class KernelLog:
-    source: str  # /dev/kmsg, or the saved log files read
+    source: str  # /dev/kmsg, the journal directory, or the saved log files read
     boot_id: str | None  # None for saved logs (their boot is not this one)
     records: int
     overwritten: int  # records the ring buffer overwrote before they were read
@@ -66,9 +86,16 @@ class KernelLog:
 
 
 def supported(host: HostPaths, cfg: dict) -> str | None:
-    if cfg.get("files") or os.path.exists(host.dev("kmsg")):
+    """A running host always has a kernel log: where it cannot be read, its checks say unknown. A
+    fixture folder has one when it holds a dev/kmsg or a journal directory."""
+    source = cfg.get("source", "auto")
+    if cfg.get("files") or host.is_live:
         return None
-    return "no kernel log: /dev/kmsg does not exist and no saved log was given"
+    if source != "journal" and os.path.exists(host.dev("kmsg")):
+        return None
+    if source != "kmsg" and any(os.path.isdir(d) for d in journal.directories(host, cfg)):
+        return None
+    return "no kernel log: no /dev/kmsg, no journal directory, and no saved log was given"
 
 
 def deadline(cfg: dict, default: float) -> float | None:
@@ -77,32 +104,72 @@ def deadline(cfg: dict, default: float) -> float | None:
     return None if cfg.get("files") else default
 
 
+class Follower(Protocol):
+    """A reader of this boot's kernel log that the daemon follows (KmsgFollower, journal.JournalFollower)."""
+
+    source: str  # what it reads, for messages
+    position: Position  # how far it has read (the follower moves it)
+    malformed: int
+    unframed: int
+
+    def read_new(self) -> tuple[int, int, int | None, list[KernelEvent]]:
+        """(records, overwritten, last kmsg sequence number, events) of what came since the last call."""
+
+    def wait(self, timeout: float) -> None:
+        """Until a record may be there, or `timeout` seconds."""
+
+    def close(self) -> None: ...
+
+
+def open_follower(host: HostPaths, cfg: dict, position: Position | None = None) -> Follower:
+    """This boot's kernel log, from the source `collectors.kmsg.source` names, read from `position` on.
+    CollectError saying why none could be opened, and what fixes it."""
+    source = cfg.get("source", "auto")
+    position = Position() if position is None else position
+    why = []
+    if source in ("auto", "kmsg"):
+        try:
+            return KmsgFollower(host, cfg, position)
+        except OSError as e:
+            why.append(f"cannot read {host.dev('kmsg')}: {e.strerror or e}")
+    if source in ("auto", "journal"):
+        try:
+            return journal.JournalFollower(host, cfg, position, boot_id(host), boot_time(host))
+        except CollectError as e:
+            why.append(str(e))
+    raise CollectError(f"{'; and '.join(why)}. To fix: {FIX}")
+
+
 def collect(host: HostPaths, cfg: dict) -> KernelLog:
     files = list(cfg.get("files") or [])
     if files:
         return _collect_files(files)
-    path = host.dev("kmsg")
+    follower = open_follower(host, cfg)
+    records = overwritten = 0
+    events: collections.deque[KernelEvent] = collections.deque(maxlen=MAX_EVENTS)
     try:
-        follower = KmsgFollower(host, cfg)
+        for _ in range(MAX_READS):
+            count, lost, _, new = follower.read_new()
+            records, overwritten = records + count, overwritten + lost
+            events.extend(new)
+            if count < MAX_RECORDS_PER_READ:
+                break
     except OSError as e:
-        raise CollectError(f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        records, overwritten, last_seq, events = follower.read_new()
-    except OSError as e:
-        raise CollectError(f"cannot read {path}: {e.strerror or e}") from None
+        raise CollectError(f"cannot read {follower.source}: {e.strerror or e}") from None
     finally:
         follower.close()
-    return KernelLog(source=path, boot_id=boot_id(host), records=records, overwritten=overwritten,
-                     malformed=follower.malformed, last_seq=last_seq, events=tuple(events),
+    return KernelLog(source=follower.source, boot_id=boot_id(host), records=records, overwritten=overwritten,
+                     malformed=follower.malformed, last_seq=follower.position.seq, events=tuple(events),
                      unframed=follower.unframed)
 
 
 def metrics(facts: KernelLog) -> list[Metric]:
     records = Metric("nodehealth_kernel_log_records_total",
-                     "Kernel log records read from the ring buffer or the saved logs.", "counter")
+                     "Kernel log records read from the ring buffer, the systemd journal or the saved logs.", "counter")
     records.add((), facts.records)
     overwritten = Metric("nodehealth_kernel_log_overwritten_records_total",
-                         "Kernel log records the ring buffer overwrote before they could be read.", "counter")
+                         "Kernel log records the ring buffer overwrote before they could be read (by us, or by journald).",
+                         "counter")
     overwritten.add((), facts.overwritten)
     malformed = Metric("nodehealth_kernel_log_malformed_lines_total",
                        "Kernel log lines skipped because they were not text.", "counter")
@@ -189,14 +256,17 @@ class KmsgFollower:
     """Reads what the kernel log gained since the last call; the daemon's stream.
 
     On /dev/kmsg it starts at the oldest record still in the ring; on a regular file (fixture
-    machines) at its first byte, restarting at 0 when the file shrinks. Records at or below
-    `after_seq` are skipped, so a restarted daemon never counts a record twice.
+    machines) at its first byte, restarting at 0 when the file shrinks. Records at or below the
+    position's sequence number are skipped, so a restarted daemon never counts a record twice; without
+    one (the journal was read last), records the position's keys know are skipped.
     """
 
-    def __init__(self, host: HostPaths, cfg: dict, after_seq: int | None = None):
-        self.path = host.dev("kmsg")
-        self.last_seq = after_seq
-        self._after_seq = after_seq
+    source = ""
+
+    def __init__(self, host: HostPaths, cfg: dict, position: Position | None = None):
+        self.path = self.source = host.dev("kmsg")
+        self.position = Position() if position is None else position
+        self._after_seq = self.position.seq
         self._lines = LogLines(btime=boot_time(host))
         self._events = EventParser()
         self._device = stat.S_ISCHR(os.stat(self.path).st_mode)
@@ -211,10 +281,15 @@ class KmsgFollower:
             self._poll = select.poll()
             self._poll.register(self._fd, select.POLLIN)
         else:
+            _open_log(self.path).close()  # a file we may not read fails here, as the device does
             try:
                 self._watch = _FileWatch(self.path)
             except (OSError, AttributeError):  # no inotify (instances used up, not Linux): poll with back-off
                 self._watch = None
+
+    @property
+    def last_seq(self) -> int | None:
+        return self.position.seq
 
     @property
     def malformed(self) -> int:
@@ -241,21 +316,30 @@ class KmsgFollower:
             records, overwritten = self._device_records()
         else:
             records, overwritten = self._file_records(), 0
-        count = 0
+        position = self.position
+        by_keys = self._after_seq is None  # no sequence number to go by (the journal was read last, or nothing)
+        counted: list[tuple[int | None, str]] = []
         events: list[KernelEvent] = []
         for record in records:
+            text = record.message if not record.facility else ""  # journald rewrites what userspace wrote
             if record.seq is not None:
                 if self._after_seq is not None and record.seq <= self._after_seq:
                     continue
-                self.last_seq = record.seq if self.last_seq is None else max(self.last_seq, record.seq)
-            count += 1
+                position.seq = record.seq if position.seq is None else max(position.seq, record.seq)
+            if by_keys and position.seen(record.monotonic_us, text, kmsg_escaped=True):
+                continue
+            counted.append((record.monotonic_us, text))
             events.extend(self._events.feed(record))
         events.extend(self._events.flush())
-        if self.last_seq is not None:
-            self._after_seq = self.last_seq
+        if records:
+            position.cursor = None  # the journal's cursor no longer says where we are
+        position.read(counted, kmsg_escaped=True)
+        count = len(counted)
+        if position.seq is not None:
+            self._after_seq = position.seq
         if records:
             self._idle = FILE_POLL_SECONDS[0]
-        return count, overwritten, self.last_seq, events
+        return count, overwritten, position.seq, events
 
     def close(self) -> None:
         if self._fd is not None:

@@ -75,6 +75,9 @@ class Mount:
     responsive: bool | None  # the stat returned in time; None when not probed (every probe slot stuck)
     error: str | None  # errno name when the stat failed: ESTALE, EIO, ENOTCONN, ENOENT, ...
     latency_seconds: float | None  # how long the stat took, or for an unresponsive mount how long it has waited
+    # False when the stat was refused on the way, before it reached the mount (a directory the agent may not
+    # search): no answer from the mount, so `responsive` is None
+    reached: bool = True
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ class Mounts:
     # Local block devices and where they are mounted, (kernel name, mount point) such as ("nvme0n1p1", "/data"):
     # the storage check names the mount point of a disk the kernel log reports errors on.
     block_devices: tuple[tuple[str, str], ...] = ()
+    # Why no mount point could be reached at all: the host's root, seen through /proc/1/root, refused us
+    # (the kernel lets a process through only when it may ptrace the host's init). Nothing was probed.
+    unreachable: str | None = None
 
 
 def supported(host: HostPaths, cfg: dict):
@@ -170,6 +176,7 @@ class _Probe:
         self.started = time.monotonic()
         self.finished: float | None = None
         self.error: str | None = None
+        self.reached = True
         self.done = threading.Event()
         self._stat = stat
         self._slots = slots  # the semaphore this probe holds a slot of, released when the stat returns
@@ -180,12 +187,30 @@ class _Probe:
             self._stat(self.path)
         except OSError as e:
             self.error = errno.errorcode.get(e.errno, f"errno {e.errno}") if e.errno else type(e).__name__
+            if e.errno in REFUSED:
+                self.reached = not _refused(self._stat, os.path.join(os.path.dirname(self.path), "."))
         except Exception as e:  # e.g. ValueError for a path with a NUL byte: a fact, not a crash
             self.error = type(e).__name__
         finally:
             self.finished = time.monotonic()
             self.done.set()
             self._slots.release()
+
+
+REFUSED = (errno.EACCES, errno.EPERM)
+
+
+def _refused(stat: Callable[[str], object], path: str) -> bool:
+    """Whether a stat of `path` is refused. Used on `<parent of a mount point>/.` after the mount point's
+    own stat was refused: looking up "." needs the same search permission on the parent as the mount
+    point did, so a refused "." means the walk was stopped on the way, not by the mount."""
+    try:
+        stat(path)
+    except OSError as e:
+        return e.errno in REFUSED
+    except Exception:
+        return False
+    return False
 
 
 _SLOTS = threading.BoundedSemaphore(MAX_PROBE_THREADS)
@@ -234,8 +259,8 @@ def _mount(entry: MountEntry, mounted: bool, configured: bool, probe: _Probe | N
     if probe is None:
         return Mount(entry.mountpoint, entry.fstype, entry.source, mounted, configured, None, None, None)
     if probe.done.is_set():
-        return Mount(entry.mountpoint, entry.fstype, entry.source, mounted, configured, True, probe.error,
-                     probe.finished - probe.started)
+        return Mount(entry.mountpoint, entry.fstype, entry.source, mounted, configured, True if probe.reached else None,
+                     probe.error, probe.finished - probe.started, probe.reached)
     return Mount(entry.mountpoint, entry.fstype, entry.source, mounted, configured, False, None,
                  now - probe.started)
 
@@ -259,11 +284,29 @@ def collect(host: HostPaths, cfg: dict, stat: Callable[[str], object] = os.stat)
     entries, bad = parse_mountinfo(read_text(path), path)
     chosen = select(entries, settings["paths"], {str(t) for t in settings["fstypes"]})
     targets = [locate(entry.mountpoint) for entry, _, _ in chosen]
+    unreachable = _host_root_refused(host, locate) if chosen else None
+    if unreachable is not None:
+        return Mounts(tuple(_mount(entry, mounted, configured, None, 0.0) for entry, mounted, configured in chosen),
+                      len(bad), f"{path} {bad[0]}" if bad else "", block_devices(entries), unreachable)
     probes = probe_paths(targets, float(settings["timeout_seconds"]), stat)
     now = time.monotonic()
     return Mounts(tuple(_mount(entry, mounted, configured, probes[target], now)
                         for (entry, mounted, configured), target in zip(chosen, targets)),
                   len(bad), f"{path} {bad[0]}" if bad else "", block_devices(entries))
+
+
+def _host_root_refused(host: HostPaths, locate: Callable[[str], str]) -> str | None:
+    """Why the host's root cannot be entered where the mount points are reached from (through
+    /proc/1/root in a pod), or None. /proc is no network file system: this stat cannot hang."""
+    root = locate("/")
+    if root == host.rootfs("/"):
+        return None  # the mount points are plain paths here
+    try:
+        os.stat(root)
+    except OSError as e:
+        if e.errno in REFUSED:
+            return f"{root}: {e.strerror}"
+    return None
 
 
 MAX_BLOCK_DEVICES = 256  # bounded: a node with thousands of loop mounts keeps the first ones

@@ -265,6 +265,8 @@ def supported(host: HostPaths, cfg: dict) -> str | None:
         return None
     if not host.is_live:
         return "no NVIDIA GPUs (no nvml.json in this machine)"
+    if host.sysfs_missing():
+        return None  # the GPUs cannot be counted in sysfs: ask NVML (unknown if it cannot answer)
     if not sysfs_gpus(host):
         return "no NVIDIA GPUs in /sys/bus/pci/devices"
     return None

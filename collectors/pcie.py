@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from nodehealth.collectors import require_sysfs
 from nodehealth.host import HostPaths, list_dir, read_attr
 from nodehealth.model import Metric
 
@@ -63,6 +64,8 @@ class Pcie:
 
 
 def supported(host: HostPaths, cfg: dict):
+    if host.sysfs_missing():
+        return None  # collect() says why: unknown, not absent
     if not os.path.isdir(host.sys("bus", "pci", "devices")):
         return "no PCI bus in sysfs (/sys/bus/pci/devices is missing)"
     return None
@@ -158,6 +161,7 @@ def _read_device(address: str, directory: str, kind: str, vendor_id: int | None)
 
 def collect(host: HostPaths, cfg: dict) -> Pcie:
     """A device that vanishes mid-walk is skipped (no class) or keeps None for what it lost."""
+    require_sysfs(host)
     root = host.sys("bus", "pci", "devices") + "/"
     devices = []
     for address in list_dir(root):

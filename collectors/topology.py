@@ -12,6 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from nodehealth.collectors import require_sysfs
 from nodehealth.host import HostPaths, list_dir, read_attr
 from nodehealth.model import Metric
 
@@ -61,6 +62,8 @@ class Topology:
 
 
 def supported(host: HostPaths, cfg: dict) -> str | None:
+    if host.sysfs_missing():
+        return None  # collect() says why: unknown, not absent
     root = host.sys("bus", "pci", "devices")
     if not any(os.path.islink(os.path.join(root, a)) for a in list_dir(root)):
         return "no PCIe tree in sysfs (bus/pci/devices holds no links into devices/)"
@@ -124,6 +127,7 @@ def _distance(gpu: Endpoint, nic: Endpoint) -> int:
 
 
 def collect(host: HostPaths, cfg: dict) -> Topology:
+    require_sysfs(host)
     root = host.sys("bus", "pci", "devices")
     gpus, nics = [], []
     for address in sorted(list_dir(root)):

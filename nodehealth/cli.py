@@ -139,7 +139,8 @@ def _positive(text: str) -> float:
 def pass_options(p: argparse.ArgumentParser) -> None:
     """The options of every command that runs a pass: check, daemon, slurm."""
     p.add_argument("--root", default="/", help="read /proc, /sys and /dev under DIR (a saved or fixture machine)")
-    p.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
+    p.add_argument("--config", metavar="FILE|DIR",
+                   help="configuration file (YAML or .json), or a directory of them merged in name order")
     p.add_argument("--only", metavar="A,B", help="run only these checks/collectors")
     p.add_argument("--skip", metavar="A,B", help="skip these checks/collectors")
     p.add_argument("--state-dir", metavar="DIR", help="state directory (default /var/lib/nodehealth)")
@@ -185,7 +186,8 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("clear", help="clear sticky faults after a repair (the daemon applies it at its next pass)")
     c.add_argument("--reason", default="cleared by an operator", help="why (logged, and recorded in an Event)")
     c.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default /var/lib/nodehealth)")
-    c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json)")
+    c.add_argument("--config", metavar="FILE|DIR",
+                   help="configuration file (YAML or .json), or a directory of them merged in name order")
     c.set_defaults(func=cmd_clear)
 
     g = sub.add_parser("config", help="the configuration (defaults)")

@@ -1,4 +1,5 @@
-"""Configuration: defaults from every collector, check and feature, a file (YAML or JSON), then flags.
+"""Configuration: defaults from every collector, check and feature, a file (YAML or JSON) or a directory of
+them, then flags.
 
 Validation is strict and its errors say where: an unknown key or a value of the wrong type is a
 ConfigError naming the dotted path, never a crash later in a pass. Each feature keeps its section's
@@ -61,7 +62,7 @@ def parts() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
     """Every part of the configuration: (its dotted name, its defaults, what each key means), in the
     order docs/configuration.md lists them. defaults() builds the configuration from it, and
     docs/generate.py the reference, so that a key cannot be added to one and not the other."""
-    from nodehealth import registry
+    from nodehealth import exporter, registry
     from nodehealth.attribution import defaults as attribution
     from nodehealth.hang import defaults as hang
     from nodehealth.hooks import defaults as hooks
@@ -74,6 +75,7 @@ def parts() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
 
     # A collector or check without settings has an empty DEFAULTS and no MEANINGS.
     return [("daemon", DAEMON_DEFAULTS, DAEMON_MEANINGS), ("policy", POLICY_DEFAULTS, POLICY_MEANINGS),
+            ("exporter", exporter.DEFAULTS, exporter.MEANINGS),
             *((f"collectors.{m.NAME}", m.DEFAULTS, getattr(m, "MEANINGS", {})) for m in registry.COLLECTORS),
             *((f"checks.{m.NAME}", m.DEFAULTS, getattr(m, "MEANINGS", {})) for m in registry.CHECKS),
             ("kube", kube.DEFAULTS, kube.MEANINGS), ("slurm", slurm.DEFAULTS, slurm.MEANINGS),
@@ -95,21 +97,49 @@ def defaults() -> dict[str, Any]:
 
 
 def load(path: str | None) -> dict[str, Any]:
-    """Defaults merged with the file at `path` (if any), validated."""
+    """Defaults merged with the file at `path`, or with the config files of the directory at `path` in
+    name order (mappings key by key; a later file's value or list replaces an earlier one's), validated."""
     cfg = defaults()
     if not path:
         return cfg
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(1 << 20)
-    except OSError as e:
-        raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
-    data = _parse(path, text)
-    if data is None:
-        return cfg
-    merge(cfg, data, "")
+    combined: dict[str, Any] = {}
+    for name in config_files(path):
+        data = _parse(name, _read(name))
+        if data is None:
+            continue
+        try:
+            merge(defaults(), data, "")  # each file on its own, so that an error names its file
+        except ConfigError as e:
+            raise ConfigError(f"{name}: {e}" if name != path else str(e)) from None
+        _deep_merge(combined, data)
+    merge(cfg, combined, "")
     check_ranges(cfg)
     return cfg
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def config_files(path: str) -> list[str]:
+    """`path` itself, or a directory's *.yaml, *.yml and *.json files in name order. Hidden names are
+    skipped: a ConfigMap volume keeps its real files under `..data` and shows each as a link beside it."""
+    if not os.path.isdir(path):
+        return [path]
+    try:
+        names = sorted(n for n in os.listdir(path) if n.endswith(CONFIG_SUFFIXES) and not n.startswith("."))
+    except OSError as e:
+        raise ConfigError(f"cannot read config directory {path}: {e.strerror or e}") from None
+    if not names:
+        raise ConfigError(f"config directory {path}: no *.yaml, *.yml or *.json file in it")
+    return [os.path.join(path, n) for n in names]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(1 << 20)
+    except OSError as e:
+        raise ConfigError(f"cannot read config {path}: {e.strerror or e}") from None
 
 
 def check_ranges(cfg: dict[str, Any]) -> None:
@@ -126,6 +156,15 @@ def check_ranges(cfg: dict[str, Any]) -> None:
         if value >= daemon["collector_timeout_seconds"]:
             raise ConfigError(f"collectors.{name}.{key} ({value:g}) must be below daemon.collector_timeout_seconds "
                               f"({daemon['collector_timeout_seconds']:g}), or the collector times out first")
+    if not all(isinstance(p, str) and p for p in cfg["exporter"]["exclude_families"]):
+        raise ConfigError(f"exporter.exclude_families: family names or patterns, not "
+                          f"{cfg['exporter']['exclude_families']!r}")
+    kernel_log = cfg["collectors"]["kmsg"]
+    if kernel_log["source"] not in ("auto", "kmsg", "journal"):
+        raise ConfigError(f"collectors.kmsg.source: must be auto, kmsg or journal, not {kernel_log['source']!r}")
+    if not all(isinstance(d, str) and d.startswith("/") for d in kernel_log["journal_directories"]):
+        raise ConfigError("collectors.kmsg.journal_directories: absolute paths on the host (read under --root), not "
+                          f"{kernel_log['journal_directories']!r}")
     for key in ("raise_after_passes", "clear_after_passes"):
         if cfg["policy"][key] < 1:
             raise ConfigError(f"policy.{key}: must be at least 1, not {cfg['policy'][key]!r}")
@@ -316,6 +355,15 @@ def _coerce(path: str, current: Any, value: Any) -> Any:
         if isinstance(value, dict):
             return value
     raise ConfigError(f"{path}: expected {type(current).__name__}, got {type(value).__name__} ({value!r})")
+
+
+def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = value
+    return base
 
 
 def state_dir(cfg: dict[str, Any], flag: str | None) -> str:

@@ -30,7 +30,7 @@ from nodehealth.collectors import kmsg, nvml
 from nodehealth.collectors import pingmesh as pingmesh_facts
 from nodehealth.collectors import rdma_bw as rdma_facts
 from nodehealth.config import ConfigError
-from nodehealth.engine import Engine
+from nodehealth.engine import Engine, failed
 from nodehealth.faces import Face
 from nodehealth.host import boot_id
 from nodehealth.kernel_stream import Batch, KernelEvents, KernelStream
@@ -138,7 +138,7 @@ class Daemon:
         if self.kernel_supported is not None:
             return CollectorResult(kmsg.NAME, False, False, error=self.kernel_supported)
         if self.stream.error is not None:
-            return CollectorResult(kmsg.NAME, True, False, error=self.stream.error)
+            return failed(kmsg, self.stream.error)
         return CollectorResult(kmsg.NAME, True, True, facts=self.kernel.facts())
 
     def _streamed(self) -> dict[str, CollectorResult]:
@@ -157,7 +157,8 @@ class Daemon:
         """Judge `checks` on `results` and rebuild the report. Caller holds the lock."""
         results = dict(results, **self._streamed())
         findings = node_pass.judge(self.engine, results, self.rates, now, checks)
-        names = [c.NAME for c in checks] + ["nodehealth"]  # NothingChecked is judged every time
+        # NothingChecked is judged every time; a failed source's one finding with the checks that read it
+        names = [c.NAME for c in checks] + sorted({n for c in checks for n in c.NEEDS}) + ["nodehealth"]
         current = self.policy.apply(findings, now, judged_checks=names)
         for name in names:
             self.current[name] = []
@@ -330,7 +331,8 @@ class Daemon:
         return self.kmsg_module is not None and self.kernel_supported is None
 
     def routes(self) -> server.Routes:
-        routes = {"/metrics": lambda _: (200, exporter.render(self.metrics()), exporter.CONTENT_TYPE),
+        routes = {"/metrics": lambda _: (200, exporter.render(exporter.shape(self.metrics(), self.cfg["exporter"])),
+                                         exporter.CONTENT_TYPE),
                   "/healthz": self._healthz, "/v1/report": self._report}
         if self.pingmesh is not None:
             routes["/v1/pingmesh"] = self._pingmesh

@@ -27,6 +27,9 @@ REASONS = {
 }
 
 
+MAX_ERROR_CHARS = 1000  # a collector's error, bounded: room for what failed, why, and the fix (kmsg's)
+
+
 class _Worker(threading.Thread):
     """Runs batches of collectors in order, pass after pass; retired once abandoned to a stuck one.
 
@@ -78,7 +81,7 @@ def _describe(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror:
         return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
     text = str(e) or type(e).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS - 3] + "..."
 
 
 class Engine:
@@ -105,8 +108,7 @@ class Engine:
             if reason is not None:
                 results[module.NAME] = CollectorResult(module.NAME, supported=False, success=False, error=reason)
             elif self._stuck.get(module.NAME) is not None and self._stuck[module.NAME].is_alive():
-                results[module.NAME] = CollectorResult(module.NAME, True, False,
-                                                       error="still stuck in a read from an earlier pass")
+                results[module.NAME] = failed(module, "still stuck in a read from an earlier pass")
             else:
                 self._stuck.pop(module.NAME, None)
                 queue.append(module)
@@ -118,14 +120,15 @@ class Engine:
             worker.cfgs = cfgs
             worker.submit(queue)
             stuck = self._wait(worker)
+            by_name = {m.NAME: m for m in queue}
             for name, (facts, error, duration) in worker.done.items():
-                results[name] = CollectorResult(name, True, error is None, duration, error, facts)
+                results[name] = (CollectorResult(name, True, True, duration, facts=facts) if error is None
+                                 else failed(by_name[name], error, duration))
             if stuck is None:
                 break
             self._stuck[stuck.NAME] = worker
             self._worker = None  # left to the stuck collector; the rest run on a fresh one
-            results[stuck.NAME] = CollectorResult(stuck.NAME, True, False, self.timeout,
-                                                  f"timed out after {self.timeout:g}s")
+            results[stuck.NAME] = failed(stuck, f"timed out after {self.timeout:g}s", self.timeout)
             queue = queue[queue.index(stuck) + 1:]
         return {m.NAME: results[m.NAME] for m in self.collectors}
 
@@ -176,11 +179,23 @@ class Engine:
 
     def judge(self, results: dict[str, CollectorResult], rates: dict[str, dict[str, float]],
               now: float, checks: Sequence[Any] | None = None) -> list[Finding]:
-        """Run `checks` (default: all of this engine's) on collected results."""
+        """Run `checks` (default: all of this engine's) on collected results. The checks of a failed
+        collector that names its failure (FAILED_REASON) give one finding together, not one each."""
         obs = Observed({n: r.facts for n, r in results.items() if r.success}, rates, now)
         findings: list[Finding] = []
+        folded: dict[str, list[str]] = {}
         for check in self.checks if checks is None else checks:
+            failure = _failed_input(check, results)
+            if failure is not None and failure.failed_reason:
+                folded.setdefault(failure.name, []).append(check.NAME)
+                continue
             findings.extend(run_check(check, results, obs, self.config["checks"].get(check.NAME, {})))
+        for name, names in folded.items():
+            r = results[name]
+            listed = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+            findings.append(Finding(name, Severity.UNKNOWN, str(r.failed_reason),
+                                    f"Could not judge {listed}: collector {name} failed: {r.error}.",
+                                    evidence={"checks": names, "error": r.error}))
         return findings
 
     def run(self) -> tuple[dict[str, CollectorResult], list[Finding]]:
@@ -196,15 +211,28 @@ def _supported(module: Any, host: HostPaths, cfg: dict[str, Any]) -> str | None:
         return f"support probe failed: {_describe(e)}"
 
 
+def failed(module: Any, error: str, duration: float = 0.0) -> CollectorResult:
+    """A supported collector's failure, with the reason its checks then give together, if it has one."""
+    return CollectorResult(module.NAME, True, False, duration, error,
+                           failed_reason=getattr(module, "FAILED_REASON", None))
+
+
+def _failed_input(check: Any, results: dict[str, CollectorResult]) -> CollectorResult | None:
+    """The first failed collector a check needs, when all it needs are supported."""
+    needed = [results.get(name) for name in check.NEEDS]
+    if any(r is None or not r.supported for r in needed):
+        return None
+    return next((r for r in needed if not r.success), None)
+
+
 def run_check(check: Any, results: dict[str, CollectorResult], obs: Observed,
               cfg: dict[str, Any]) -> list[Finding]:
     """One check, isolated: a failed input or a crash is an `unknown` finding, never an exception."""
     needed = [results.get(name) for name in check.NEEDS]
     if any(r is None or not r.supported for r in needed):
         return []
-    failed = [r for r in needed if not r.success]
-    if failed:
-        r = failed[0]
+    r = _failed_input(check, results)
+    if r is not None:
         return [Finding(check.NAME, Severity.UNKNOWN, COLLECTOR_FAILED,
                         f"Could not judge: collector {r.name} failed: {r.error}.", device="")]
     try:

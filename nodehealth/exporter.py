@@ -1,7 +1,9 @@
-"""Prometheus exposition of a report: which families a report becomes, and their text; and the
-daemon's /metrics face (Exporter), which keeps the latest report for the next scrape."""
+"""Prometheus exposition of a report: which families a report becomes, and their text; the daemon's
+/metrics face (Exporter), which keeps the latest report for the next scrape; and the families an
+operator leaves out or folds (the `exporter` settings), so that a large node's series stay affordable."""
 from __future__ import annotations
 
+import fnmatch
 import logging
 import math
 import threading
@@ -13,6 +15,27 @@ from nodehealth.model import Metric, Report, Severity
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+DEFAULTS: dict[str, Any] = {
+    # Families left out of /metrics: names or shell-style patterns (`nodehealth_infiniband_port_*_packets_total`).
+    # benchmarks/RESULTS.md lists the series of every family on each fixture machine.
+    "exclude_families": [],
+    "detail": {
+        # false: every nodehealth_gpu_nvlink_* family per GPU, summed over its links (the `link` label goes):
+        # 8 series a family on an 8-GPU H100 node instead of 144 (18 links each).
+        "nvlink_per_link": True,
+    },
+}
+MEANINGS = {  # what each key means, in docs/configuration.md
+    "exclude_families": "metric families left out of `/metrics`: names, or shell-style patterns such as "
+                        "`nodehealth_infiniband_port_hw_events_total` or `nodehealth_infiniband_port_*_packets_total`. "
+                        "Keep the families the alert rules and dashboards use (`nodehealth_finding`, "
+                        "`nodehealth_health_status`, ...)",
+    "detail.nvlink_per_link": "`false`: each `nodehealth_gpu_nvlink_*` family per GPU, summed over its links (no "
+                              "`link` label): 8 series a family on an 8-GPU H100 node instead of 144. "
+                              "`nodehealth_gpu_nvlink_active` then counts the GPU's links that are up",
+}
+NVLINK_FAMILIES = "nodehealth_gpu_nvlink_"
 
 
 def core_metrics(report: Report) -> list[Metric]:
@@ -96,6 +119,34 @@ class Exporter:
 
     def stop(self, timeout: float) -> None:
         pass
+
+
+def shape(metrics: Iterable[Metric], settings: dict[str, Any]) -> list[Metric]:
+    """The families as the `exporter` settings want them: the excluded ones left out, the NVLink ones
+    summed per GPU when their per-link detail is off."""
+    excluded = list(settings["exclude_families"])
+    per_link = settings["detail"]["nvlink_per_link"]
+    out = []
+    for m in metrics:
+        if any(fnmatch.fnmatchcase(m.name, pattern) for pattern in excluded):
+            continue
+        if not per_link and m.name.startswith(NVLINK_FAMILIES) and "link" in m.labels and m.kind != "histogram":
+            m = summed_over(m, "link", "Per GPU: summed over the GPU's links (exporter.detail.nvlink_per_link is "
+                                       "false).")
+        out.append(m)
+    return out
+
+
+def summed_over(m: Metric, label: str, note: str) -> Metric:
+    """The family without `label`: the samples that differ only in it, added up."""
+    i = m.labels.index(label)
+    out = Metric(m.name, f"{m.help} {note}", m.kind, m.labels[:i] + m.labels[i + 1:])
+    sums: dict[tuple[str, ...], float] = {}
+    for labels, value in m.samples:
+        key = labels[:i] + labels[i + 1:]
+        sums[key] = sums.get(key, 0.0) + value
+    out.samples = list(sums.items())
+    return out
 
 
 def render(metrics: Iterable[Metric]) -> bytes:

@@ -34,8 +34,18 @@ class HostPaths:
         """A running host: "/" itself, or the host's filesystems mounted under a root (the DaemonSet
         mounts them at /host), told apart from a fixture folder by a real procfs at root/proc."""
         if self._live is None:
-            self._live = self.root == "/" or _is_procfs_mount(self.procfs)
+            self._live = self.root == "/" or _is_mount(self.procfs, "proc")
         return self._live
+
+    def sysfs_missing(self) -> str | None:
+        """Why a live host's sysfs is not at `sysfs`, or None. Every running Linux host has a sysfs, so
+        on a live host a missing one is a missing mount (the DaemonSet without /host/sys), and the
+        collectors that read it cannot judge: unknown, never "this host has no PCI devices". A fixture
+        folder without sys/ is a machine recorded without it."""
+        if not self.is_live or _is_mount(self.sysfs, "sysfs"):
+            return None
+        return (f"no sysfs mounted at {self.sysfs}, so this host's devices cannot be seen: mount the host's /sys "
+                "there read-only")
 
     def proc(self, *parts: str) -> str:
         return os.path.join(self.procfs, *parts)
@@ -71,15 +81,15 @@ class HostPaths:
         return f"HostPaths(root={self.root!r})"
 
 
-def _is_procfs_mount(path: str) -> bool:
-    """Whether a procfs is mounted at `path` (this process's mount table says so)."""
+def _is_mount(path: str, fstype: str) -> bool:
+    """Whether a file system of `fstype` is mounted at `path` (this process's mount table says so)."""
     try:
         text = read_text("/proc/self/mountinfo")
     except OSError:
         return False
     for line in text.splitlines():
         fields = line.split(" ")
-        if len(fields) > 4 and fields[4] == path and " - proc " in line:
+        if len(fields) > 4 and fields[4] == path and f" - {fstype} " in line:
             return True
     return False
 

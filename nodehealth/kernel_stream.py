@@ -1,10 +1,12 @@
 """The kernel log as a stream, for the daemon: a follower thread reads new records as they come
-(collectors/kmsg.py's KmsgFollower), NVML's Xid events arrive on another thread, and both land in
-one store of this boot's events (KernelEvents), where an Xid that both sources report is kept once.
+(/dev/kmsg or the systemd journal, collectors/kmsg.py's open_follower), NVML's Xid events arrive on
+another thread, and both land in one store of this boot's events (KernelEvents), where an Xid that
+both sources report is kept once.
 
-Records are keyed by boot id and sequence number: the store is saved with the state file, and a
-restarted daemon skips every record at or below the last sequence it saved, so no record is counted
-twice. The daemon judges the kernel-log checks on the store's facts after every batch.
+The store is saved with the state file, with its boot id and its position in the log (the last kmsg
+sequence number or journal cursor, and the keys of collectors/kernel_position.py), so that a
+restarted daemon, on the same source or the other, counts no record twice. The daemon judges the
+kernel-log checks on the store's facts after every batch.
 """
 from __future__ import annotations
 
@@ -14,15 +16,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nodehealth.collectors import kmsg, nvml
+from nodehealth.collectors import CollectError, kmsg, nvml
 from nodehealth.collectors.gpu_facts import NvmlError
 from nodehealth.collectors.kernel_events import XID, KernelEvent
+from nodehealth.collectors.kernel_position import MAX_RECENT, Position
 from nodehealth.host import HostPaths
 from nodehealth.policy import expect
 
 log = logging.getLogger("nodehealth.daemon")
 
-MAX_EVENTS = 10000  # kernel events kept for the current boot; the oldest go first
+MAX_EVENTS = kmsg.MAX_EVENTS  # kernel events kept for the current boot; the oldest go first
 XID_MERGE_SECONDS = 2.0  # an NVML Xid event and its kernel line are one Xid (docs/architecture.md, "The kernel stream")
 NVML_EVENT_WAIT_SECONDS = 0.5
 REOPEN_SECONDS = 5.0  # a reader that failed, or a source that cannot be opened, is tried again this often
@@ -34,18 +37,15 @@ class Batch:
 
     records: int
     overwritten: int
-    last_seq: int | None
+    position: Position | None  # where the log was read up to (None: NVML's events)
     events: list[KernelEvent]
     malformed: int = 0
     unframed: int = 0
 
 
 class KernelEvents:
-    """The current boot's kernel events and counters, restored from and saved to the state file.
-
-    Records are keyed by boot id and sequence number: a restarted daemon skips every record at or
-    below the last sequence it saved, so no record is counted twice.
-    """
+    """The current boot's kernel events and counters, restored from and saved to the state file with
+    the position in the log, so that a restarted daemon counts no record twice."""
 
     def __init__(self, boot: str | None, source: str):
         self.boot_id = boot
@@ -55,7 +55,7 @@ class KernelEvents:
         self.overwritten = 0
         self.malformed = 0
         self.unframed = 0
-        self.last_seq: int | None = None
+        self.position = Position()
 
     def restore(self, saved: dict[str, Any]) -> None:
         if not saved or saved.get("boot_id") != self.boot_id or self.boot_id is None:
@@ -64,7 +64,7 @@ class KernelEvents:
         self.overwritten = int(saved.get("overwritten", 0))
         self.malformed = int(saved.get("malformed", 0))
         self.unframed = int(saved.get("unframed", 0))
-        self.last_seq = saved.get("last_seq")
+        self.position = Position.load(saved)
         fields = {f.name for f in dataclasses.fields(KernelEvent)}
         for d in saved.get("events", [])[-MAX_EVENTS:]:
             try:
@@ -80,6 +80,14 @@ class KernelEvents:
         for name in ("records", "overwritten", "malformed", "unframed"):
             expect(saved.get(name, 0), int, f"kmsg.{name}")
         expect(saved.get("last_seq"), int, "kmsg.last_seq", optional=True)
+        expect(saved.get("journal_cursor"), str, "kmsg.journal_cursor", optional=True)
+        expect(saved.get("high_us"), int, "kmsg.high_us", optional=True)
+        for i, pair in enumerate(expect(saved.get("recent", []), list, "kmsg.recent")[-MAX_RECENT:]):
+            expect(pair, list, f"kmsg.recent[{i}]")
+            if len(pair) != 2:
+                raise ValueError(f"kmsg.recent[{i}] is not a [stamp, key] pair")
+            expect(pair[0], int, f"kmsg.recent[{i}][0]")
+            expect(pair[1], str, f"kmsg.recent[{i}][1]")
         for i, d in enumerate(expect(saved.get("events", []), list, "kmsg.events")[-MAX_EVENTS:]):
             where = f"kmsg.events[{i}]"
             expect(d, dict, where)
@@ -91,14 +99,13 @@ class KernelEvents:
             expect(d.get("detail", {}), dict, f"{where}.detail")
 
     def add(self, batch: Batch) -> None:
-        records, overwritten, last_seq, events = batch.records, batch.overwritten, batch.last_seq, batch.events
-        self.records += records
-        self.overwritten += overwritten
+        self.records += batch.records
+        self.overwritten += batch.overwritten
         self.malformed += batch.malformed
         self.unframed += batch.unframed
-        if last_seq is not None:
-            self.last_seq = last_seq
-        for event in events:
+        if batch.position is not None:
+            self.position = batch.position
+        for event in batch.events:
             self._merge(event)
         if len(self.events) > MAX_EVENTS:
             del self.events[: len(self.events) - MAX_EVENTS]
@@ -132,11 +139,11 @@ class KernelEvents:
     def facts(self) -> kmsg.KernelLog:
         return kmsg.KernelLog(source=self.source, boot_id=self.boot_id, records=self.records,
                               overwritten=self.overwritten, malformed=self.malformed,
-                              last_seq=self.last_seq, events=tuple(self.events), unframed=self.unframed)
+                              last_seq=self.position.seq, events=tuple(self.events), unframed=self.unframed)
 
     def dump(self) -> dict[str, Any]:
         return {"boot_id": self.boot_id, "records": self.records, "overwritten": self.overwritten,
-                "malformed": self.malformed, "unframed": self.unframed, "last_seq": self.last_seq,
+                "malformed": self.malformed, "unframed": self.unframed, **self.position.dump(),
                 "events": [dataclasses.asdict(e) for e in self.events]}
 
 
@@ -160,20 +167,23 @@ class KernelStream:
         (docs/architecture.md, "The kernel stream")."""
         while not stop.is_set():
             try:
-                follower = kmsg.KmsgFollower(self.host, self.cfg, after_seq=self.store.last_seq)
-            except OSError as e:
-                self.error = f"cannot open the kernel log: {e.strerror or e}"
+                follower = kmsg.open_follower(self.host, self.cfg, self.store.position.copy())
+            except CollectError as e:
+                self.error = str(e)
                 self.alive = False
                 stop.wait(REOPEN_SECONDS)
                 continue
+            self.store.source = follower.source
             self.error = None
             self.alive = True
             malformed, unframed = 0, 0
             try:
                 while not stop.is_set():
-                    records, overwritten, last_seq, events = follower.read_new()
-                    if records or overwritten or follower.malformed > malformed or follower.unframed > unframed:
-                        self.on_batch(Batch(records, overwritten, last_seq, list(events),
+                    before = follower.position.copy()
+                    records, overwritten, _, events = follower.read_new()
+                    if (records or overwritten or follower.malformed > malformed or follower.unframed > unframed
+                            or follower.position != before):
+                        self.on_batch(Batch(records, overwritten, follower.position.copy(), list(events),
                                             follower.malformed - malformed, follower.unframed - unframed))
                         malformed, unframed = follower.malformed, follower.unframed
                     follower.wait(1.0)  # wakes at once for a record; idle, once a second

@@ -196,6 +196,9 @@ class CollectorResult:
     duration_seconds: float = 0.0
     error: str | None = None  # why it failed, or why it is unsupported
     facts: Any = None
+    # When it failed: the reason of the one finding its checks give together (the collector's
+    # FAILED_REASON, e.g. KernelLogUnreadable); None gives each check its own CollectorFailed.
+    failed_reason: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -105,7 +105,8 @@ class Supervisor:
     def metrics(self) -> list[Metric]:
         up = Metric("nodehealth_worker_up", "1 while the daemon's worker thread runs, 0 while it is dead or waits to "
                     "be restarted.", labels=("worker",))
-        restarts = Metric("nodehealth_worker_restarts_total", "Times the worker thread died (it is run again after a backoff).",
+        restarts = Metric("nodehealth_worker_restarts_total",
+                          "Times the worker thread died (it is run again after a backoff).",
                           "counter", ("worker",))
         with self.lock:
             for w in self.workers:

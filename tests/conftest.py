@@ -1,6 +1,7 @@
 """Shared test helpers: fixture machines, a real daemon process, free ports."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -53,6 +54,24 @@ def unavailable(why: str):
     if IN_CI:
         pytest.fail(f"needed under CI: {why}")
     pytest.skip(why)
+
+
+@contextlib.contextmanager
+def live_root(root, sysfs: bool = False):
+    """`root` as the DaemonSet mounts the host at /host: a real procfs at proc/ (so HostPaths takes it for
+    a live host), and with `sysfs` the real sysfs at sys/; what else is there stays. Needs CAP_SYS_ADMIN."""
+    mounted = []
+    try:
+        for name, fstype in (("proc", "proc"), ("sys", "sysfs"))[:2 if sysfs else 1]:
+            path = os.path.join(str(root), name)
+            os.makedirs(path, exist_ok=True)
+            if subprocess.run(["mount", "-t", fstype, fstype, path], capture_output=True).returncode:
+                pytest.skip(f"cannot mount a {fstype} here (needs CAP_SYS_ADMIN)")
+            mounted.append(path)
+        yield str(root)
+    finally:
+        for path in reversed(mounted):
+            subprocess.run(["umount", path], capture_output=True)
 
 
 def require_tool(name: str) -> str:
@@ -110,7 +129,8 @@ class DaemonProcess:
         cmd = [sys.executable, "-m", "nodehealth.cli", "daemon", "--root", root, "--state-dir", state_dir,
                "--listen", f"127.0.0.1:{self.port}", "--interval", str(interval), *extra]
         env = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")  # stacks on SIGABRT
-        limit = None if max_files is None else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files))
+        limit = (None if max_files is None
+                 else lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (max_files, max_files)))
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                      preexec_fn=limit)
 

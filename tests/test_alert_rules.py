@@ -80,7 +80,9 @@ def test_the_alerts_an_operator_asked_for_exist():
     assert "nodehealth_kube_publish_errors_total" in a["NodeHealthKubePublishFailing"]["expr"]
     assert "nodehealth_state_save_errors_total" in a["NodeHealthStateNotSaved"]["expr"]
     assert "nodehealth_hang_detected" in a["NodeHealthHangDetected"]["expr"]
-    assert "nodehealth_kernel_log_follower_up" in a["NodeHealthKernelLogUnreadable"]["expr"]
+    # The one finding the daemon exports for a kernel log it cannot read (the kmsg collector's FAILED_REASON).
+    from nodehealth.collectors import kmsg
+    assert f'nodehealth_finding{{reason="{kmsg.FAILED_REASON}"}}' in a["NodeHealthKernelLogUnreadable"]["expr"]
     # A pod that never started has no `up` series: the DaemonSet's desired and available pods.
     down = a["NodeHealthDaemonDown"]["expr"]
     assert "kube_daemonset_status_desired_number_scheduled" in down

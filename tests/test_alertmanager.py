@@ -163,15 +163,19 @@ def test_alerts_reach_the_webhook_routed_and_a_lost_gpu_pages_once(tmp_path, dae
 
 def test_a_node_blind_to_its_kernel_log_raises_one_alert_not_two(tmp_path):
     """The shipped routing in a real Alertmanager: NodeHealthKernelLogUnreadable holds back the
-    NodeHealthCannotJudge its unknown kernel-log checks also raise on that node, and only there."""
+    NodeHealthCannotJudge and the kmsg NodeHealthCollectorFailing that its unreadable kernel log also
+    raises on that node, and only there."""
     alertmanager = alertmanager_binary()
     port = free_port()
     am = start([alertmanager, f"--config.file={ROUTING}", f"--storage.path={tmp_path / 'am'}",
                 f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="], "alertmanager", tmp_path)
     base = f"http://127.0.0.1:{port}"
-    sent = [{"labels": {"alertname": name, "instance": node, "severity": "warning"}}
-            for name, node in (("NodeHealthKernelLogUnreadable", "gpu-1:9456"), ("NodeHealthCannotJudge", "gpu-1:9456"),
-                               ("NodeHealthCannotJudge", "gpu-2:9456"))]
+    sent = [{"labels": {"alertname": name, "instance": node, "severity": "warning", **extra}}
+            for name, node, extra in (("NodeHealthKernelLogUnreadable", "gpu-1:9456", {}),
+                                      ("NodeHealthCannotJudge", "gpu-1:9456", {}),
+                                      ("NodeHealthCannotJudge", "gpu-2:9456", {}),
+                                      ("NodeHealthCollectorFailing", "gpu-1:9456", {"collector": "kmsg"}),
+                                      ("NodeHealthCollectorFailing", "gpu-1:9456", {"collector": "nvml"}))]
     try:
         deadline = time.monotonic() + 30
         while api(base, "/api/v2/status") is None:
@@ -183,14 +187,16 @@ def test_a_node_blind_to_its_kernel_log_raises_one_alert_not_two(tmp_path):
         with urllib.request.urlopen(request, timeout=5) as r:
             assert r.status == 200
 
-        def state() -> dict[tuple[str, str], bool]:
-            return {(a["labels"]["alertname"], a["labels"]["instance"]): bool(a["status"]["inhibitedBy"])
-                    for a in api(base, "/api/v2/alerts?inhibited=true") or []}
-        while len(state()) < 3 and time.monotonic() < deadline:
+        def state() -> dict[tuple[str, str, str], bool]:
+            return {(a["labels"]["alertname"], a["labels"]["instance"], a["labels"].get("collector", "")):
+                    bool(a["status"]["inhibitedBy"]) for a in api(base, "/api/v2/alerts?inhibited=true") or []}
+        while len(state()) < len(sent) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert state() == {("NodeHealthKernelLogUnreadable", "gpu-1:9456"): False,
-                           ("NodeHealthCannotJudge", "gpu-1:9456"): True,
-                           ("NodeHealthCannotJudge", "gpu-2:9456"): False}
+        assert state() == {("NodeHealthKernelLogUnreadable", "gpu-1:9456", ""): False,
+                           ("NodeHealthCannotJudge", "gpu-1:9456", ""): True,
+                           ("NodeHealthCannotJudge", "gpu-2:9456", ""): False,
+                           ("NodeHealthCollectorFailing", "gpu-1:9456", "kmsg"): True,
+                           ("NodeHealthCollectorFailing", "gpu-1:9456", "nvml"): False}
     finally:
         am.terminate()
         am.wait(10)

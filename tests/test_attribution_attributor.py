@@ -10,11 +10,11 @@ from conftest import machine
 from fake_kubelet import FakeKubelet
 
 from nodehealth import config, registry
-from nodehealth.config import ConfigError
-from nodehealth.attribution.defaults import DEFAULTS, settings
 from nodehealth.attribution.attributor import Attributor
+from nodehealth.attribution.defaults import DEFAULTS, settings
 from nodehealth.attribution.evidence import CHECK, UNAVAILABLE
 from nodehealth.collectors import nvml
+from nodehealth.config import ConfigError
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
 from nodehealth.model import Finding, Severity, Status, verdict

@@ -9,15 +9,15 @@ from nodehealth.model import Action, Observed, Severity
 
 
 def mount(mountpoint="/mnt/home", fstype="nfs4", source="10.20.0.5:/export/home", mounted=True, configured=False,
-          responsive=True, error=None, latency=0.003):
-    return Mount(mountpoint, fstype, source, mounted, configured, responsive, error, latency)
+          responsive=True, error=None, latency=0.003, reached=True):
+    return Mount(mountpoint, fstype, source, mounted, configured, responsive, error, latency, reached)
 
 
-def judge(*ms):
-    return check.judge(Observed({"mounts": Mounts(tuple(ms))}), dict(check.DEFAULTS))
+def judge(*ms, unreachable=None):
+    return check.judge(Observed({"mounts": Mounts(tuple(ms), unreachable=unreachable)}), dict(check.DEFAULTS))
 
 
-DEGRADED, WARNING = Severity.DEGRADED, Severity.WARNING
+DEGRADED, WARNING, UNKNOWN = Severity.DEGRADED, Severity.WARNING, Severity.UNKNOWN
 
 CASES = [
     ("healthy", [mount()], []),
@@ -33,6 +33,8 @@ CASES = [
     ("permission denied is an answer", [mount("/run/user/1000/gvfs", "fuse.gvfsd-fuse", "gvfsd-fuse", error="EACCES")],
      []),
     ("EPERM is an answer", [mount(error="EPERM")], []),
+    ("refused on the way: not an answer", [mount(error="EACCES", responsive=None, reached=False)],
+     [(UNKNOWN, "MountNotReached", "/mnt/home")]),
     ("configured and mounted", [mount(configured=True)], []),
     ("configured, not mounted, does not exist",
      [mount("/datasets", "", "", mounted=False, configured=True, error="ENOENT")],
@@ -96,3 +98,17 @@ def test_skipped_mount_table_lines_are_named_and_the_rest_judged():
     assert [(f.reason, f.severity) for f in findings] == [("MountUnresponsive", Severity.DEGRADED),
                                                           ("MountTableLinesSkipped", Severity.INFO)]
     assert "line 2" in findings[1].message
+
+
+def test_a_host_root_refused_through_proc_1_root_is_one_unknown_naming_the_fix():
+    [f] = judge(mount(responsive=None, latency=None), mount("/lustre", responsive=None, latency=None),
+                unreachable="/host/proc/1/root: Permission denied")
+    assert (f.severity, f.reason, f.device) == (UNKNOWN, "MountsUnreachable", "")
+    assert "/host/proc/1/root: Permission denied" in f.message and "SYS_PTRACE" in f.message
+    assert "2 network or FUSE mounts" in f.message
+
+
+def test_a_mount_refused_on_the_way_names_the_directory_and_the_fix():
+    [f] = judge(mount("/home/alice/remote", "fuse.sshfs", "alice@login01:/", error="EACCES", responsive=None,
+                      reached=False))
+    assert "/home/alice" in f.message and "DAC_READ_SEARCH" in f.message

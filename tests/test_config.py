@@ -39,6 +39,9 @@ def test_yaml_and_json_override(tmp_path):
     ("policy:\n  raise_after_passes: 0\n", "policy.raise_after_passes: must be at least 1"),
     ("checks:\n  infiniband:\n    expected_rate_gbps: {InfiniBand: 400 Gb/s}\n",
      "expected_rate_gbps.InfiniBand: must be a number of Gb/s"),
+    ("collectors:\n  kmsg:\n    source: syslog\n", "collectors.kmsg.source: must be auto, kmsg or journal"),
+    ("collectors:\n  kmsg:\n    journal_directories: [var/log/journal]\n",
+     "collectors.kmsg.journal_directories: absolute paths"),
 ])
 def test_bad_config_is_a_clear_error(tmp_path, text, fragment):
     with pytest.raises(config.ConfigError) as e:
@@ -106,3 +109,46 @@ def test_pingmesh_analysis_thresholds_are_checked(tmp_path, key, value, why):
     path.write_text(json.dumps({"pingmesh": {"analysis": {key: value}}}))
     with pytest.raises(config.ConfigError, match=f"pingmesh.analysis.{key}.*{why}"):
         config.load(str(path))
+
+
+# -- a directory of config files (the DaemonSet mounts its ConfigMap's files and passes the directory) ---------
+
+def test_a_directory_merges_its_files_in_name_order_key_by_key(tmp_path):
+    write(tmp_path, "00-base.yaml", "daemon:\n  interval_seconds: 5\n  listen: 127.0.0.1:1\n"
+          "collectors:\n  mounts:\n    paths: [/a, /b]\n")
+    write(tmp_path, "50-component.json", json.dumps({"checks": {"xid": {"overrides": {"31": {"severity": "fatal"}}}}}))
+    write(tmp_path, "90-site.yaml", "daemon:\n  interval_seconds: 7\ncollectors:\n  mounts:\n    paths: [/c]\n"
+          "checks:\n  xid:\n    overrides:\n      '43': {severity: warning}\n")
+    write(tmp_path, "README.txt", "not: a config file\n")  # only *.yaml, *.yml and *.json are read
+    cfg = config.load(str(tmp_path))
+    assert cfg["daemon"]["interval_seconds"] == 7.0  # a later file's value replaces
+    assert cfg["daemon"]["listen"] == "127.0.0.1:1"  # a key the later file does not set stays
+    assert cfg["collectors"]["mounts"]["paths"] == ["/c"]  # a list is replaced, not appended to
+    assert cfg["checks"]["xid"]["overrides"] == {"31": {"severity": "fatal"}, "43": {"severity": "warning"}}
+
+
+def test_a_configmap_volume_reads_as_its_files_only(tmp_path):
+    """A ConfigMap volume holds its files as links into a hidden `..data` directory: those are skipped."""
+    data = tmp_path / "..2026_01_01_00_00_00.000000001"
+    data.mkdir()
+    (data / "00-base.yaml").write_text("daemon:\n  interval_seconds: 9\n")
+    (data / "bogus.yaml").write_text("nonsense: 1\n")
+    (tmp_path / "..data").symlink_to(data.name)
+    (tmp_path / "00-base.yaml").symlink_to("..data/00-base.yaml")
+    assert config.load(str(tmp_path))["daemon"]["interval_seconds"] == 9.0
+
+
+@pytest.mark.parametrize("files, fragment", [
+    ({"10-a.yaml": "daemon:\n  interval_seconds: 5\n", "20-b.yaml": "daemon:\n  intervall: 5\n"},
+     "20-b.yaml: daemon.intervall: unknown setting"),
+    ({"10-a.yaml": "- a list\n"}, "10-a.yaml: config: expected a mapping"),
+    ({"10-a.yaml": "daemon:\n  interval_seconds: 5\n", "20-b.yaml": "daemon:\n  interval_seconds: -1\n"},
+     "daemon.interval_seconds: must be greater than 0"),
+    ({"notes.txt": "x"}, "no *.yaml, *.yml or *.json file"),
+])
+def test_a_bad_directory_is_a_clear_error_naming_the_file(tmp_path, files, fragment):
+    for name, text in files.items():
+        write(tmp_path, name, text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load(str(tmp_path))
+    assert fragment in str(e.value)

@@ -6,7 +6,6 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import celpy
@@ -78,18 +77,14 @@ def pod_spec(docs: list[dict], kind: str = "DaemonSet") -> dict:
 
 
 def merged_config(docs: list[dict], tmp_path) -> dict:
-    """The config the daemon loads: the ConfigMap's files merged by its own merge.py, then loaded and
-    validated by nodehealth's loader."""
+    """The config the daemon loads: the ConfigMap's files in a directory, read by nodehealth's loader
+    as the pods read their mounted ConfigMap (`--config DIR`)."""
     data = of_kind("ConfigMap", docs=docs)["data"]
     source = tmp_path / "config.d"
     source.mkdir(parents=True)
     for name, text in data.items():
         (source / name).write_text(text)
-    target = tmp_path / "config.yaml"
-    done = subprocess.run([sys.executable, str(source / "merge.py"), str(source), str(target)],
-                          capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    return config.load(str(target))
+    return config.load(str(source))
 
 
 # -- the ValidatingAdmissionPolicy, evaluated ------------------------------------------------------
@@ -281,15 +276,22 @@ def test_the_daemonset_carries_only_what_the_base_checks_need():
     security = container["securityContext"]
     assert security["privileged"] is False and security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
-    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG", "SYS_PTRACE"]}
+    assert security["capabilities"] == {"drop": ["ALL"], "add": ["SYS_PTRACE"]}
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert not any(spec.get(k) for k in ("hostPID", "hostIPC", "hostNetwork"))
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"host-proc": "/proc", "host-sys": "/sys", "host-kmsg": "/dev/kmsg",
-                          "state": "/var/lib/nodehealth"}
-    for path in ("/host/proc", "/host/sys", "/host/dev/kmsg"):
+    host_paths = {v["name"]: (v["hostPath"]["path"], v["hostPath"]["type"]) for v in spec["volumes"] if "hostPath" in v}
+    # The kernel log from the journal (deploy/README.md, "The kernel log"): /var/log must be there, /run/log
+    # may be created (a node with a persistent journal only), never /var/log/journal (journald would
+    # turn persistent when it appears).
+    assert host_paths == {"host-proc": ("/proc", "Directory"), "host-sys": ("/sys", "Directory"),
+                          "host-var-log": ("/var/log", "Directory"), "host-run-log": ("/run/log", "DirectoryOrCreate"),
+                          "state": ("/var/lib/nodehealth", "DirectoryOrCreate")}
+    for path in ("/host/proc", "/host/sys", "/host/var/log", "/host/run/log"):
         assert mounts[path]["readOnly"] is True
+    defaults = config.defaults()["collectors"]["kmsg"]
+    assert defaults["source"] == "auto" and all("/host" + d.rsplit("/", 1)[0] in mounts
+                                                for d in defaults["journal_directories"])
     assert "readOnly" not in mounts["/var/lib/nodehealth"]
     assert "/run/nodehealth/hang" not in mounts
     assert "nvidia.com/gpu" not in str(container["resources"])  # never takes GPUs from jobs
@@ -366,13 +368,21 @@ def test_a_config_change_renames_the_configmap_so_the_pods_roll(tmp_path):
     assert len(names) == 2 and all(n.startswith("nodehealth-config-") for n in names)
 
 
-def test_the_merge_script_refuses_a_file_that_is_no_mapping(tmp_path):
-    (tmp_path / "00-base.yaml").write_text("daemon: {}\n")
-    (tmp_path / "90-site.yaml").write_text("- a list\n")
-    done = subprocess.run([sys.executable, os.path.join(DEPLOY, "config", "merge.py"), str(tmp_path),
-                           str(tmp_path / "out.yaml")], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "90-site.yaml: expected a mapping of settings, got list" in done.stderr
-    assert not (tmp_path / "out.yaml").exists()
+@pytest.mark.parametrize("components, kind", [((), "DaemonSet"), (("pingmesh",), "Deployment")])
+def test_the_pods_read_the_configmap_files_as_a_directory(components, kind):
+    """No init container merges the files: the daemon and the controller read the mounted ConfigMap's
+    directory (`--config DIR`), so the ConfigMap holds config files only."""
+    docs = build(*components)
+    pod = pod_spec(docs, kind)
+    assert "initContainers" not in pod
+    [container] = pod["containers"]
+    args = container["args"]
+    directory = args[args.index("--config") + 1]
+    [mount] = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+    assert mount["readOnly"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mount["name"]]["configMap"]["name"] == of_kind("ConfigMap", docs=docs)["metadata"]["name"]
+    assert all(name.endswith(".yaml") for name in of_kind("ConfigMap", docs=docs)["data"])
 
 
 def test_shipped_config_starts_in_dry_run_with_hang_detection_and_pingmesh_off(tmp_path):
@@ -386,7 +396,7 @@ def test_the_hang_component_adds_exactly_what_hang_detection_needs(tmp_path):
     spec, base = pod_spec(docs), pod_spec(manifests())
     assert spec["hostPID"] is True
     context = spec["containers"][0]["securityContext"]
-    assert context["capabilities"]["add"] == ["SYSLOG", "SYS_PTRACE", "DAC_READ_SEARCH"]  # the last one its own
+    assert context["capabilities"]["add"] == ["SYS_PTRACE", "DAC_READ_SEARCH"]  # the last one its own
     assert not context.get("privileged")
     mounts = {m["mountPath"]: m for m in spec["containers"][0]["volumeMounts"]}
     assert "readOnly" not in mounts["/run/nodehealth/hang"]  # the detector writes Flight Recorder requests there
@@ -407,8 +417,13 @@ def test_the_hang_exit_codes_component_adds_only_net_admin_and_host_network():
 def test_the_kernel_log_privileged_component_makes_only_the_agent_privileged():
     docs = build("kernel-log-privileged")
     spec = pod_spec(docs)
+    base = copy.deepcopy(pod_spec(manifests()))
     assert spec["containers"][0]["securityContext"]["privileged"] is True
-    assert spec["initContainers"][0]["securityContext"] == pod_spec(manifests())["initContainers"][0]["securityContext"]
+    base["containers"][0]["securityContext"].update(privileged=True, allowPrivilegeEscalation=True)
+    # and the device itself, which the agent then opens first (collectors.kmsg.source: auto)
+    base["containers"][0]["volumeMounts"].append({"name": "host-kmsg", "mountPath": "/host/dev/kmsg", "readOnly": True})
+    base["volumes"].append({"name": "host-kmsg", "hostPath": {"path": "/dev/kmsg", "type": "CharDevice"}})
+    assert spec == base  # nothing else changes
 
 
 def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_port():
@@ -510,8 +525,7 @@ def test_controller_deployment(tmp_path):
     [port] = container["ports"]
     assert port["containerPort"] == int(PINGMESH["controller_listen"].rpartition(":")[2])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
-    # The agents' config, merged by the same init container.
-    assert pod["initContainers"] == pod_spec(docs)["initContainers"]
+    # The agents' config, from the same ConfigMap.
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["config"] == {v["name"]: v for v in pod_spec(docs)["volumes"]}["config"]
     assert merged_config(docs, tmp_path)["pingmesh"]["enabled"] is True

@@ -48,6 +48,26 @@ def test_a_failing_collector_makes_only_its_checks_unknown():
     assert {(f.check, f.severity) for f in findings} == {("b", Severity.UNKNOWN), ("g", Severity.WARNING)}
 
 
+def test_a_collector_whose_failure_has_its_own_reason_gives_its_checks_one_finding():
+    """The kernel log read by seven checks: unreadable, it is one finding naming the fix, not seven."""
+    def refused(host, cfg):
+        raise OSError(1, "Operation not permitted", "/dev/kmsg")
+    log = collector("log", refused)
+    log.FAILED_REASON = "LogUnreadable"
+    e = engine([log, collector("good", lambda h, c: Facts(1))],
+               [check("a", ("log",), says("a")), check("b", ("log",), says("b")), check("both", ("good", "log"),
+                                                                                   says("both")),
+                check("g", ("good",), says("g"))])
+    results, findings = e.run()
+    assert results["log"].failed_reason == "LogUnreadable"
+    [one] = [f for f in findings if f.severity is Severity.UNKNOWN]
+    assert (one.check, one.reason, one.device) == ("log", "LogUnreadable", "")
+    assert one.message == ("Could not judge a, b and both: collector log failed: Operation not permitted: "
+                           "/dev/kmsg.")
+    assert one.evidence == {"checks": ["a", "b", "both"], "error": "Operation not permitted: /dev/kmsg"}
+    assert [f.check for f in findings if f.severity is Severity.WARNING] == ["g"]
+
+
 def test_unsupported_collector_skips_its_checks_silently():
     e = engine([collector("ib", lambda h, c: Facts(1), supported="no InfiniBand devices")],
                [check("ib", ("ib",), says("ib"))])
@@ -134,3 +154,14 @@ def test_a_collector_may_lift_its_deadline_for_finite_work():
     e.config["collectors"]["saved"] = {"files": []}  # the live /dev/kmsg keeps the engine's deadline
     results, findings = e.run()
     assert not results["saved"].success and "timed out" in results["saved"].error
+
+
+def test_the_checks_that_fold_into_one_finding_are_not_debounced():
+    """A folded failure says unknown under the collector's name, not each check's: the policy, which keeps a
+    raised debounced finding while its own check says unknown, would not see those checks as unknown."""
+    from nodehealth import registry
+    folding = {m.NAME for m in registry.COLLECTORS if getattr(m, "FAILED_REASON", None)}
+    assert folding == {"kmsg"}
+    for c in registry.CHECKS:
+        if folding & set(c.NEEDS):
+            assert not c.DEBOUNCE and not getattr(c, "EVENT_REASONS", ()), c.NAME

@@ -74,3 +74,72 @@ def test_a_collector_whose_metrics_crash_does_not_take_metrics_down():
             raise RuntimeError("bad facts")
     report = Report("n", Status.HEALTHY, [], [CollectorResult("broken", True, True, 0.0, None, object())])
     assert "nodehealth_health_status" in parse(exporter.render(exporter.report_metrics(report, [Broken])))
+
+
+# -- the families an operator can afford: exporter.exclude_families and exporter.detail ------------------
+
+def nvlink_report():
+    """A pass over the 8xH100 fixture (NVML from its scenario file): the NVLink families per link."""
+    from conftest import machine
+
+    from nodehealth import config, node_pass
+    cfg = config.defaults()
+    engine = node_pass.build_engine(cfg, machine("nvml-h100-healthy"))
+    results, findings = engine.run()
+    report = Report("n", Status.HEALTHY, findings, list(results.values()))
+    return exporter.report_metrics(report, engine.collectors)
+
+
+def series(metrics) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in exporter.render(metrics).decode().splitlines():
+        if not line.startswith("#"):
+            name = line.split("{")[0].split(" ")[0]
+            out[name] = out.get(name, 0) + 1
+    return out
+
+
+def test_excluded_families_are_left_out_by_name_or_pattern():
+    metrics = nvlink_report()
+    settings = dict(exporter.DEFAULTS, exclude_families=["nodehealth_gpu_info", "nodehealth_gpu_nvlink_*_total"])
+    shaped = series(exporter.shape(metrics, settings))
+    full = series(metrics)
+    assert "nodehealth_gpu_info" in full and "nodehealth_gpu_info" not in shaped
+    assert {n for n in full if n.startswith("nodehealth_gpu_nvlink_") and n.endswith("_total")}
+    assert not {n for n in shaped if n.startswith("nodehealth_gpu_nvlink_") and n.endswith("_total")}
+    assert shaped["nodehealth_gpu_nvlink_active"] == full["nodehealth_gpu_nvlink_active"]
+    assert series(exporter.shape(metrics, exporter.DEFAULTS)) == full  # the defaults change nothing
+
+
+def test_nvlink_per_link_off_sums_each_family_over_the_gpus_links():
+    metrics = nvlink_report()
+    settings = dict(exporter.DEFAULTS, detail={"nvlink_per_link": False})
+    full, shaped = series(metrics), series(exporter.shape(metrics, settings))
+    assert full["nodehealth_gpu_nvlink_active"] == 144 and shaped["nodehealth_gpu_nvlink_active"] == 8
+    assert full["nodehealth_gpu_nvlink_errors_total"] == 576 and shaped["nodehealth_gpu_nvlink_errors_total"] == 32
+    assert {n: c for n, c in shaped.items() if not n.startswith("nodehealth_gpu_nvlink_")} == {
+        n: c for n, c in full.items() if not n.startswith("nodehealth_gpu_nvlink_")}
+    families = parse(exporter.render(exporter.shape(metrics, settings)))
+    active = families["nodehealth_gpu_nvlink_active"]
+    assert "link" not in active.samples[0].labels and "summed over the GPU's links" in active.documentation
+    # The sums are the per-link values added up: 18 links up per GPU, and the errors of every link.
+    assert {s.labels["gpu"]: s.value for s in active.samples} == {str(i): 18.0 for i in range(8)}
+    per_link = parse(exporter.render(metrics))["nodehealth_gpu_nvlink_errors"].samples
+    summed = families["nodehealth_gpu_nvlink_errors"].samples
+    for sample in summed:
+        assert sample.value == sum(s.value for s in per_link if s.labels["gpu"] == sample.labels["gpu"]
+                                   and s.labels["type"] == sample.labels["type"] and s.name == sample.name)
+
+
+def test_the_daemon_serves_the_shaped_families(tmp_path, daemon_factory):
+    """Through a config directory, as the DaemonSet gives it: the base file, then an overlay's one key."""
+    from conftest import machine
+    (tmp_path / "config.d").mkdir()
+    (tmp_path / "config.d" / "00-base.yaml").write_text("exporter:\n  exclude_families: [nodehealth_pcie_*]\n")
+    (tmp_path / "config.d" / "90-site.yaml").write_text("exporter:\n  detail: {nvlink_per_link: false}\n")
+    d = daemon_factory(machine("nvml-h100-healthy"), str(tmp_path / "state"), "--config", str(tmp_path / "config.d"))
+    d.wait_ready()
+    families = parse(d.get("/metrics")[1])
+    assert not [n for n in families if n.startswith("nodehealth_pcie_")]
+    assert len(families["nodehealth_gpu_nvlink_active"].samples) == 8
+    assert "nodehealth_gpu_info" in families

@@ -5,7 +5,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import machine
+from conftest import live_root, machine
 
 from nodehealth.host import HostPaths, read_attr, read_int_dir
 
@@ -25,6 +25,17 @@ def test_the_host_mounted_under_a_root_is_live(tmp_path):
         assert HostPaths(str(tmp_path)).is_live and HostPaths("/").is_live
     finally:
         subprocess.run(["umount", str(tmp_path / "proc")])
+
+
+def test_a_live_root_without_its_sysfs_says_so_and_a_fixture_folder_never_does(tmp_path):
+    """On a live host every machine has a sysfs: a missing one is a missing mount, not missing hardware."""
+    with live_root(tmp_path / "bare") as root:
+        assert "no sysfs mounted at " + os.path.join(root, "sys") in HostPaths(root).sysfs_missing()
+    with live_root(tmp_path / "full", sysfs=True) as root:
+        assert HostPaths(root).sysfs_missing() is None
+    assert HostPaths("/").sysfs_missing() is None
+    assert HostPaths(machine("plain-host")).sysfs_missing() is None
+    assert HostPaths(str(tmp_path / "empty")).sysfs_missing() is None  # a fixture without sys/
 
 
 def test_bounded_readers(tmp_path):

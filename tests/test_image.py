@@ -1,7 +1,7 @@
 """The agent image's contents run `nodehealth check`: a root filesystem of the image's Debian packages
 (deploy/image/packages), built by mmdebstrap without any container runtime or registry, gets our wheels
 through the image's own install steps (deploy/image/install.sh), then runs, chrooted, what the DaemonSet
-runs: the config merge, a check of a fixture machine, pyverbs, py-spy. Nothing is cached between runs:
+runs: a check of a fixture machine with the config directory, pyverbs, py-spy. Nothing is cached between runs:
 about a minute for the packages and one for the wheels."""
 from __future__ import annotations
 
@@ -51,20 +51,36 @@ def chroot(root, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, timeout=300, env=env)
 
 
-def test_the_image_checks_a_machine_with_the_config_the_daemonset_merges(rootfs):
+def test_the_image_checks_a_machine_with_the_config_directory_the_daemonset_mounts(rootfs):
     shutil.copytree(machine("h100-8x-cx7"), rootfs / "machine", symlinks=True)
     shutil.copytree(os.path.join(ROOT, "deploy", "config"), rootfs / "config.d")
     (rootfs / "config.d" / "90-site.yaml").write_text("kube:\n  dry_run: false\n")
-    (rootfs / "run" / "nodehealth-config").mkdir(parents=True)
-    # The init container's command, with the image's `python3` (the environment's: PyYAML).
-    merged = chroot(rootfs, "python3", "/config.d/merge.py", "/config.d", "/run/nodehealth-config/config.yaml")
-    assert merged.returncode == 0, merged.stderr
-    done = chroot(rootfs, "nodehealth", "check", "--root", "/machine", "--config", "/run/nodehealth-config/config.yaml",
+    done = chroot(rootfs, "nodehealth", "check", "--root", "/machine", "--config", "/config.d",
                   "--state-dir", "/tmp/state", "--json")
     assert done.returncode == 1, done.stderr  # unhealthy: the fixture's kernel log has an Xid 79
     report = json.loads(done.stdout)
     assert "Xid79FallenOffBus" in {f["reason"] for f in report["findings"]}
     assert {c["name"] for c in report["collectors"] if c["success"]} >= {"kmsg", "infiniband", "pcie", "limits"}
+
+
+def test_the_image_reads_the_kernel_log_from_a_journal_as_the_daemonset_mounts_it(rootfs):
+    """The base DaemonSet's case: no /dev/kmsg it may open, the host's journal under /host/var/log. The
+    image's python3-systemd (libsystemd) reads a journal file written by systemd-journal-remote."""
+    from journal_files import kmsg_entries, machine_journal, write_journal
+
+    from nodehealth.collectors import kmsg
+    from nodehealth.host import HostPaths, boot_id
+    root = rootfs / "journal-machine"
+    shutil.copytree(machine("h100-8x-cx7"), root, symlinks=True)
+    host = HostPaths(str(root))
+    write_journal(machine_journal(str(root)), kmsg_entries(str(root / "dev" / "kmsg"), boot_id(host),
+                                                          kmsg.boot_time(host)))
+    (root / "dev" / "kmsg").unlink()
+    done = chroot(rootfs, "nodehealth", "check", "--root", "/journal-machine", "--state-dir", "/tmp/state", "--json",
+                  "--only", "kmsg")
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert "Xid79FallenOffBus" in {f["reason"] for f in report["findings"]}, report["findings"]
 
 
 def test_the_image_carries_pyverbs_for_rdma_and_py_spy_for_hangs(rootfs):

@@ -28,6 +28,7 @@ from nodehealth.collectors.kernel_events import (
     SXID,
     XID,
 )
+from nodehealth.collectors.kernel_position import Position
 from nodehealth.host import HostPaths
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -472,16 +473,16 @@ def test_follower_restarts_at_zero_after_truncation_and_skips_what_it_saw(machin
     follower.close()
 
 
-def test_follower_skips_records_at_or_below_after_seq(machine_root):
-    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {}, after_seq=300)
+def test_follower_skips_records_at_or_below_the_positions_sequence_number(machine_root):
+    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {}, Position(seq=300))
     count, _, last_seq, _ = follower.read_new()
     assert (count, last_seq) == (21, 321)  # 301 .. 321
     follower.close()
-    assert kmsg.KmsgFollower(HostPaths(str(machine_root)), {}, after_seq=999).read_new() == (0, 0, 999, [])
+    assert kmsg.KmsgFollower(HostPaths(str(machine_root)), {}, Position(seq=999)).read_new() == (0, 0, 999, [])
 
 
 def test_follower_holds_an_sxid_only_within_one_read(machine_root):
-    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {}, after_seq=321)
+    follower = kmsg.KmsgFollower(HostPaths(str(machine_root)), {}, Position(seq=321))
     append(machine_root, "3,322,5,-;nvidia-nvswitch3: SXid (PCI:0000:86:00.0): 22013, Non-fatal, Link 44 Minion\n")
     [event] = follower.read_new()[3]
     assert (event.kind, event.detail["link"]) == (SXID, 44)

@@ -616,3 +616,12 @@ def test_every_registered_check_has_a_subsystem():
     assert {c.NAME: c.SUBSYSTEM for c in CHECKS if c.SUBSYSTEM not in kube_taints.SUBSYSTEMS} == {}
     assert all(kube_taints.subsystem_of(finding(c.NAME, Severity.FATAL, "SomeFault")) == c.SUBSYSTEM
                for c in CHECKS if c.NAME != "pcie")
+
+
+def test_an_unreadable_kernel_log_leaves_every_subsystem_its_checks_judge_unknown():
+    """One KernelLogUnreadable finding stands for xid (gpu), link_events (network), memory_errors (memory),
+    storage_errors (storage) and crashes (kernel): none of those conditions may read "no problem"."""
+    f = finding("kmsg", Severity.UNKNOWN, "KernelLogUnreadable")
+    states = kube_taints.desired_state(report(f), KUBE_DEFAULTS)
+    assert {s: (st.status, st.reason, st.effect) for s, st in states.items()} == {
+        s: ("Unknown", "KernelLogUnreadable", None) for s in kube_taints.SUBSYSTEMS}

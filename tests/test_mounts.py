@@ -6,6 +6,7 @@ released) or a broken mount (a stat that fails with ESTALE/ENOTCONN), with no ro
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 import time
@@ -256,6 +257,19 @@ def test_stat_errors_are_facts(tmp_path, fake_stat, number, name):
     assert (m.responsive, m.error) == (True, name)
 
 
+def test_a_refusal_on_the_way_to_the_mount_is_not_an_answer_from_it(tmp_path, fake_stat):
+    """EACCES from the mount itself (FUSE without allow_other) is its answer; EACCES from a directory on
+    the way, which the agent may not search, never reached the mount: its parent's "." is refused too."""
+    host = machine_root(tmp_path, ROOT, SSHFS, NFS4)
+    fake = fake_stat(errors={"/home/alice/remote": errno.EACCES, "/home/alice/.": errno.EACCES,
+                             "/mnt/home": errno.EACCES})
+    found = by_mountpoint(mounts.collect(host, {"timeout_seconds": TIMEOUT}, stat=fake))
+    fuse, nfs = found["/home/alice/remote"], found["/mnt/home"]
+    assert (fuse.reached, fuse.responsive, fuse.error) == (False, None, "EACCES")
+    assert (nfs.reached, nfs.responsive, nfs.error) == (True, True, "EACCES")
+    assert os.path.join(str(tmp_path), "mnt", ".") in fake.calls  # its parent was searchable: the mount refused
+
+
 def test_a_stat_that_raises_something_else_is_a_fact_too(tmp_path):
     host = machine_root(tmp_path, ROOT, NFS4)
 
@@ -368,6 +382,30 @@ def test_fuzz_token_lines(lines):
     except CollectError:
         return
     assert len(entries) <= len(lines)
+
+
+def test_a_host_root_the_agent_may_not_enter_makes_the_mounts_unknown_not_answered(tmp_path):
+    """The DaemonSet without SYS_PTRACE: the host's mount points are reached through /host/proc/1/root,
+    which the kernel refuses to a process that may not ptrace the host's init, before any mount is
+    reached. Every stat would fail with EACCES, which is no answer from the mounts."""
+    import shutil
+    import subprocess
+    import sys
+
+    from conftest import live_root
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("drops capabilities through setpriv, which needs root")
+    config = tmp_path / "config.yaml"
+    config.write_text("collectors:\n  mounts:\n    paths: [/]\n")  # the host's root: always mounted
+    with live_root(tmp_path / "host") as root:
+        done = subprocess.run(["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-m",
+                               "nodehealth.cli", "check", "--root", root, "--only", "mounts", "--config",
+                               str(config), "--state-dir", str(tmp_path / "state"), "--json"],
+                              capture_output=True, text=True, timeout=120)
+    report = json.loads(done.stdout)
+    [finding] = report["findings"]
+    assert (report["status"], finding["severity"], finding["reason"]) == ("unknown", "unknown", "MountsUnreachable")
+    assert "/proc/1/root" in finding["message"] and "SYS_PTRACE" in finding["message"]
 
 
 def test_in_a_pod_the_host_mount_table_and_files_come_through_its_init_process(tmp_path):

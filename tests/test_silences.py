@@ -109,7 +109,8 @@ def test_a_silenced_finding_counts_in_no_verdict_taint_or_drain_and_is_exported_
     findings, _ = apply([lost, slow], [rule("GpuLost", GPU, allow_fatal=True)], NOW)
     assert verdict(findings) is Status.UNHEALTHY  # the degraded port still counts
     report = Report("gpu-1", verdict(findings), findings, [])
-    assert drain_reason(worst_finding(report), 120) == "nodehealth: PortRateDegraded mlx5_0:1"  # not the silenced GpuLost
+    assert drain_reason(worst_finding(report), 120) == "nodehealth: PortRateDegraded mlx5_0:1"
+    # (not the silenced GpuLost)
     state = desired_state(report, config.defaults()["kube"])
     assert state["gpu"].status == "False" and state["gpu"].effect is None
     assert state["network"].effect == "PreferNoSchedule"

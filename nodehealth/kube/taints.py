@@ -30,6 +30,16 @@ def subsystem_of(f: Finding) -> str:
     return one(f) if one is not None else check.SUBSYSTEM
 
 
+def subsystems_of(f: Finding) -> set[str]:
+    """The subsystems a finding counts in: its check's, or for a failed source's one finding
+    (KernelLogUnreadable, under the collector's name) those of every check that reads the source."""
+    if f.check not in CHECKS:
+        readers = {c.SUBSYSTEM for c in registry.CHECKS if f.check in c.NEEDS}
+        if readers:
+            return readers
+    return {subsystem_of(f)}
+
+
 def condition_type(subsystem: str) -> str:
     return f"NodeHealth{CONDITION_NAMES[subsystem]}Problem"
 
@@ -49,7 +59,8 @@ def desired_state(report: Report, cfg: dict[str, Any]) -> dict[str, SubsystemSta
     worst: dict[str, list[Finding]] = {s: [] for s in SUBSYSTEMS}
     for f in sort_findings(report.findings):
         if f.silenced is None:  # a silenced finding neither taints nor sets a condition
-            worst[subsystem_of(f)].append(f)
+            for subsystem in subsystems_of(f):
+                worst[subsystem].append(f)
     noexecute = set(cfg["noexecute_subsystems"])
     out = {}
     for subsystem, findings in worst.items():

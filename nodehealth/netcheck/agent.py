@@ -202,8 +202,7 @@ class Agent(socketserver.ThreadingTCPServer):
             self._slots.release()
 
     def _rdma_send(self, to: str, seconds: float) -> float:
-        from nodehealth.rdma import bw
-        from nodehealth.rdma import pair
+        from nodehealth.rdma import bw, pair
 
         try:  # a fault of this node's own device is told before the peer waits for it
             pair.preflight(self.cfg.rdma)

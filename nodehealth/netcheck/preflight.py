@@ -19,9 +19,7 @@ from typing import Any
 
 from nodehealth import config
 from nodehealth.host import HostPaths, addresses
-from nodehealth.netcheck import agent
-from nodehealth.netcheck import discovery
-from nodehealth.netcheck import rounds
+from nodehealth.netcheck import agent, discovery, rounds
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 TESTS = {agent.TCP: "TCP stream between the nodes' agents (the hosts' TCP path, not RDMA)",
@@ -62,8 +60,7 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
     method auto a node without one offers only TCP (said on stderr), with rdma that is an error."""
     setup = None
     if cfg["method"] != agent.TCP:
-        from nodehealth.rdma import bw
-        from nodehealth.rdma import pair
+        from nodehealth.rdma import bw, pair
 
         try:
             setup = pair.find_setup(HostPaths("/"), agent.split_endpoint(data)[0], device, gid_index,

@@ -55,7 +55,8 @@ def add_subcommands(subparsers: Any) -> None:
     a.set_defaults(func=cmd_analyze)
     c = subparsers.add_parser("controller", help="the cluster-wide pingmesh analysis (a Deployment; one leader "
                                                  "writes the verdict ConfigMap)")
-    c.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json), the agents' one")
+    c.add_argument("--config", metavar="FILE|DIR", help="the agents' configuration file (YAML or .json), or a "
+                                                        "directory of them merged in name order")
     c.add_argument("--listen", metavar="ADDR:PORT", help="/metrics and /healthz (default 0.0.0.0:9458)")
     c.add_argument("--identity", metavar="NAME", help="its name in the leader Lease (default $POD_NAME, else the "
                                                       "hostname)")
