@@ -19,7 +19,6 @@ Every result says which test made it: TCP measures the hosts' TCP path, not RDMA
 """
 from __future__ import annotations
 
-import json
 import socket
 import socketserver
 import threading
@@ -29,91 +28,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nodehealth.netcheck.rounds import Netcheck, PairResult, waves
+from nodehealth.netcheck import stream
+from nodehealth.netcheck.rounds import TEST_NAMES, Netcheck, PairResult, waves
+from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, MAX_LINE, StreamError, read_line, request, send_line,
+                                      split_endpoint)
 
 if TYPE_CHECKING:
     from nodehealth.rdma.pair import Setup
 
-MAX_LINE = 4096
 MAX_SECONDS = 60.0
 MAX_STREAMS = 8
-CHUNK = 1 << 20
-CONNECT_TIMEOUT = 3.0
-
-
-class StreamError(Exception):
-    pass
 
 
 class _Own(Exception):
     """A failure of the sending node's own device, told as such."""
-
-
-def _read_line(sock: socket.socket, deadline: float, limit: int = MAX_LINE) -> tuple[dict, int]:
-    """One JSON object line, and how many bytes after it arrived with it (a sink's first data)."""
-    buf = b""
-    while b"\n" not in buf[:limit]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise StreamError("timed out waiting for an answer")
-        sock.settimeout(left)
-        chunk = sock.recv(CHUNK)
-        if not chunk:
-            raise StreamError("connection closed before a whole line")
-        buf += chunk
-        if len(buf) > limit and b"\n" not in buf[:limit]:
-            raise StreamError(f"a line longer than {limit} bytes")
-    line, rest = buf.split(b"\n", 1)
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        raise StreamError("not a JSON line") from None
-    if not isinstance(msg, dict):
-        raise StreamError("not a JSON object")
-    return msg, len(rest)
-
-
-def _send_line(sock: socket.socket, msg: dict) -> None:
-    sock.sendall(json.dumps(msg).encode() + b"\n")
-
-
-def request(endpoint: str, msg: dict, timeout: float, limit: int = MAX_LINE) -> dict:
-    """One request to an agent at HOST:PORT and its answer."""
-    host, port = split_endpoint(endpoint)
-    deadline = time.monotonic() + timeout
-    try:
-        with socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT, timeout)) as s:
-            _send_line(s, msg)
-            return _read_line(s, deadline, limit)[0]
-    except OSError as e:
-        raise StreamError(f"{endpoint}: {e.strerror or e}") from None
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not HOST:PORT: {endpoint!r}")
-    return host.strip("[]"), int(port)
-
-
-def stream_to(peer: str, seconds: float) -> float:
-    """Stream to a peer agent's sink for `seconds`; the Gb/s it acknowledged receiving."""
-    host, port = split_endpoint(peer)
-    data = bytes(CHUNK)
-    with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT) as s:
-        _send_line(s, {"op": "sink"})
-        s.settimeout(max(1.0, seconds))
-        start = time.monotonic()
-        end = start + seconds
-        while time.monotonic() < end:
-            s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        answer = _read_line(s, time.monotonic() + max(5.0, seconds))[0]
-        elapsed = time.monotonic() - start
-    received = answer.get("bytes")
-    if not isinstance(received, int) or received < 0:
-        raise StreamError(f"{peer}: the sink's answer has no byte count")
-    return received * 8 / elapsed / 1e9
 
 
 TCP, RDMA = "tcp", "rdma"
@@ -134,35 +62,31 @@ class _Handler(socketserver.BaseRequestHandler):
         server: Agent = self.server  # type: ignore[assignment]
         sock: socket.socket = self.request
         try:
-            msg, extra = _read_line(sock, time.monotonic() + CONNECT_TIMEOUT)
+            msg, _ = read_line(sock, time.monotonic() + CONNECT_TIMEOUT)
             op = msg.get("op")
             if op == "hello":
                 cfg = server.cfg
-                _send_line(sock, {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
-                                  "rdma": cfg.rdma.describe() if cfg.rdma else None})
+                send_line(sock, {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
+                                 "rdma": cfg.rdma.describe() if cfg.rdma else None})
             elif op == "sink":
-                _send_line(sock, {"bytes": extra + _drain(sock)})
+                seconds = msg.get("seconds")
+                if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+                    send_line(sock, {"error": f"a sink needs 0 < seconds <= {MAX_SECONDS:g}"})
+                else:
+                    stream.sink(sock, float(seconds))
             elif op == "send":
-                _send_line(sock, server.send(msg))
+                send_line(sock, server.send(msg))
             elif op == "rdma-serve":
-                _send_line(sock, server.rdma_serve(msg))
+                send_line(sock, server.rdma_serve(msg))
             elif op == "join" and server.rendezvous is not None:
-                _send_line(sock, server.rendezvous.join(msg))
+                send_line(sock, server.rendezvous.join(msg))
             else:
-                _send_line(sock, {"error": f"unknown op {str(op)[:40]!r}"})
+                send_line(sock, {"error": f"unknown op {str(op)[:40]!r}"})
         except (StreamError, OSError) as e:
             try:
-                _send_line(sock, {"error": str(e)[:200]})
+                send_line(sock, {"error": str(e)[:200]})
             except OSError:
                 pass
-
-
-def _drain(sock: socket.socket) -> int:
-    total = 0
-    sock.settimeout(MAX_SECONDS + CONNECT_TIMEOUT)  # a sender that stops sending is dropped
-    while chunk := sock.recv(CHUNK):
-        total += len(chunk)
-    return total
 
 
 class Agent(socketserver.ThreadingTCPServer):
@@ -191,15 +115,20 @@ class Agent(socketserver.ThreadingTCPServer):
         try:
             if method == RDMA:
                 return {"gbps": self._rdma_send(to, float(seconds)), "method": RDMA}
-            return {"gbps": stream_to(to, float(seconds)), "method": TCP}
+            measured = stream.stream_to(to, float(seconds), self._source())
+            return {"gbps": measured.gbps, "retransmitted": measured.retransmitted, "method": TCP}
         except _Own as e:
-            return {"error": str(e)}
+            return {"error": str(e), "own": True}
         except (StreamError, OSError, ValueError) as e:
-            return {"error": f"{self.cfg.name} -> {to}: {getattr(e, 'strerror', None) or e}"}
+            return {"error": str(getattr(e, 'strerror', None) or e)[:300]}
         except Exception as e:  # noqa: BLE001 - bw.RdmaError, imported lazily: one line back to the coordinator
-            return {"error": f"{self.cfg.name} -> {to}: {e}"[:300]}
+            return {"error": str(e)[:300]}
         finally:
             self._slots.release()
+
+    def _source(self) -> str:
+        """This agent's data address: its tests leave from it (peers admit them by it)."""
+        return split_endpoint(self.cfg.data_address)[0]
 
     def _rdma_send(self, to: str, seconds: float) -> float:
         from nodehealth.rdma import bw
@@ -209,7 +138,7 @@ class Agent(socketserver.ThreadingTCPServer):
             pair.preflight(self.cfg.rdma)
         except bw.RdmaError as e:
             raise _Own(f"{self.cfg.name}: {e}") from None
-        answer = request(to, {"op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2)
+        answer = request(to, {"op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2, source=self._source())
         port = answer.get("port")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise StreamError(f"the peer's rdma-bw server did not start: {str(answer.get('error'))[:200]}")
@@ -306,8 +235,8 @@ def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float) ->
             continue
         with s:
             try:
-                _send_line(s, msg)
-                answer = _read_line(s, time.monotonic() + answer_timeout, MAX_VERDICT)[0]
+                send_line(s, msg)
+                answer = read_line(s, time.monotonic() + answer_timeout, MAX_VERDICT)[0]
             except OSError as e:
                 raise StreamError(f"the coordinator {coordinator} went away: {e.strerror or e}") from None
         if "error" in answer and "verdict" not in answer:
@@ -365,14 +294,21 @@ PAIR_SLACK = {TCP: 3 * CONNECT_TIMEOUT, RDMA: 3 * CONNECT_TIMEOUT + 20.0}
 
 
 def run_pair(a: Host, b: Host, seconds: float, method: str = TCP) -> PairResult:
+    """`a` sends to `b`; a failure says what was measured between which nodes, or that the
+    coordinator could not ask `a` at all."""
     answer = _try(request, a.endpoint, {"op": "send", "to": b.data, "seconds": seconds, "method": method},
                   seconds + PAIR_SLACK[method])
     if isinstance(answer, str):
-        return PairResult(0, a.name, b.name, False, None, answer)
+        return PairResult(0, a.name, b.name, False, None, f"the coordinator's request to {a.name}'s agent failed: "
+                          f"{answer}"[:300], method=method)
     gbps = answer.get("gbps")
+    retransmitted = answer.get("retransmitted")
+    retransmitted = float(retransmitted) if isinstance(retransmitted, (int, float)) else None
     if isinstance(gbps, (int, float)) and gbps > 0:
-        return PairResult(0, a.name, b.name, True, float(gbps))
-    return PairResult(0, a.name, b.name, False, None, str(answer.get("error", "no bandwidth in the answer"))[:200])
+        return PairResult(0, a.name, b.name, True, float(gbps), method=method, retransmitted=retransmitted)
+    why = str(answer.get("error", "no bandwidth in the answer"))[:200]
+    return PairResult(0, a.name, b.name, False, None, f"{TEST_NAMES[method]} {a.name} -> {b.name}: {why}",
+                      method=method, retransmitted=retransmitted)
 
 
 def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str = TCP) -> None:

@@ -187,10 +187,7 @@ def table(doc: dict) -> str:
         tests = node["tests"]
         best = max((t["bandwidth_gbps"] for t in tests if t["bandwidth_gbps"] is not None), default=None)
         bad = [t for t in tests if t["outcome"] != "pass"]
-        evidence = "; ".join(f"round {t['round']} with {t['partner']}: {t['outcome']}"
-                             + (f" ({t['error']})" if t.get("error") else "")
-                             + (f" {t['bandwidth_gbps']:.3g} Gb/s" if t["bandwidth_gbps"] is not None else "")
-                             for t in bad[:3])
+        evidence = "; ".join(f"round {t['round']}: {t['outcome']}: {t['evidence']}" for t in bad[:3])
         rows.append((name, node["status"], "-" if best is None else f"{best:.3g}", evidence))
     for u in doc["unreachable"]:
         rows.append((u["agent"], "unreachable", "-", u["error"]))

@@ -294,12 +294,30 @@ def to_dict(result: Result, method: str) -> dict:
         "slow": result.named(STRAGGLER),
         "unresolved": result.named(UNRESOLVED),
         "nodes": {n: {"status": s, "tests": [_test_dict(t, n) for t in result.evidence[n]]}
+                  | ({"error": result.unreachable[n]} if n in result.unreachable else {})
                   for n, s in sorted(result.status.items())},
     }
 
 
+TEST_NAMES = {"tcp": "TCP stream", "rdma": "RDMA WRITE"}
+
+
+def describe(t: PairResult) -> str:
+    """What a test measured between which nodes, in one line: the evidence."""
+    if not t.ok:
+        return t.error or f"{TEST_NAMES.get(t.method, 'test')} {t.a} -> {t.b}: failed"
+    text = f"{TEST_NAMES.get(t.method, 'test')} {t.a} -> {t.b}: {t.bandwidth_gbps:.3g} Gb/s"
+    if t.reference_gbps:
+        text += f", {t.bandwidth_gbps / t.reference_gbps:.2g} x the other nodes' median {t.reference_gbps:.3g} Gb/s"
+    if t.retransmitted:
+        text += f", {100 * t.retransmitted:.2g} % of segments sent again (loss)"
+    return text
+
+
 def _test_dict(t: PairResult, node: str) -> dict:
-    d = {"round": t.round, "partner": t.partner(node), "outcome": t.outcome, "bandwidth_gbps": t.bandwidth_gbps}
+    d = {"round": t.round, "partner": t.partner(node), "role": "sender" if node == t.a else "receiver",
+         "method": t.method, "outcome": t.outcome, "bandwidth_gbps": t.bandwidth_gbps,
+         "reference_gbps": t.reference_gbps, "retransmitted": t.retransmitted, "evidence": describe(t)}
     if t.error:
         d["error"] = t.error
     return d
