@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from nodehealth.netcheck import rounds as netcheck
-from nodehealth.netcheck.rounds import FAULTY, SOUND, STRAGGLER, UNRESOLVED, Netcheck, PairResult
+from nodehealth.netcheck.rounds import FAULTY, SOUND, STRAGGLER, UNREACHABLE, UNRESOLVED, Netcheck, PairResult
 
 FAST, SLOW_BW = 100.0, 20.0
 
@@ -248,3 +248,27 @@ def test_slow_is_named_after_two_slow_tests_with_different_sound_partners():
     proof = [t for t in result.evidence["n5"] if t.outcome == "slow" and result.status[t.partner("n5")] == SOUND]
     assert len({t.partner("n5") for t in proof}) == 2
     assert all(t.reference_gbps and t.bandwidth_gbps < 0.5 * t.reference_gbps for t in proof)
+
+
+def test_a_node_whose_agent_died_is_unreachable_and_blames_nobody():
+    """n2 passed in round 0 and its agent died before round 1, where n4 (whose first partner n5 is
+    broken) was paired with it: n2 is unreachable with the reason, and n4 is not faulty for it."""
+    names = [f"n{i}" for i in range(6)]
+    nc = Netcheck(names)
+    assert nc.next_round() == [("n0", "n1"), ("n2", "n3"), ("n4", "n5")]
+    nc.record([PairResult(0, "n0", "n1", True, FAST), PairResult(0, "n2", "n3", True, FAST),
+               PairResult(0, "n4", "n5", False, None, "refused")])
+    pairs = nc.next_round()
+    assert ("n4", "n0") in pairs
+    nc.record([PairResult(0, a, b, "n5" not in (a, b) and "n0" not in (a, b), FAST, "refused") for a, b in pairs],
+              unreachable={"n0": "its agent at 10.0.0.1:9460 refused the connection"})
+    status = nc.result().status
+    assert status["n0"] == UNREACHABLE and status["n4"] != FAULTY
+    assert nc.result().unreachable == {"n0": "its agent at 10.0.0.1:9460 refused the connection"}
+    while pairs := nc.next_round():
+        assert all("n0" not in p for p in pairs)  # never asked again
+        nc.record([PairResult(0, a, b, "n5" not in (a, b), FAST if "n5" not in (a, b) else None) for a, b in pairs])
+    assert nc.result().status == {"n0": UNREACHABLE, "n1": SOUND, "n2": SOUND, "n3": SOUND, "n4": SOUND,
+                                  "n5": FAULTY}
+    doc = netcheck.to_dict(nc.result(), "tcp")
+    assert doc["nodes"]["n0"]["status"] == "unreachable" and "refused" in doc["nodes"]["n0"]["error"]

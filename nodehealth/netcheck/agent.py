@@ -312,10 +312,15 @@ def run_pair(a: Host, b: Host, seconds: float, method: str = TCP) -> PairResult:
 
 
 def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str = TCP) -> None:
-    """Every round's pairs run at once (waves only where a node is in two tests)."""
+    """Every round's pairs run at once (waves only where a node is in two tests). After a round,
+    the agents of its failed tests are asked who they are: one that does not answer is unreachable,
+    and its failed tests measured nothing."""
     with ThreadPoolExecutor(max_workers=min(256, max(1, len(hosts)))) as pool:
         while pairs := nc.next_round():
             results: list[PairResult] = []
             for wave in waves(pairs):
                 results += pool.map(lambda p: run_pair(hosts[p[0]], hosts[p[1]], seconds, method), wave)
-            nc.record(results)
+            failed = sorted({n for t in results if not t.ok for n in (t.a, t.b)})
+            answers = pool.map(lambda n: _try(request, hosts[n].endpoint, {"op": "hello"}, CONNECT_TIMEOUT * 2), failed)
+            nc.record(results, {n: f"its agent at {hosts[n].endpoint} does not answer: {a}"
+                                for n, a in zip(failed, answers) if isinstance(a, str)})

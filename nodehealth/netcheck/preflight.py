@@ -138,8 +138,11 @@ def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str]
         for h in hosts:
             doc["nodes"].get(h.name, {})["device"] = h.rdma
     doc["unreachable"] = [{"agent": ep, "error": why} for ep, why in unreachable]
+    by_name = {h.name: h for h in hosts}
+    doc["unreachable"] += [{"agent": by_name[n].endpoint, "node": n, "error": why}
+                           for n, why in sorted((result.unreachable if result else {}).items())]
     doc["missing"] = missing or []
-    if doc["faulty"] or doc["slow"] or ((unreachable or missing) and len(hosts) >= 2):
+    if doc["faulty"] or doc["slow"] or ((doc["unreachable"] or missing) and len(hosts) >= 2):
         return doc, EXIT_FAULT
     if result is None or doc["unresolved"]:
         return doc, EXIT_ERROR
@@ -187,10 +190,12 @@ def table(doc: dict) -> str:
         tests = node["tests"]
         best = max((t["bandwidth_gbps"] for t in tests if t["bandwidth_gbps"] is not None), default=None)
         bad = [t for t in tests if t["outcome"] != "pass"]
-        evidence = "; ".join(f"round {t['round']}: {t['outcome']}: {t['evidence']}" for t in bad[:3])
+        evidence = "; ".join(([node["error"]] if "error" in node else [])
+                             + [f"round {t['round']}: {t['outcome']}: {t['evidence']}" for t in bad[:3]])
         rows.append((name, node["status"], "-" if best is None else f"{best:.3g}", evidence))
     for u in doc["unreachable"]:
-        rows.append((u["agent"], "unreachable", "-", u["error"]))
+        if "node" not in u:  # one that never answered; the others have their row above
+            rows.append((u["agent"], "unreachable", "-", u["error"]))
     for m in doc.get("missing", []):
         rows.append((m["node"], "missing", "-", m["error"]))
     widths = [max(len(r[k]) for r in rows) for k in range(3)]
@@ -201,7 +206,9 @@ def table(doc: dict) -> str:
     lines.append(f"method: {doc['method'].upper() or '-'}: {doc['test'] or '-'}; rounds: {doc['rounds']}; median "
                  f"{'-' if median is None else f'{median:.3g}'} Gb/s; faulty: {', '.join(doc['faulty']) or 'none'}; "
                  f"slow: {', '.join(doc['slow']) or 'none'}"
-                 + (f"; unresolved: {', '.join(doc['unresolved'])}" if doc["unresolved"] else ""))
+                 + (f"; unresolved: {', '.join(doc['unresolved'])}" if doc["unresolved"] else "")
+                 + (f"; unreachable: {', '.join(u.get('node', u['agent']) for u in doc['unreachable'])}"
+                    if doc["unreachable"] else ""))
     return "\n".join(lines) + "\n"
 
 
