@@ -218,7 +218,7 @@ def test_small_jobs_name_a_node_at_under_half_its_peers_bandwidth(n, ratio):
     names = [f"n{i}" for i in range(n)]
     for slow in names:
         nc = Netcheck(names)
-        _run(nc, lambda a, b, r: FAST * (ratio if slow in (a, b) else 1.0) * rng.uniform(0.97, 1.03))
+        _run(nc, lambda a, b, r, slow=slow: FAST * (ratio if slow in (a, b) else 1.0) * rng.uniform(0.97, 1.03))
         assert nc.result().status == {x: STRAGGLER if x == slow else SOUND for x in names}, (slow, nc.tests)
 
 

@@ -2,13 +2,22 @@
 and what an agent does for strangers (bounded loops, only loopback addresses)."""
 from __future__ import annotations
 
+import errno
+import os
+import resource
+import socket
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
-from conftest import free_port
+from conftest import free_port, unavailable
 
 from nodehealth.netcheck import agent
+from nodehealth.netcheck import coordinator
 from nodehealth.netcheck.rounds import SOUND, UNREACHABLE, Netcheck
+from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, request
 
 
 class Agents:
@@ -20,16 +29,14 @@ class Agents:
         for i in range(count):
             address = f"127.0.0.{base + i}"
             a = agent.Agent((address, self.port), agent.AgentConfig(f"n{i}", f"{address}:{self.port}"))
-            threading.Thread(target=a.serve_forever, daemon=True).start()
+            a.start()
             self.agents[f"n{i}"] = a
 
     def endpoints(self) -> list[str]:
         return [f"{a.server_address[0]}:{self.port}" for a in self.agents.values()]
 
     def stop(self, name: str) -> None:
-        a = self.agents.pop(name)
-        a.shutdown()
-        a.server_close()
+        self.agents.pop(name).close()
 
     def close(self) -> None:
         for name in list(self.agents):
@@ -46,11 +53,11 @@ def four():
 def test_a_node_whose_agent_died_is_unreachable_not_faulty(four):
     """n3 answered hello, then its agent died: n2's stream to it is refused and the coordinator
     cannot ask it to send. It is unreachable, with the reason, and no one is faulty."""
-    hosts, problems = agent.hello(four.endpoints(), timeout=5)
+    hosts, problems = coordinator.hello(four.endpoints(), timeout=5)
     assert problems == [] and len(hosts) == 4
     four.stop("n3")
     nc = Netcheck([h.name for h in hosts], slow_fraction=0.01)  # loopback's rate is the loaded CPUs': not judged here
-    agent.run_rounds(nc, {h.name: h for h in hosts}, 0.2)
+    coordinator.run_rounds(nc, {h.name: h for h in hosts}, 0.2)
     result = nc.result()
     assert result.status == {"n0": SOUND, "n1": SOUND, "n2": SOUND, "n3": UNREACHABLE}, result.tests
     assert "refused" in result.unreachable["n3"] and "127.0.0.74" in result.unreachable["n3"]
@@ -61,13 +68,13 @@ def test_the_report_names_the_node_whose_agent_died_during_the_check(four, monke
     from nodehealth import config
     from nodehealth.netcheck import preflight
 
-    said_hello = agent.hello
+    said_hello = coordinator.hello
 
     def hello_then_die(endpoints, timeout):
         answer = said_hello(endpoints, timeout)
         four.stop("n3")
         return answer
-    monkeypatch.setattr(agent, "hello", hello_then_die)
+    monkeypatch.setattr(coordinator, "hello", hello_then_die)
     cfg = dict(config.defaults()["netcheck"], seconds=0.2, slow_fraction=0.01)
     doc, code = preflight.coordinate(four.endpoints(), cfg, {})
     assert code == preflight.EXIT_FAULT and doc["faulty"] == [] and doc["slow"] == []
@@ -77,3 +84,91 @@ def test_the_report_names_the_node_whose_agent_died_during_the_check(four, monke
     table = preflight.table(doc)
     row = next(line for line in table.splitlines() if line.startswith("n3 "))
     assert "unreachable" in row and "does not answer" in row and "; unreachable: n3" in table
+
+
+def serve(address: str, port: int, *extra: str, descriptors: int = 1024) -> subprocess.Popen:
+    """`netcheck serve` as a daemon would run it, with a limit of `descriptors`."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (descriptors, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    p = subprocess.Popen([sys.executable, "-m", "nodehealth.cli", "netcheck", "serve", "--listen", f"{address}:{port}",
+                          "--name", address, "--method", "tcp", "--for", "120", *extra],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=limit)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            request(f"{address}:{port}", {"op": "hello"}, 2)
+            return p
+        except StreamError:
+            if time.monotonic() > deadline or p.poll() is not None:
+                p.kill()
+                raise
+
+
+def test_two_thousand_idle_sinks_leave_the_coordinator_its_answer():
+    """A stranger holds 2,000 connections to an agent (at 256 descriptors, to be quick), each a
+    sink that receives nothing, reopening each one the agent drops: the coordinator still gets
+    its answer every time. Sinks had no count and held a thread and a descriptor each for a
+    minute, so the agent ran out and its listen queue of 5 stayed full."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2400:
+        unavailable(f"the test needs 2400 descriptors, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    port = free_port()
+    victim = serve("127.0.0.81", port, descriptors=256)
+    held: dict[socket.socket, bool] = {}  # -> whether its line went out
+    stop = threading.Event()
+
+    def hold():
+        while not stop.is_set():  # bounded: until the coordinator's three hellos are done
+            for s in [s for s in held if _closed(s)]:
+                del held[s]
+                s.close()
+            while len(held) < 2000:
+                s = socket.socket()
+                s.setblocking(False)
+                s.bind(("127.0.0.82", 0))
+                s.connect_ex(("127.0.0.81", port))
+                held[s] = False
+            for s, sent in list(held.items()):
+                if not sent and s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0:
+                    try:
+                        s.send(b'{"op": "sink", "seconds": 60}\n')
+                        held[s] = True
+                    except OSError:
+                        pass  # still connecting
+            stop.wait(0.2)
+    attacker = threading.Thread(target=hold, daemon=True)
+    try:
+        attacker.start()
+        deadline = time.monotonic() + 8  # the agent holds all it can take, or has held out this long
+        while len(os.listdir(f"/proc/{victim.pid}/fd")) < 250 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        answers = []
+        for _ in range(3):
+            time.sleep(1)
+            try:
+                answers.append(request(f"127.0.0.81:{port}", {"op": "hello"}, CONNECT_TIMEOUT * 2))
+            except StreamError as e:
+                answers.append(str(e))
+        assert [a.get("name") if isinstance(a, dict) else a for a in answers] == ["127.0.0.81"] * 3
+    finally:
+        stop.set()
+        attacker.join(10)
+        for s in held:
+            s.close()
+        victim.terminate()
+        victim.wait(10)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert "Traceback" not in victim.stderr.read()
+
+
+def _closed(s: socket.socket) -> bool:
+    """Whether the agent closed it (or refused it); one still connecting is not."""
+    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+        return True
+    try:
+        return s.recv(4096, socket.MSG_PEEK) == b""
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError as e:
+        return e.errno != errno.ENOTCONN

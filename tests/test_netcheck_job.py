@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ def test_kube_pods_by_selector_index_zero_coordinates(api, tmp_path):
     api.add_pod("ml", "train-b", {"job-name": "train", INDEX: "0"}, pods["train-b"][0])
     results = finish(procs)
     for rc, doc, err in results:
-        assert rc == 0, err
+        assert rc == 0, (err, doc)
         assert doc["coordinator"] == "train-b" and doc["method"] == "tcp"
         assert sorted(doc["nodes"]) == ["train-a", "train-b", "train-c"]
         assert {n["status"] for n in doc["nodes"].values()} == {"sound"}
@@ -113,7 +114,8 @@ def test_no_way_to_find_the_job_is_usage():
 
 
 def test_method_is_rdma_only_where_every_node_has_a_device():
-    from nodehealth.netcheck.agent import RDMA, TCP, Host, choose_method
+    from nodehealth.netcheck.agent import RDMA, TCP
+    from nodehealth.netcheck.coordinator import Host, choose_method
 
     both = [Host(f"10.0.0.{i}:1", f"n{i}", f"10.0.0.{i}:1", (TCP, RDMA), "mlx5_0 port 1") for i in range(3)]
     assert choose_method(both, "auto") == RDMA and choose_method(both, "tcp") == TCP
@@ -134,7 +136,13 @@ def test_rendezvous_takes_the_job_and_no_more():
     assert "not HOST:PORT" in rv.join({"name": "b", "agent": "nocolon"})["error"]
     assert "a name" in rv.join({"name": "x" * 300, "agent": "10.0.0.2:9460"})["error"]
     answers = []
-    t = threading.Thread(target=lambda: answers.append(rv.join({"name": "b", "agent": "10.0.0.2:9460"})))
+
+    def join_b():
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            rv.deliver(ours, rv.join({"name": "b", "agent": "10.0.0.2:9460"}))  # sends it, then counts it
+            answers.append(json.loads(theirs.makefile().readline()))
+    t = threading.Thread(target=join_b)
     t.start()
     members = rv.wait(2, deadline=__import__("time").monotonic() + 5)
     assert [m.name for m in members] == ["a", "b"]
@@ -146,23 +154,21 @@ def test_rendezvous_takes_the_job_and_no_more():
 
 
 def test_an_agent_without_a_device_refuses_rdma_in_one_line():
-    from nodehealth.netcheck import agent as stream
+    from nodehealth.netcheck import agent as netcheck_agent
+    from nodehealth.netcheck.wire import request
 
-    agent = stream.Agent(("127.0.0.1", 0), stream.AgentConfig("n1", "127.0.0.1:1"))
+    agent = netcheck_agent.Agent(("127.0.0.1", 0), netcheck_agent.AgentConfig("n1", "127.0.0.1:1"))
     ep = f"127.0.0.1:{agent.server_address[1]}"
-    import threading
-
-    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    agent.start()
     try:
-        hello = stream.request(ep, {"op": "hello"}, 5)
+        hello = request(ep, {"op": "hello"}, 5)
         assert hello["methods"] == ["tcp"] and hello["rdma"] is None
-        answer = stream.request(ep, {"op": "send", "to": "127.0.0.1:9", "seconds": 1, "method": "rdma"}, 5)
+        answer = request(ep, {"op": "send", "to": "127.0.0.1:9", "seconds": 1, "method": "rdma"}, 5)
         assert answer == {"error": "this agent has no 'rdma' test (it offers tcp)"}
-        assert stream.request(ep, {"op": "rdma-serve", "seconds": 1}, 5) == {"error": "this agent has no RDMA device"}
-        assert "unknown op 'join'" in stream.request(ep, {"op": "join", "name": "a", "agent": "1.2.3.4:5"}, 5)["error"]
+        assert request(ep, {"op": "rdma-serve", "seconds": 1}, 5) == {"error": "this agent has no RDMA device"}
+        assert "unknown op 'join'" in request(ep, {"op": "join", "name": "a", "agent": "1.2.3.4:5"}, 5)["error"]
     finally:
-        agent.shutdown()
-        agent.server_close()
+        agent.close()
 
 
 @pytest.mark.parametrize("setting, fragment", [

@@ -1,40 +1,37 @@
-"""netcheck's agent on every node, its pair tests, and the coordinator that runs the rounds.
+"""netcheck's agent on every node: its pair tests, and the rendezvous of a `netcheck job`.
 
 The agent (`nodehealth netcheck serve`, or inside `netcheck job`) answers one JSON line per connection on its port:
 - `{"op": "hello"}`: its name and the data address its peers stream to;
-- `{"op": "send", "to": "ADDR:PORT", "seconds": S}`: stream to that peer's agent for S seconds and
-  answer the Gb/s the peer acknowledged (or the error);
-- `{"op": "sink"}`: count what arrives until the sender closes, then answer the byte count;
+- `{"op": "send", "to": "ADDR:PORT", "seconds": S}`: stream to that peer's sink for S seconds and
+  answer the Gb/s the peer's TCP acknowledged (nodehealth/netcheck/stream.py), or the error;
+- `{"op": "sink", "seconds": S}`: say ready, then take what arrives for at most S seconds (and a slack);
 - `{"op": "send", ..., "method": "rdma"}` and `{"op": "rdma-serve", "seconds": S}`: the same test
   with rdma-bw (RDMA WRITE between the agents' verbs devices, nodehealth/rdma/pair.py) when the
   agent has a device (its hello lists the methods it offers);
 - `{"op": "join", "name": N, "agent": "ADDR:PORT"}`, on the node that coordinates a `netcheck job`
   only: the node is taken into the job (Rendezvous) and answered with the verdict at the end.
-Requests come from the network, so a line is bounded (MAX_LINE), the duration is capped, at most
-MAX_STREAMS tests run at once and a rendezvous takes no more nodes than the job has. The
-coordinator (`netcheck run`, or the first node of a `netcheck job`) plans the rounds with
-nodehealth.netcheck.rounds and runs each round's pairs concurrently.
-
-Every result says which test made it: TCP measures the hosts' TCP path, not RDMA.
+Requests come from the network: the listener (nodehealth/netcheck/listener.py) bounds the
+connections and each request line; here each kind of request has its own bound of threads (past
+it the answer is busy), every exchange its deadline, and durations are capped.
 """
 from __future__ import annotations
 
-import socket
-import socketserver
+import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nodehealth.netcheck import stream
-from nodehealth.netcheck.rounds import TEST_NAMES, Netcheck, PairResult, waves
-from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, MAX_LINE, StreamError, read_line, request, send_line,
+from nodehealth.netcheck.listener import Listener, Request
+from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, StreamError, connect, read_line, request, send_line,
                                       split_endpoint)
 
 if TYPE_CHECKING:
     from nodehealth.rdma.pair import Setup
+
+log = logging.getLogger("nodehealth.netcheck")
 
 MAX_SECONDS = 60.0
 MAX_STREAMS = 8
@@ -57,52 +54,84 @@ class AgentConfig:
         return [TCP, RDMA] if self.rdma else [TCP]
 
 
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        server: Agent = self.server  # type: ignore[assignment]
-        sock: socket.socket = self.request
-        try:
-            msg, _ = read_line(sock, time.monotonic() + CONNECT_TIMEOUT)
-            op = msg.get("op")
-            if op == "hello":
-                cfg = server.cfg
-                send_line(sock, {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
-                                 "rdma": cfg.rdma.describe() if cfg.rdma else None})
-            elif op == "sink":
-                seconds = msg.get("seconds")
-                if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
-                    send_line(sock, {"error": f"a sink needs 0 < seconds <= {MAX_SECONDS:g}"})
-                else:
-                    stream.sink(sock, float(seconds))
-            elif op == "send":
-                send_line(sock, server.send(msg))
-            elif op == "rdma-serve":
-                send_line(sock, server.rdma_serve(msg))
-            elif op == "join" and server.rendezvous is not None:
-                send_line(sock, server.rendezvous.join(msg))
-            else:
-                send_line(sock, {"error": f"unknown op {str(op)[:40]!r}"})
-        except (StreamError, OSError) as e:
-            try:
-                send_line(sock, {"error": str(e)[:200]})
-            except OSError:
-                pass
+# Threads per kind of request: tests are few at once (a node is in one test a round), answers quick.
+SLOTS = {"hello": 8, "send": MAX_STREAMS, "sink": MAX_STREAMS, "rdma-serve": 4}
+ANSWER_SECONDS = CONNECT_TIMEOUT  # the longest an answer may take to go out
 
 
-class Agent(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, listen: tuple[str, int], cfg: AgentConfig):
-        super().__init__(listen, _Handler)
+class Agent:
+    def __init__(self, listen: tuple[str, int], cfg: AgentConfig, rendezvous: Rendezvous | None = None):
         self.cfg = cfg
-        self._slots = threading.BoundedSemaphore(MAX_STREAMS)
-        self.rendezvous: Rendezvous | None = None  # set on the node that coordinates a `netcheck job`
+        self.rendezvous = rendezvous  # on the node that coordinates a `netcheck job`
+        self._slots = {op: threading.BoundedSemaphore(n) for op, n in SLOTS.items()}
+        if rendezvous is not None:  # every node of the job waits on its join for the verdict
+            self._slots["join"] = threading.BoundedSemaphore(rendezvous.capacity + SLOTS["hello"])
         self._rdma_server = None
         if cfg.rdma is not None:
             from nodehealth.rdma import pair
 
             self._rdma_server = pair.Server(cfg.rdma, split_endpoint(cfg.data_address)[0])
+        self.listener = Listener(listen, self._dispatch, extra=rendezvous.capacity if rendezvous else 0)
+        self.server_address = self.listener.address
+
+    def start(self) -> None:
+        self.listener.start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _dispatch(self, req: Request) -> None:
+        """On the listener's thread: start the request's work on a thread of its kind, or refuse it."""
+        op = req.msg.get("op")
+        slot = self._slots.get(op) if isinstance(op, str) else None
+        if slot is None or not slot.acquire(blocking=False):
+            why = f"unknown op {str(op)[:40]!r}" if slot is None else f"busy: too many {op} requests at once"
+            try:
+                req.sock.settimeout(0.0)
+                send_line(req.sock, {"error": why})
+            except OSError:
+                pass
+            req.close()
+            return
+        threading.Thread(target=self._serve, args=(req, op, slot), name=f"netcheck-{op}", daemon=True).start()
+
+    def _serve(self, req: Request, op: str, slot: threading.BoundedSemaphore) -> None:
+        try:
+            answer = self._answer(req, op)
+            if answer is not None:
+                req.sock.settimeout(ANSWER_SECONDS)
+                send_line(req.sock, answer)
+        except (StreamError, OSError) as e:
+            try:
+                req.sock.settimeout(ANSWER_SECONDS)
+                send_line(req.sock, {"error": str(getattr(e, "strerror", None) or e)[:200]})
+            except OSError:
+                pass
+        except Exception:  # noqa: BLE001 - never a silent death: the request is dropped, the agent goes on
+            log.exception("netcheck: the agent failed to answer a %s request", op)
+        finally:
+            slot.release()
+            req.close()
+
+    def _answer(self, req: Request, op: str) -> dict | None:
+        msg = req.msg
+        if op == "hello":
+            cfg = self.cfg
+            return {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
+                    "rdma": cfg.rdma.describe() if cfg.rdma else None}
+        if op == "sink":
+            seconds = msg.get("seconds")
+            if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+                return {"error": f"a sink needs 0 < seconds <= {MAX_SECONDS:g}"}
+            stream.sink(req.sock, float(seconds))
+            return None
+        if op == "send":
+            return self.send(msg)
+        if op == "rdma-serve":
+            return self.rdma_serve(msg)
+        assert self.rendezvous is not None  # join has a slot only then
+        self.rendezvous.deliver(req.sock, self.rendezvous.join(msg))
+        return None
 
     def send(self, msg: dict) -> dict:
         seconds, to, method = msg.get("seconds"), msg.get("to"), msg.get("method", TCP)
@@ -110,8 +139,6 @@ class Agent(socketserver.ThreadingTCPServer):
             return {"error": f"a send needs 'to' (ADDR:PORT) and 0 < seconds <= {MAX_SECONDS:g}"}
         if method not in self.cfg.methods():
             return {"error": f"this agent has no {str(method)[:20]!r} test (it offers {', '.join(self.cfg.methods())})"}
-        if not self._slots.acquire(blocking=False):
-            return {"error": "busy: too many tests at once"}
         try:
             if method == RDMA:
                 return {"gbps": self._rdma_send(to, float(seconds)), "method": RDMA}
@@ -123,8 +150,6 @@ class Agent(socketserver.ThreadingTCPServer):
             return {"error": str(getattr(e, 'strerror', None) or e)[:300]}
         except Exception as e:  # noqa: BLE001 - bw.RdmaError, imported lazily: one line back to the coordinator
             return {"error": str(e)[:300]}
-        finally:
-            self._slots.release()
 
     def _source(self) -> str:
         """This agent's data address: its tests leave from it (peers admit them by it)."""
@@ -155,6 +180,7 @@ class Agent(socketserver.ThreadingTCPServer):
 
 
 MAX_VERDICT = 64 << 20  # the verdict a joined node reads back: every node's tests, ~200 B each
+VERDICT_SECONDS = 30.0  # to send it
 
 
 @dataclass(frozen=True)
@@ -174,7 +200,7 @@ class Rendezvous:
         self.answer_timeout = answer_timeout
         self.accept = accept
         self.members: dict[str, Member] = {}
-        self.answered = 0
+        self.delivered = 0  # verdicts that went out to joined nodes
         self._cond = threading.Condition()
         self._verdict: dict | None = None
 
@@ -204,9 +230,16 @@ class Rendezvous:
             return {"error": why}
         with self._cond:
             self._cond.wait_for(lambda: self._verdict is not None, self.answer_timeout)
-            self.answered += 1
-            self._cond.notify_all()
             return self._verdict or {"error": "the coordinator gave no verdict in time"}
+
+    def deliver(self, sock, answer: dict) -> None:
+        """Send a joined node its answer, and count it when it is the verdict."""
+        sock.settimeout(VERDICT_SECONDS)
+        send_line(sock, answer)
+        if "verdict" in answer:
+            with self._cond:
+                self.delivered += 1
+                self._cond.notify_all()
 
     def wait(self, count: int, deadline: float) -> list[Member]:
         """The members once `count` have joined, or those there at the deadline."""
@@ -219,18 +252,17 @@ class Rendezvous:
         with self._cond:
             self._verdict = verdict
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self.answered >= len(self.members) - 1, linger)
+            self._cond.wait_for(lambda: self.delivered >= len(self.members) - 1, linger)
 
 
 def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float) -> dict:
     """Join the coordinator's rendezvous, retrying while it is not up yet; its verdict."""
-    host, port = split_endpoint(coordinator)
     while True:
         try:
-            s = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
-        except OSError as e:
+            s = connect(coordinator, CONNECT_TIMEOUT)
+        except StreamError as e:
             if time.monotonic() > deadline:
-                raise StreamError(f"the coordinator {coordinator} never answered: {e.strerror or e}") from None
+                raise StreamError(f"the coordinator {coordinator} never answered: {e}") from None
             time.sleep(1.0)
             continue
         with s:
@@ -244,83 +276,3 @@ def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float) ->
         return answer
 
 
-@dataclass(frozen=True)
-class Host:
-    endpoint: str  # where the coordinator reaches its agent
-    name: str
-    data: str  # where peers stream to
-    methods: tuple[str, ...] = (TCP,)
-    rdma: str = ""  # its verbs device, as the agent describes it
-
-
-def hello(endpoints: Sequence[str], timeout: float) -> tuple[list[Host], list[tuple[str, str]]]:
-    """Ask every agent who it is; the unreachable ones are returned with the reason."""
-    hosts, problems = [], []
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(endpoints)))) as pool:
-        for ep, answer in zip(endpoints, pool.map(lambda e: _try(request, e, {"op": "hello"}, timeout), endpoints)):
-            if isinstance(answer, str):
-                problems.append((ep, answer))
-            elif isinstance(answer.get("name"), str) and isinstance(answer.get("data"), str):
-                methods = answer.get("methods")
-                methods = tuple(m for m in methods if m in (TCP, RDMA)) if isinstance(methods, list) else (TCP,)
-                rdma = answer.get("rdma") if isinstance(answer.get("rdma"), str) else ""
-                hosts.append(Host(ep, answer["name"][:200], answer["data"][:200], methods or (TCP,), rdma[:200]))
-            else:
-                problems.append((ep, "its hello has no name or data address"))
-    return hosts, problems
-
-
-def _try(fn: Callable, *args) -> dict | str:
-    try:
-        return fn(*args)
-    except (StreamError, ValueError) as e:
-        return str(e)
-
-
-def choose_method(hosts: Sequence[Host], wanted: str) -> str:
-    """`auto`: RDMA when every agent has a verbs device (bandwidths of two methods do not compare,
-    so one TCP-only agent makes it TCP for all); `rdma` or `tcp` as asked. ValueError names the
-    agents that cannot do the asked method."""
-    if wanted == "auto":
-        return RDMA if hosts and all(RDMA in h.methods for h in hosts) else TCP
-    lacking = [h.name for h in hosts if wanted not in h.methods]
-    if lacking:
-        raise ValueError(f"no {wanted} test on {', '.join(sorted(lacking))} (no verbs device found by its agent)")
-    return wanted
-
-
-# Beyond the test itself: the peer's server start, connects, and an RDMA test's stall detection.
-PAIR_SLACK = {TCP: 3 * CONNECT_TIMEOUT, RDMA: 3 * CONNECT_TIMEOUT + 20.0}
-
-
-def run_pair(a: Host, b: Host, seconds: float, method: str = TCP) -> PairResult:
-    """`a` sends to `b`; a failure says what was measured between which nodes, or that the
-    coordinator could not ask `a` at all."""
-    answer = _try(request, a.endpoint, {"op": "send", "to": b.data, "seconds": seconds, "method": method},
-                  seconds + PAIR_SLACK[method])
-    if isinstance(answer, str):
-        return PairResult(0, a.name, b.name, False, None, f"the coordinator's request to {a.name}'s agent failed: "
-                          f"{answer}"[:300], method=method)
-    gbps = answer.get("gbps")
-    retransmitted = answer.get("retransmitted")
-    retransmitted = float(retransmitted) if isinstance(retransmitted, (int, float)) else None
-    if isinstance(gbps, (int, float)) and gbps > 0:
-        return PairResult(0, a.name, b.name, True, float(gbps), method=method, retransmitted=retransmitted)
-    why = str(answer.get("error", "no bandwidth in the answer"))[:200]
-    return PairResult(0, a.name, b.name, False, None, f"{TEST_NAMES[method]} {a.name} -> {b.name}: {why}",
-                      method=method, retransmitted=retransmitted)
-
-
-def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str = TCP) -> None:
-    """Every round's pairs run at once (waves only where a node is in two tests). After a round,
-    the agents of its failed tests are asked who they are: one that does not answer is unreachable,
-    and its failed tests measured nothing."""
-    with ThreadPoolExecutor(max_workers=min(256, max(1, len(hosts)))) as pool:
-        while pairs := nc.next_round():
-            results: list[PairResult] = []
-            for wave in waves(pairs):
-                results += pool.map(lambda p: run_pair(hosts[p[0]], hosts[p[1]], seconds, method), wave)
-            failed = sorted({n for t in results if not t.ok for n in (t.a, t.b)})
-            answers = pool.map(lambda n: _try(request, hosts[n].endpoint, {"op": "hello"}, CONNECT_TIMEOUT * 2), failed)
-            nc.record(results, {n: f"its agent at {hosts[n].endpoint} does not answer: {a}"
-                                for n, a in zip(failed, answers) if isinstance(a, str)})

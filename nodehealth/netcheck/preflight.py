@@ -20,8 +20,10 @@ from typing import Any
 from nodehealth import config
 from nodehealth.host import HostPaths, addresses
 from nodehealth.netcheck import agent
+from nodehealth.netcheck import coordinator as coord
 from nodehealth.netcheck import discovery
 from nodehealth.netcheck import rounds
+from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, split_endpoint
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 TESTS = {agent.TCP: "TCP stream between the nodes' agents (the hosts' TCP path, not RDMA)",
@@ -66,7 +68,7 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
         from nodehealth.rdma import pair
 
         try:
-            setup = pair.find_setup(HostPaths("/"), agent.split_endpoint(data)[0], device, gid_index,
+            setup = pair.find_setup(HostPaths("/"), split_endpoint(data)[0], device, gid_index,
                                         port=cfg["rdma_port"], size=cfg["rdma_size"])
         except bw.RdmaError as e:
             if cfg["method"] == agent.RDMA:
@@ -78,27 +80,29 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
 def start_agent(listen: str, data: str | None, acfg: agent.AgentConfig,
                 rendezvous: agent.Rendezvous | None = None) -> list[agent.Agent]:
     """The agent on `listen` and, when the data address differs, a second one there; serving in threads."""
-    agents = [agent.Agent(agent.split_endpoint(listen), acfg)]
-    agents[0].rendezvous = rendezvous  # before it serves: a node may join at once
-    if data and data != listen:
-        agents.append(agent.Agent(agent.split_endpoint(data), acfg))
+    agents = [agent.Agent(split_endpoint(listen), acfg, rendezvous)]
+    try:
+        if data and data != listen:
+            agents.append(agent.Agent(split_endpoint(data), acfg))
+    except OSError:
+        stop_agents(agents)
+        raise
     for a in agents:
-        threading.Thread(target=a.serve_forever, daemon=True).start()
+        a.start()
     return agents
 
 
 def stop_agents(agents: list[agent.Agent]) -> None:
     for a in agents:
-        a.shutdown()
-        a.server_close()
+        a.close()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         cfg = settings(args)
-        agent.split_endpoint(args.listen)
+        split_endpoint(args.listen)
         data = args.data or args.listen
-        agent.split_endpoint(data)
+        split_endpoint(data)
         acfg = agent_config(args.name or socket.gethostname(), data, cfg, args.rdma_device, args.gid_index)
         agents = start_agent(args.listen, args.data, acfg)
     except (Usage, ValueError, OSError) as e:
@@ -117,18 +121,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str],
                missing: list[dict[str, str]] | None = None) -> tuple[dict, int]:
     """Run the rounds over the agents at `endpoints`; the JSON report and the exit code."""
-    hosts, unreachable = agent.hello(sorted(set(endpoints)), timeout=agent.CONNECT_TIMEOUT * 2)
+    hosts, unreachable = coord.hello(sorted(set(endpoints)), timeout=CONNECT_TIMEOUT * 2)
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise Usage("two agents answer with the same name: give each its own --name")
     try:
-        method = agent.choose_method(hosts, cfg["method"])
+        method = coord.choose_method(hosts, cfg["method"])
     except ValueError as e:
         raise Usage(str(e)) from None
     result = None
     if len(hosts) >= 2:
         nc = rounds.Netcheck(names, leaves, cfg["slow_fraction"], cfg["max_rounds"])
-        agent.run_rounds(nc, {h.name: h for h in hosts}, cfg["seconds"], method)
+        coord.run_rounds(nc, {h.name: h for h in hosts}, cfg["seconds"], method)
         result = nc.result()
     doc = rounds.to_dict(result, method) if result else {"method": method, "faulty": [], "slow": [],
                                                            "unresolved": [], "nodes": {}, "rounds": 0,
@@ -168,7 +172,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             endpoints += discovery.read_hostfile(args.hosts_file)
         endpoints = [e for e in endpoints if e and not e.startswith("#")]
         for e in endpoints:
-            agent.split_endpoint(e)
+            split_endpoint(e)
         if len(set(endpoints)) < 2:
             raise Usage("give at least two agents (--hosts A:P,B:P, --hosts-file or $NODEHEALTH_NETCHECK_HOSTS)")
         doc, code = coordinate(endpoints, cfg, read_leaves(args.inventory))
@@ -263,7 +267,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         me = agent.Member(name, _endpoint(control, port))
         acfg = agent_config(name, _endpoint(args.data or control, port), cfg, args.rdma_device, args.gid_index)
         # the longest a joined node waits for the verdict: the others joining, then every round
-        budget = cfg["wait_seconds"] + cfg["max_rounds"] * 2 * (cfg["seconds"] + agent.PAIR_SLACK[agent.RDMA])
+        budget = cfg["wait_seconds"] + cfg["max_rounds"] * 2 * (cfg["seconds"] + coord.PAIR_SLACK[agent.RDMA])
         rendezvous = None
         if plan.is_coordinator:
             job = JobNodes(plan)
@@ -282,8 +286,8 @@ def cmd_job(args: argparse.Namespace) -> int:
                                  time.monotonic() + cfg["wait_seconds"], budget)
             doc, code = answer.get("verdict"), answer.get("code")
             if not isinstance(doc, dict) or code not in (EXIT_OK, EXIT_FAULT, EXIT_ERROR):
-                raise agent.StreamError(f"the coordinator's answer is no verdict: {str(answer)[:200]}")
-    except (Usage, agent.StreamError) as e:
+                raise StreamError(f"the coordinator's answer is no verdict: {str(answer)[:200]}")
+    except (Usage, StreamError) as e:
         print(f"nodehealth netcheck job: {e}", file=sys.stderr)
         return EXIT_ERROR
     finally:
@@ -303,7 +307,7 @@ def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendez
         doc, code = {"method": "", "test": "", "error": str(e), "faulty": [], "slow": [], "unresolved": [],
                      "nodes": {}, "rounds": 0, "median_gbps": None, "unreachable": [], "missing": missing}, EXIT_ERROR
     doc["source"] = job.plan.source
-    rendezvous.finish({"verdict": doc, "code": code}, linger=agent.CONNECT_TIMEOUT)
+    rendezvous.finish({"verdict": doc, "code": code}, linger=CONNECT_TIMEOUT)
     return doc, code
 
 

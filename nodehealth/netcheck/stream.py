@@ -58,7 +58,7 @@ def stream_to(peer: str, seconds: float, source: str | None = None, request: dic
                 s.settimeout(left)
                 try:
                     s.send(data)
-                except TimeoutError:
+                except socket.timeout:  # TimeoutError from Python 3.10
                     break
         except OSError as e:
             raise StreamError(f"the stream to {peer} broke after {time.monotonic() - start:.2g} s: "
@@ -82,7 +82,7 @@ def sink(sock: socket.socket, seconds: float, buf: bytearray | None = None) -> i
         sock.settimeout(left)
         try:
             n = sock.recv_into(buf)
-        except (TimeoutError, ConnectionResetError):
+        except (socket.timeout, ConnectionResetError):
             break
         if not n:
             break

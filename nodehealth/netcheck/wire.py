@@ -28,7 +28,7 @@ def read_line(sock: socket.socket, deadline: float, limit: int = MAX_LINE) -> tu
         sock.settimeout(left)
         try:
             chunk = sock.recv(65536)
-        except TimeoutError:
+        except socket.timeout:  # TimeoutError from Python 3.10
             raise StreamError("timed out waiting for an answer") from None
         if not chunk:
             raise StreamError("connection closed before a whole line")
