@@ -15,6 +15,7 @@ import pytest
 from conftest import free_port, unavailable
 
 from nodehealth.netcheck import agent
+from nodehealth.netcheck.admission import Admission
 from nodehealth.netcheck import coordinator
 from nodehealth.netcheck.rounds import SOUND, UNREACHABLE, Netcheck
 from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, request
@@ -55,9 +56,11 @@ def test_a_node_whose_agent_died_is_unreachable_not_faulty(four):
     cannot ask it to send. It is unreachable, with the reason, and no one is faulty."""
     hosts, problems = coordinator.hello(four.endpoints(), timeout=5)
     assert problems == [] and len(hosts) == 4
+    job = coordinator.Job.new()
+    assert coordinator.claim(hosts, job, 60) == []
     four.stop("n3")
     nc = Netcheck([h.name for h in hosts], slow_fraction=0.01)  # loopback's rate is the loaded CPUs': not judged here
-    coordinator.run_rounds(nc, {h.name: h for h in hosts}, 0.2)
+    coordinator.run_rounds(nc, {h.name: h for h in hosts}, 0.2, agent.TCP, job)
     result = nc.result()
     assert result.status == {"n0": SOUND, "n1": SOUND, "n2": SOUND, "n3": UNREACHABLE}, result.tests
     assert "refused" in result.unreachable["n3"] and "127.0.0.74" in result.unreachable["n3"]
@@ -68,13 +71,13 @@ def test_the_report_names_the_node_whose_agent_died_during_the_check(four, monke
     from nodehealth import config
     from nodehealth.netcheck import preflight
 
-    said_hello = coordinator.hello
+    claimed = coordinator.claim
 
-    def hello_then_die(endpoints, timeout):
-        answer = said_hello(endpoints, timeout)
+    def claim_then_die(hosts, job, seconds):
+        refused = claimed(hosts, job, seconds)
         four.stop("n3")
-        return answer
-    monkeypatch.setattr(coordinator, "hello", hello_then_die)
+        return refused
+    monkeypatch.setattr(coordinator, "claim", claim_then_die)
     cfg = dict(config.defaults()["netcheck"], seconds=0.2, slow_fraction=0.01)
     doc, code = preflight.coordinate(four.endpoints(), cfg, {})
     assert code == preflight.EXIT_FAULT and doc["faulty"] == [] and doc["slow"] == []
@@ -172,3 +175,73 @@ def _closed(s: socket.socket) -> bool:
         return False
     except OSError as e:
         return e.errno != errno.ENOTCONN
+
+
+class Counter:
+    """A plain TCP listener that counts what it receives: the address a stranger wants flooded."""
+
+    def __init__(self, address: str):
+        self.sock = socket.create_server((address, 0))
+        self.endpoint = f"{address}:{self.sock.getsockname()[1]}"
+        self.received = 0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._count, args=(conn,), daemon=True).start()
+
+    def _count(self, conn):
+        with conn:
+            conn.settimeout(10)
+            try:
+                while chunk := conn.recv(1 << 16):
+                    self.received += len(chunk)
+            except OSError:
+                pass
+
+
+def test_an_agent_relays_nothing_for_a_stranger():
+    """Agents that take jobs from 127.0.0.90 only. A stranger (127.0.0.92) cannot make one send
+    (440 bytes of such requests made an agent send 62 GB), claim it, or sink into the other; the
+    coordinator cannot point one at an address outside the job; within the job the test runs."""
+    coordinator, stranger = "127.0.0.90", "127.0.0.92"
+    port = free_port()
+    a = agent.Agent(("127.0.0.91", port), agent.AgentConfig("a", f"127.0.0.91:{port}"),
+                    admission=Admission(coordinators=[coordinator]))
+    b = agent.Agent(("127.0.0.93", port), agent.AgentConfig("b", f"127.0.0.93:{port}"),
+                    admission=Admission(coordinators=[coordinator]))
+    victim = Counter("127.0.0.94")
+    a.start()
+    b.start()
+    A, B = f"127.0.0.91:{port}", f"127.0.0.93:{port}"
+    try:
+        asked = request(A, {"op": "send", "to": B, "seconds": 1}, 10, source=stranger)
+        assert asked == {"error": "no job: a coordinator claims this agent first"}
+        asked = request(A, {"op": "claim", "job": "j1", "members": ["127.0.0.92", "127.0.0.94"], "seconds": 60}, 5,
+                        source=stranger)
+        assert "takes jobs from 127.0.0.90 only" in asked["error"], asked
+        job = {"op": "claim", "job": "j1", "members": ["127.0.0.91", "127.0.0.93"], "seconds": 60}
+        assert request(A, job, 5, source=coordinator) == {"ok": True}
+        assert request(B, job, 5, source=coordinator) == {"ok": True}
+        busy = request(A, dict(job, job="j2"), 5, source=stranger)
+        assert "error" in busy, busy  # one job at a time, and never the stranger's
+        asked = request(A, {"op": "send", "job": "j1", "to": B, "seconds": 1}, 10, source=stranger)
+        assert "not the coordinator" in asked["error"], asked
+        asked = request(A, {"op": "send", "job": "j1", "to": victim.endpoint, "seconds": 1}, 10, source=coordinator)
+        assert "not an agent of this job" in asked["error"], asked
+        asked = request(B, {"op": "sink", "job": "j1", "seconds": 1}, 5, source=stranger)
+        assert "not an agent of this job" in asked["error"], asked
+        assert victim.received == 0
+        sent = request(A, {"op": "send", "job": "j1", "to": B, "seconds": 0.3}, 10, source=coordinator)
+        assert sent.get("gbps", 0) > 0, sent
+        assert request(A, {"op": "release", "job": "j1"}, 5, source=coordinator) == {"ok": True}
+        asked = request(A, {"op": "send", "job": "j1", "to": B, "seconds": 0.3}, 10, source=coordinator)
+        assert "no job" in asked["error"], asked
+    finally:
+        a.close()
+        b.close()
+        victim.sock.close()

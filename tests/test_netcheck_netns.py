@@ -41,7 +41,8 @@ def topo():
         for n in t.nodes:
             agents.append(subprocess.Popen(
                 ["ip", "netns", "exec", n.ns, sys.executable, "-m", "nodehealth.cli", "netcheck", "serve",
-                 "--listen", f"{n.mgmt}:{PORT}", "--data", f"{n.address}:{PORT}", "--name", n.name, "--for", "600"],
+                 "--listen", f"{n.mgmt}:{PORT}", "--data", f"{n.address}:{PORT}", "--name", n.name, "--for", "600",
+                 "--coordinator", f"{t.mgmt_net}.254"],  # the test's namespace runs `netcheck run`
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(_listening(n) for n in t.nodes):

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from nodehealth.netcheck import stream
+from nodehealth.netcheck.admission import Admission
 from nodehealth.netcheck.listener import Listener, Request
-from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, StreamError, connect, read_line, request, send_line,
+from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, MAX_LINE, StreamError, connect, read_line, request, send_line,
                                       split_endpoint)
 
 if TYPE_CHECKING:
@@ -55,14 +56,18 @@ class AgentConfig:
 
 
 # Threads per kind of request: tests are few at once (a node is in one test a round), answers quick.
-SLOTS = {"hello": 8, "send": MAX_STREAMS, "sink": MAX_STREAMS, "rdma-serve": 4}
+SLOTS = {"hello": 8, "claim": 4, "release": 4, "send": MAX_STREAMS, "sink": MAX_STREAMS, "rdma-serve": 4}
 ANSWER_SECONDS = CONNECT_TIMEOUT  # the longest an answer may take to go out
 
 
 class Agent:
-    def __init__(self, listen: tuple[str, int], cfg: AgentConfig, rendezvous: Rendezvous | None = None):
+    def __init__(self, listen: tuple[str, int], cfg: AgentConfig, rendezvous: Rendezvous | None = None,
+                 admission: Admission | None = None):
+        """`admission` says who may ask what (by default: jobs from this host only); the agents of
+        one node (its control and its data address) share one."""
         self.cfg = cfg
         self.rendezvous = rendezvous  # on the node that coordinates a `netcheck job`
+        self.admission = admission or Admission()
         self._slots = {op: threading.BoundedSemaphore(n) for op, n in SLOTS.items()}
         if rendezvous is not None:  # every node of the job waits on its join for the verdict
             self._slots["join"] = threading.BoundedSemaphore(rendezvous.capacity + SLOTS["hello"])
@@ -71,7 +76,9 @@ class Agent:
             from nodehealth.rdma import pair
 
             self._rdma_server = pair.Server(cfg.rdma, split_endpoint(cfg.data_address)[0])
-        self.listener = Listener(listen, self._dispatch, extra=rendezvous.capacity if rendezvous else 0)
+        self.listener = Listener(listen, self._dispatch, self.admission.admits,
+                                 lambda source: self.admission.line_limit(source, MAX_LINE),
+                                 extra=rendezvous.capacity if rendezvous else 0)
         self.server_address = self.listener.address
 
     def start(self) -> None:
@@ -119,30 +126,47 @@ class Agent:
             cfg = self.cfg
             return {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
                     "rdma": cfg.rdma.describe() if cfg.rdma else None}
-        if op == "sink":
+        if op == "claim":
+            return self.admission.claim(req.source, msg)
+        if op == "release":
+            return self.admission.release(req.source, msg)
+        if op == "send":
+            return self.send(msg, req.source)
+        if op in ("sink", "rdma-serve"):
+            if op == "rdma-serve" and self._rdma_server is None:
+                return {"error": "this agent has no RDMA device"}
+            if why := self.admission.member(req.source, msg):
+                return {"error": why}
+            if op == "rdma-serve":
+                return self.rdma_serve(msg)
             seconds = msg.get("seconds")
             if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
                 return {"error": f"a sink needs 0 < seconds <= {MAX_SECONDS:g}"}
             stream.sink(req.sock, float(seconds))
             return None
-        if op == "send":
-            return self.send(msg)
-        if op == "rdma-serve":
-            return self.rdma_serve(msg)
         assert self.rendezvous is not None  # join has a slot only then
         self.rendezvous.deliver(req.sock, self.rendezvous.join(msg))
         return None
 
-    def send(self, msg: dict) -> dict:
+    def send(self, msg: dict, source: str) -> dict:
+        """Test towards `to` on the coordinator's request: only the job's coordinator may ask, and
+        only towards an agent of the job."""
         seconds, to, method = msg.get("seconds"), msg.get("to"), msg.get("method", TCP)
         if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS or not isinstance(to, str):
             return {"error": f"a send needs 'to' (ADDR:PORT) and 0 < seconds <= {MAX_SECONDS:g}"}
         if method not in self.cfg.methods():
             return {"error": f"this agent has no {str(method)[:20]!r} test (it offers {', '.join(self.cfg.methods())})"}
         try:
+            to_host = split_endpoint(to)[0]
+        except ValueError as e:
+            return {"error": str(e)}
+        if why := self.admission.may_send(source, msg, to_host):
+            return {"error": why}
+        job = {"job": msg.get("job")}
+        try:
             if method == RDMA:
-                return {"gbps": self._rdma_send(to, float(seconds)), "method": RDMA}
-            measured = stream.stream_to(to, float(seconds), self._source())
+                return {"gbps": self._rdma_send(to, float(seconds), job), "method": RDMA}
+            measured = stream.stream_to(to, float(seconds), self._source(), job)
             return {"gbps": measured.gbps, "retransmitted": measured.retransmitted, "method": TCP}
         except _Own as e:
             return {"error": str(e), "own": True}
@@ -155,7 +179,7 @@ class Agent:
         """This agent's data address: its tests leave from it (peers admit them by it)."""
         return split_endpoint(self.cfg.data_address)[0]
 
-    def _rdma_send(self, to: str, seconds: float) -> float:
+    def _rdma_send(self, to: str, seconds: float, job: dict) -> float:
         from nodehealth.rdma import bw
         from nodehealth.rdma import pair
 
@@ -163,7 +187,8 @@ class Agent:
             pair.preflight(self.cfg.rdma)
         except bw.RdmaError as e:
             raise _Own(f"{self.cfg.name}: {e}") from None
-        answer = request(to, {"op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2, source=self._source())
+        answer = request(to, {**job, "op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2,
+                         source=self._source())
         port = answer.get("port")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise StreamError(f"the peer's rdma-bw server did not start: {str(answer.get('error'))[:200]}")
@@ -255,11 +280,12 @@ class Rendezvous:
             self._cond.wait_for(lambda: self.delivered >= len(self.members) - 1, linger)
 
 
-def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float) -> dict:
-    """Join the coordinator's rendezvous, retrying while it is not up yet; its verdict."""
+def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float, source: str | None = None) -> dict:
+    """Join the coordinator's rendezvous from the address `source` (the coordinator admits nodes by
+    the address they come from), retrying while it is not up yet; its verdict."""
     while True:
         try:
-            s = connect(coordinator, CONNECT_TIMEOUT)
+            s = connect(coordinator, CONNECT_TIMEOUT, source)
         except StreamError as e:
             if time.monotonic() > deadline:
                 raise StreamError(f"the coordinator {coordinator} never answered: {e}") from None

@@ -1,43 +1,81 @@
 """netcheck's coordinator (`netcheck run`, or the first node of a `netcheck job`): asks every agent
-who it is, plans the rounds with nodehealth.netcheck.rounds and runs each round's pairs at once.
+who it is, claims them for one job, plans the rounds with nodehealth.netcheck.rounds, runs each
+round's pairs at once, and releases the agents.
 
 Every result says which test made it: TCP measures the hosts' TCP path, not RDMA.
 """
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from nodehealth.host import addresses
+from nodehealth.netcheck.admission import CLAIM_LINE, MAX_LEASE
 from nodehealth.netcheck.agent import RDMA, TCP
 from nodehealth.netcheck.rounds import TEST_NAMES, Netcheck, PairResult, waves
-from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, request
+from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, MAX_LINE, StreamError, endpoint, is_address, request,
+                                      split_endpoint)
 
 
 @dataclass(frozen=True)
 class Host:
     endpoint: str  # where the coordinator reaches its agent
     name: str
-    data: str  # where peers stream to
+    data: str  # where peers stream to: ADDR:PORT, an address (the agents admit each other by address)
     methods: tuple[str, ...] = (TCP,)
     rdma: str = ""  # its verbs device, as the agent describes it
 
 
-def hello(endpoints: Sequence[str], timeout: float) -> tuple[list[Host], list[tuple[str, str]]]:
+@dataclass(frozen=True)
+class Job:
+    id: str
+    source: str | None = None  # the coordinator's address towards the agents (None: as routed)
+
+    @classmethod
+    def new(cls, source: str | None = None) -> Job:
+        return cls(secrets.token_hex(8), source)
+
+
+def hello(endpoints: Sequence[str], timeout: float, source: str | None = None
+          ) -> tuple[list[Host], list[tuple[str, str]]]:
     """Ask every agent who it is; the unreachable ones are returned with the reason."""
     hosts, problems = [], []
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(endpoints)))) as pool:
-        for ep, answer in zip(endpoints, pool.map(lambda e: _try(request, e, {"op": "hello"}, timeout), endpoints)):
+        answers = pool.map(lambda e: _try(request, e, {"op": "hello"}, timeout, MAX_LINE, source), endpoints)
+        for ep, answer in zip(endpoints, answers):
             if isinstance(answer, str):
                 problems.append((ep, answer))
-            elif isinstance(answer.get("name"), str) and isinstance(answer.get("data"), str):
-                methods = answer.get("methods")
-                methods = tuple(m for m in methods if m in (TCP, RDMA)) if isinstance(methods, list) else (TCP,)
-                rdma = answer.get("rdma") if isinstance(answer.get("rdma"), str) else ""
-                hosts.append(Host(ep, answer["name"][:200], answer["data"][:200], methods or (TCP,), rdma[:200]))
-            else:
-                problems.append((ep, "its hello has no name or data address"))
+                continue
+            data = _data_address(ep, answer.get("data"))
+            if not isinstance(answer.get("name"), str) or data is None:
+                problems.append((ep, "its hello has no name or no data address that resolves"))
+                continue
+            methods = answer.get("methods")
+            methods = tuple(m for m in methods if m in (TCP, RDMA)) if isinstance(methods, list) else (TCP,)
+            rdma = answer.get("rdma") if isinstance(answer.get("rdma"), str) else ""
+            hosts.append(Host(ep, answer["name"][:200], data, methods or (TCP,), rdma[:200]))
     return hosts, problems
+
+
+def _data_address(agent: str, data: object) -> str | None:
+    """The agent's data address as an address: an unspecified one (it listens on all) is where the
+    coordinator reached it; a name is resolved here, once, so that every agent gets the same."""
+    if not isinstance(data, str):
+        return None
+    try:
+        host, port = split_endpoint(data[:200])
+    except ValueError:
+        return None
+    if host in ("", "0.0.0.0", "::"):
+        host = split_endpoint(agent)[0]
+    if not is_address(host):
+        found = sorted(addresses(host))
+        if not found:
+            return None
+        host = found[0]
+    return endpoint(host, port)
 
 
 def _try(fn: Callable, *args) -> dict | str:
@@ -63,11 +101,39 @@ def choose_method(hosts: Sequence[Host], wanted: str) -> str:
 PAIR_SLACK = {TCP: 3 * CONNECT_TIMEOUT, RDMA: 3 * CONNECT_TIMEOUT + 20.0}
 
 
-def run_pair(a: Host, b: Host, seconds: float, method: str = TCP) -> PairResult:
+def lease(seconds: float, max_rounds: int, method: str) -> float:
+    """How long a job holds its agents at most: every round in two waves, and the checks after it."""
+    return min(MAX_LEASE, max_rounds * (2 * (seconds + PAIR_SLACK[method]) + 2 * CONNECT_TIMEOUT) + 60.0)
+
+
+def claim(hosts: Sequence[Host], job: Job, seconds: float) -> list[tuple[str, str]]:
+    """Claim every agent for the job, its members being every host's addresses; the agents that
+    refused, with the reason."""
+    members = sorted({split_endpoint(h.data)[0] for h in hosts}
+                     | {a for h in hosts for a in _addresses(split_endpoint(h.endpoint)[0])})
+    msg = {"op": "claim", "job": job.id, "members": members, "seconds": seconds}
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        answers = pool.map(lambda h: _try(request, h.endpoint, msg, CONNECT_TIMEOUT * 2, CLAIM_LINE, job.source), hosts)
+        return [(h.endpoint, f"its agent did not take the job: {a if isinstance(a, str) else a.get('error')}"[:300])
+                for h, a in zip(hosts, answers) if isinstance(a, str) or a.get("ok") is not True]
+
+
+def release(hosts: Sequence[Host], job: Job) -> None:
+    """Free the agents for the next job (an agent frees itself at the lease's end anyway)."""
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
+        list(pool.map(lambda h: _try(request, h.endpoint, {"op": "release", "job": job.id}, CONNECT_TIMEOUT,
+                                     MAX_LINE, job.source), hosts))
+
+
+def _addresses(host: str) -> set[str]:
+    return {host} if is_address(host) else addresses(host)
+
+
+def run_pair(a: Host, b: Host, seconds: float, method: str, job: Job) -> PairResult:
     """`a` sends to `b`; a failure says what was measured between which nodes, or that the
     coordinator could not ask `a` at all."""
-    answer = _try(request, a.endpoint, {"op": "send", "to": b.data, "seconds": seconds, "method": method},
-                  seconds + PAIR_SLACK[method])
+    answer = _try(request, a.endpoint, {"op": "send", "job": job.id, "to": b.data, "seconds": seconds,
+                                        "method": method}, seconds + PAIR_SLACK[method], MAX_LINE, job.source)
     if isinstance(answer, str):
         return PairResult(0, a.name, b.name, False, None, f"the coordinator's request to {a.name}'s agent failed: "
                           f"{answer}"[:300], method=method)
@@ -81,7 +147,7 @@ def run_pair(a: Host, b: Host, seconds: float, method: str = TCP) -> PairResult:
                       method=method, retransmitted=retransmitted)
 
 
-def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str = TCP) -> None:
+def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str, job: Job) -> None:
     """Every round's pairs run at once (waves only where a node is in two tests). After a round,
     the agents of its failed tests are asked who they are: one that does not answer is unreachable,
     and its failed tests measured nothing."""
@@ -89,8 +155,9 @@ def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str
         while pairs := nc.next_round():
             results: list[PairResult] = []
             for wave in waves(pairs):
-                results += pool.map(lambda p: run_pair(hosts[p[0]], hosts[p[1]], seconds, method), wave)
+                results += pool.map(lambda p: run_pair(hosts[p[0]], hosts[p[1]], seconds, method, job), wave)
             failed = sorted({n for t in results if not t.ok for n in (t.a, t.b)})
-            answers = pool.map(lambda n: _try(request, hosts[n].endpoint, {"op": "hello"}, CONNECT_TIMEOUT * 2), failed)
+            answers = pool.map(lambda n: _try(request, hosts[n].endpoint, {"op": "hello"}, CONNECT_TIMEOUT * 2,
+                                              MAX_LINE, job.source), failed)
             nc.record(results, {n: f"its agent at {hosts[n].endpoint} does not answer: {a}"
                                 for n, a in zip(failed, answers) if isinstance(a, str)})

@@ -23,6 +23,7 @@ from nodehealth.netcheck import agent
 from nodehealth.netcheck import coordinator as coord
 from nodehealth.netcheck import discovery
 from nodehealth.netcheck import rounds
+from nodehealth.netcheck.admission import Admission
 from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, split_endpoint
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
@@ -77,13 +78,14 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
     return agent.AgentConfig(name, data, setup)
 
 
-def start_agent(listen: str, data: str | None, acfg: agent.AgentConfig,
+def start_agent(listen: str, data: str | None, acfg: agent.AgentConfig, admission: Admission,
                 rendezvous: agent.Rendezvous | None = None) -> list[agent.Agent]:
-    """The agent on `listen` and, when the data address differs, a second one there; serving in threads."""
-    agents = [agent.Agent(split_endpoint(listen), acfg, rendezvous)]
+    """The agent on `listen` and, when the data address differs, a second one there (one job for
+    both); serving in threads."""
+    agents = [agent.Agent(split_endpoint(listen), acfg, rendezvous, admission)]
     try:
         if data and data != listen:
-            agents.append(agent.Agent(split_endpoint(data), acfg))
+            agents.append(agent.Agent(split_endpoint(data), acfg, admission=admission))
     except OSError:
         stop_agents(agents)
         raise
@@ -104,7 +106,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         data = args.data or args.listen
         split_endpoint(data)
         acfg = agent_config(args.name or socket.gethostname(), data, cfg, args.rdma_device, args.gid_index)
-        agents = start_agent(args.listen, args.data, acfg)
+        agents = start_agent(args.listen, args.data, acfg, Admission(coordinators(args.coordinator)))
     except (Usage, ValueError, OSError) as e:
         print(f"nodehealth netcheck serve: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
@@ -116,12 +118,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def coordinators(given: str | None) -> list[str] | None:
+    """`--coordinator`: addresses, networks or names (`any`: every address); None: this host's own."""
+    if not given:
+        return None
+    found: list[str] = []
+    for item in (x.strip() for x in given.split(",")):
+        if item == "any":
+            found += ["0.0.0.0/0", "::/0"]
+        elif item:
+            try:
+                ipaddress.ip_network(item, strict=False)
+                found.append(item)
+            except ValueError:
+                resolved = addresses(item)
+                if not resolved:
+                    raise Usage(f"--coordinator: {item!r} is no address, network or name that resolves") from None
+                found += sorted(resolved)
+    return found
+
+
 # -- the coordinator ---------------------------------------------------------------------------
 
 def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str],
-               missing: list[dict[str, str]] | None = None) -> tuple[dict, int]:
-    """Run the rounds over the agents at `endpoints`; the JSON report and the exit code."""
-    hosts, unreachable = coord.hello(sorted(set(endpoints)), timeout=CONNECT_TIMEOUT * 2)
+               missing: list[dict[str, str]] | None = None, source: str | None = None) -> tuple[dict, int]:
+    """Run the rounds over the agents at `endpoints` (asked from the address `source`, where given);
+    the JSON report and the exit code."""
+    hosts, unreachable = coord.hello(sorted(set(endpoints)), CONNECT_TIMEOUT * 2, source)
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise Usage("two agents answer with the same name: give each its own --name")
@@ -131,9 +154,17 @@ def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str]
         raise Usage(str(e)) from None
     result = None
     if len(hosts) >= 2:
-        nc = rounds.Netcheck(names, leaves, cfg["slow_fraction"], cfg["max_rounds"])
-        coord.run_rounds(nc, {h.name: h for h in hosts}, cfg["seconds"], method)
-        result = nc.result()
+        job = coord.Job.new(source)
+        refused = coord.claim(hosts, job, coord.lease(cfg["seconds"], cfg["max_rounds"], method))
+        unreachable += refused
+        taken = [h for h in hosts if h.endpoint not in dict(refused)]
+        try:
+            if len(taken) >= 2:
+                nc = rounds.Netcheck([h.name for h in taken], leaves, cfg["slow_fraction"], cfg["max_rounds"])
+                coord.run_rounds(nc, {h.name: h for h in taken}, cfg["seconds"], method, job)
+                result = nc.result()
+        finally:
+            coord.release(taken, job)
     doc = rounds.to_dict(result, method) if result else {"method": method, "faulty": [], "slow": [],
                                                            "unresolved": [], "nodes": {}, "rounds": 0,
                                                            "median_gbps": None}
@@ -269,21 +300,25 @@ def cmd_job(args: argparse.Namespace) -> int:
         # the longest a joined node waits for the verdict: the others joining, then every round
         budget = cfg["wait_seconds"] + cfg["max_rounds"] * 2 * (cfg["seconds"] + coord.PAIR_SLACK[agent.RDMA])
         rendezvous = None
+        job = JobNodes(plan)
         if plan.is_coordinator:
-            job = JobNodes(plan)
             rendezvous = agent.Rendezvous(plan.count, budget, job.accept)
             if why := rendezvous.add(me):
                 raise Usage(f"this node is not one of the job's: {why}")
-        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, rendezvous)
+        # Claims come from the coordinator only. Where the job's hosts are known, only they connect to
+        # a node; the coordinator hears every join, to tell a node that is not one of them why.
+        admission = Admission(sorted(addresses(coordinator)),
+                              set(job.by_address) if plan.hosts and not plan.is_coordinator else None)
+        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous)
     except (Usage, ValueError, OSError, discovery.DiscoveryError) as e:
         print(f"nodehealth netcheck job: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
     try:
         if rendezvous is not None:
-            doc, code = _coordinate_job(job, cfg, rendezvous, args)
+            doc, code = _coordinate_job(job, cfg, rendezvous, args, control)
         else:
             answer = agent.join(_endpoint(coordinator, port), {"op": "join", "name": me.name, "agent": me.agent},
-                                 time.monotonic() + cfg["wait_seconds"], budget)
+                                 time.monotonic() + cfg["wait_seconds"], budget, source=control)
             doc, code = answer.get("verdict"), answer.get("code")
             if not isinstance(doc, dict) or code not in (EXIT_OK, EXIT_FAULT, EXIT_ERROR):
                 raise StreamError(f"the coordinator's answer is no verdict: {str(answer)[:200]}")
@@ -297,12 +332,12 @@ def cmd_job(args: argparse.Namespace) -> int:
     return code
 
 
-def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendezvous, args: argparse.Namespace
-                    ) -> tuple[dict, int]:
+def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendezvous, args: argparse.Namespace,
+                    source: str) -> tuple[dict, int]:
     members = rendezvous.wait(job.plan.count, time.monotonic() + cfg["wait_seconds"])
     missing = job.missing(members, cfg["wait_seconds"])
     try:
-        doc, code = coordinate([m.agent for m in members], cfg, read_leaves(args.inventory), missing)
+        doc, code = coordinate([m.agent for m in members], cfg, read_leaves(args.inventory), missing, source)
     except Usage as e:  # the others learn it too, rather than waiting for a verdict that never comes
         doc, code = {"method": "", "test": "", "error": str(e), "faulty": [], "slow": [], "unresolved": [],
                      "nodes": {}, "rounds": 0, "median_gbps": None, "unreachable": [], "missing": missing}, EXIT_ERROR
@@ -323,6 +358,11 @@ class JobNodes:
             for key in (host, _short(host), plan.addresses.get(h, ""), *addresses(host)):
                 if key:
                     self.known.setdefault(key, h)
+        self.by_address: dict[str, str] = {}  # each address of the job's hosts -> the host
+        for h in plan.hosts:
+            for a in {plan.addresses.get(h, "")} | addresses(discovery.host_of(h)):
+                if a:
+                    self.by_address.setdefault(a, h)
         self.taken: dict[str, str] = {}  # host -> the name it joined as
         self._lock = threading.Lock()
 
