@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from nodehealth.netcheck import stream
 from nodehealth.netcheck.admission import Admission
 from nodehealth.netcheck.listener import Listener, Request
-from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, MAX_LINE, StreamError, connect, read_line, request, send_line,
-                                      split_endpoint)
+from nodehealth.netcheck.wire import (CONNECT_TIMEOUT, MAX_LINE, StreamError, connect, endpoint, read_line, request,
+                                      send_line, split_endpoint)
 
 if TYPE_CHECKING:
     from nodehealth.rdma.pair import Setup
@@ -145,7 +145,7 @@ class Agent:
             stream.sink(req.sock, float(seconds))
             return None
         assert self.rendezvous is not None  # join has a slot only then
-        self.rendezvous.deliver(req.sock, self.rendezvous.join(msg))
+        self.rendezvous.deliver(req.sock, self.rendezvous.join(msg, req.source))
         return None
 
     def send(self, msg: dict, source: str) -> dict:
@@ -211,16 +211,18 @@ VERDICT_SECONDS = 30.0  # to send it
 @dataclass(frozen=True)
 class Member:
     name: str
-    agent: str  # ADDR:PORT of its agent, as the node announced it
+    agent: str  # ADDR:PORT of its agent: where it joined from, at the port it announced
 
 
 class Rendezvous:
     """The coordinating node's side of `netcheck job`: the others join, wait, and get the verdict.
 
-    A join comes from the network: its name and address are bounded, and at most `capacity`
-    nodes (the job's size) are taken; `accept` may refuse a node that is not one of the job's."""
+    A join comes from the network: its name is bounded, its agent is reached where the node came
+    from (at the port it names), at most `capacity` nodes (the job's size) are taken, and `accept`
+    (the member and the address it came from) may refuse a node that is not one of the job's."""
 
-    def __init__(self, capacity: int, answer_timeout: float, accept: Callable[[Member], str | None] | None = None):
+    def __init__(self, capacity: int, answer_timeout: float,
+                 accept: Callable[[Member, str], str | None] | None = None):
         self.capacity = capacity
         self.answer_timeout = answer_timeout
         self.accept = accept
@@ -229,9 +231,9 @@ class Rendezvous:
         self._cond = threading.Condition()
         self._verdict: dict | None = None
 
-    def add(self, member: Member) -> str | None:
-        """Take a member; the reason when it is refused."""
-        why = self.accept(member) if self.accept else None
+    def add(self, member: Member, source: str) -> str | None:
+        """Take a member that came from the address `source`; the reason when it is refused."""
+        why = self.accept(member, source) if self.accept else None
         with self._cond:
             if why is None and self._verdict is not None:
                 why = "too late: the check is over"
@@ -242,15 +244,15 @@ class Rendezvous:
                 self._cond.notify_all()
         return why
 
-    def join(self, msg: dict) -> dict:
+    def join(self, msg: dict, source: str) -> dict:
         name, address = msg.get("name"), msg.get("agent")
         if not isinstance(name, str) or not 0 < len(name) <= 200 or not isinstance(address, str):
             return {"error": "a join needs a name (at most 200 characters) and its agent's ADDR:PORT"}
         try:
-            split_endpoint(address)
+            port = split_endpoint(address)[1]
         except ValueError as e:
             return {"error": str(e)}
-        why = self.add(Member(name, address))
+        why = self.add(Member(name, endpoint(source, port)), source)
         if why:
             return {"error": why}
         with self._cond:

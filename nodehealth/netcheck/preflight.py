@@ -303,7 +303,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         job = JobNodes(plan)
         if plan.is_coordinator:
             rendezvous = agent.Rendezvous(plan.count, budget, job.accept)
-            if why := rendezvous.add(me):
+            if why := rendezvous.add(me, control):
                 raise Usage(f"this node is not one of the job's: {why}")
         # Claims come from the coordinator only. Where the job's hosts are known, only they connect to
         # a node; the coordinator hears every join, to tell a node that is not one of them why.
@@ -347,17 +347,11 @@ def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendez
 
 
 class JobNodes:
-    """Where the job's hosts are known, a node joins only as one of them (by name or address), and
-    the ones that never joined are named."""
+    """Where the job's hosts are known, a node joins only from an address of one of them (its
+    name is a label: a stranger could claim any), and the ones that never joined are named."""
 
     def __init__(self, plan):
         self.plan = plan
-        self.known: dict[str, str] = {}  # a name or address -> the host it stands for
-        for h in plan.hosts:
-            host = discovery.host_of(h)
-            for key in (host, _short(host), plan.addresses.get(h, ""), *addresses(host)):
-                if key:
-                    self.known.setdefault(key, h)
         self.by_address: dict[str, str] = {}  # each address of the job's hosts -> the host
         for h in plan.hosts:
             for a in {plan.addresses.get(h, "")} | addresses(discovery.host_of(h)):
@@ -366,13 +360,12 @@ class JobNodes:
         self.taken: dict[str, str] = {}  # host -> the name it joined as
         self._lock = threading.Lock()
 
-    def accept(self, m: agent.Member) -> str | None:
+    def accept(self, m: agent.Member, source: str) -> str | None:
         if not self.plan.hosts:
             return None
-        address = discovery.host_of(m.agent)
-        host = self.known.get(m.name) or self.known.get(_short(m.name)) or self.known.get(address)
+        host = self.by_address.get(source.removeprefix("::ffff:"))
         if host is None:
-            return f"{m.name} ({address}) is not one of the job's nodes"
+            return f"{m.name} joins from {source}, which is not an address of the job's nodes"
         with self._lock:
             if self.taken.setdefault(host, m.name) != m.name:
                 return f"{host} has joined already as {self.taken[host]}"
@@ -385,16 +378,6 @@ class JobNodes:
         if len(members) < self.plan.min_count:  # an elastic job (torchrun MIN:MAX) may start with MIN
             return [{"node": f"{self.plan.count - len(members)} of {self.plan.count} nodes", "error": why}]
         return []
-
-
-def _short(name: str) -> str:
-    """A host name's first label ("gpu-1" of "gpu-1.cluster"); an address stays whole ("10" of
-    "10.0.0.5" would stand for every address in 10/8)."""
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return name.split(".")[0]
-    return name
 
 
 def _endpoint(host: str, port: int) -> str:
