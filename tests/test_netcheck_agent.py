@@ -245,3 +245,36 @@ def test_an_agent_relays_nothing_for_a_stranger():
         a.close()
         b.close()
         victim.sock.close()
+
+
+def test_admission_one_job_at_a_time_for_its_lease():
+    adm = Admission(coordinators=["10.1.0.0/24"])
+    assert adm.may_claim("10.1.0.7") and not adm.may_claim("10.2.0.7") and not adm.may_claim("not-an-address")
+    job = {"job": "j1", "members": ["10.0.0.1", "10.0.0.2"], "seconds": 0.3}
+    assert adm.claim("10.1.0.7", job) == {"ok": True}
+    assert "busy: in a job of the coordinator at 10.1.0.7" in adm.claim("10.1.0.8", dict(job, job="j2"))["error"]
+    assert adm.release("10.1.0.8", {"job": "j1"}) == {"error": "no job of this coordinator to release"}
+    assert adm.may_send("10.1.0.7", {"job": "j1"}, "10.0.0.2") is None
+    assert adm.member("::ffff:10.0.0.1", {"job": "j1"}) is None  # an IPv6 listener sees IPv4 peers so
+    assert "seconds" in adm.claim("10.1.0.7", dict(job, seconds=1e9))["error"]  # a lease is capped
+    assert adm.line_limit("10.1.0.7", 4096) > 4096 and adm.line_limit("10.2.0.7", 4096) == 4096
+    time.sleep(0.4)  # the lease ran out: the job is over, another coordinator may claim
+    assert adm.may_send("10.1.0.7", {"job": "j1"}, "10.0.0.2") == "no job: a coordinator claims this agent first"
+    assert adm.claim("10.1.0.8", dict(job, job="j2")) == {"ok": True}
+    assert Admission().may_claim("127.0.0.1") and not Admission().may_claim("192.0.2.1")  # this host's own only
+
+
+def test_a_node_of_a_job_closes_a_strangers_connection_unread():
+    """Where the job's hosts are known, a connection from any other address is closed at once:
+    it costs the agent no line, no thread, no answer."""
+    port = free_port()
+    node = agent.Agent(("127.0.0.96", port), agent.AgentConfig("n", f"127.0.0.96:{port}"),
+                       admission=Admission(coordinators=["127.0.0.95"], hosts={"127.0.0.95", "127.0.0.96"}))
+    node.start()
+    try:
+        assert request(f"127.0.0.96:{port}", {"op": "hello"}, 5, source="127.0.0.95")["name"] == "n"
+        with pytest.raises(StreamError, match="closed before a whole line|reset"):
+            request(f"127.0.0.96:{port}", {"op": "hello"}, 5, source="127.0.0.97")
+        assert node.listener.refused == 1
+    finally:
+        node.close()
