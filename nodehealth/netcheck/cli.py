@@ -73,7 +73,7 @@ def _round_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inventory", metavar="FILE", help="pingmesh inventory: pairs under the same leaf first")
     p.add_argument("--seconds", type=float, metavar="S", help="per test (default 2)")
     p.add_argument("--slow-fraction", type=float, metavar="F",
-                   help="a test below F x the median of the passed tests is slow (default 0.5)")
+                   help="a test below F x the median of the other nodes' best bandwidths is slow (default 0.5)")
     p.add_argument("--max-rounds", type=int, metavar="N", help="at most N rounds (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
