@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ def test_kube_pods_by_selector_index_zero_coordinates(api, tmp_path):
     api.add_pod("ml", "train-b", {"job-name": "train", INDEX: "0"}, pods["train-b"][0])
     results = finish(procs)
     for rc, doc, err in results:
-        assert rc == 0, err
+        assert rc == 0, (err, doc)
         assert doc["coordinator"] == "train-b" and doc["method"] == "tcp"
         assert sorted(doc["nodes"]) == ["train-a", "train-b", "train-c"]
         assert {n["status"] for n in doc["nodes"].values()} == {"sound"}
@@ -97,10 +98,24 @@ def test_a_stranger_is_refused_and_slurm_env_is_read(tmp_path):
     first = job("n1", "127.0.0.31", port, env=dict(slurm, SLURM_NODEID="0"))
     intruder = job("intruder", "127.0.0.39", port, env=dict(slurm, SLURM_NODEID="1"))
     rc, doc, err = finish([intruder])[0]  # it retries until the coordinator listens, then is turned away
-    assert rc == 2 and "refused this node" in err and "not one of the job's nodes" in err
+    assert rc == 2 and "refused this node" in err and "not an address of the job's nodes" in err
     results = finish([first, job("n2", "127.0.0.32", port, env=dict(slurm, SLURM_NODEID="1"))])
     assert [r[0] for r in results] == [0, 0], results
     assert results[0][1]["source"] == "slurm" and sorted(results[1][1]["nodes"]) == ["n1", "n2"]
+
+
+def test_a_stranger_with_a_job_hosts_name_is_refused_and_the_host_admitted():
+    """Nodes are admitted by the address they join from: a stranger (127.0.0.39) that calls itself
+    127.0.0.36 is turned away, and the real 127.0.0.36 joins (it was turned away as a duplicate)."""
+    port = free_port()
+    hosts = "127.0.0.35,127.0.0.36"
+    first = job("n1", "127.0.0.35", port, "--hosts", hosts, "--wait", "30")
+    impostor = job("127.0.0.36", "127.0.0.39", port, "--hosts", hosts)
+    rc, doc, err = finish([impostor])[0]
+    assert rc == 2 and "refused this node" in err and "127.0.0.39" in err and "not an address of the job's" in err, err
+    results = finish([first, job("n2", "127.0.0.36", port, "--hosts", hosts)])
+    assert [r[0] for r in results] == [0, 0], results
+    assert sorted(results[0][1]["nodes"]) == ["n1", "n2"] and results[0][1]["missing"] == []
 
 
 def test_no_way_to_find_the_job_is_usage():
@@ -113,7 +128,8 @@ def test_no_way_to_find_the_job_is_usage():
 
 
 def test_method_is_rdma_only_where_every_node_has_a_device():
-    from nodehealth.netcheck.agent import RDMA, TCP, Host, choose_method
+    from nodehealth.netcheck.agent import RDMA, TCP
+    from nodehealth.netcheck.coordinator import Host, choose_method
 
     both = [Host(f"10.0.0.{i}:1", f"n{i}", f"10.0.0.{i}:1", (TCP, RDMA), "mlx5_0 port 1") for i in range(3)]
     assert choose_method(both, "auto") == RDMA and choose_method(both, "tcp") == TCP
@@ -128,41 +144,46 @@ def test_rendezvous_takes_the_job_and_no_more():
 
     from nodehealth.netcheck.agent import Member, Rendezvous
 
-    rv = Rendezvous(2, answer_timeout=5, accept=lambda m: None if m.name != "evil" else "not one of the job's nodes")
-    assert rv.add(Member("a", "10.0.0.1:9460")) is None
-    assert rv.join({"name": "evil", "agent": "10.0.0.6:9460"}) == {"error": "not one of the job's nodes"}
-    assert "not HOST:PORT" in rv.join({"name": "b", "agent": "nocolon"})["error"]
-    assert "a name" in rv.join({"name": "x" * 300, "agent": "10.0.0.2:9460"})["error"]
+    rv = Rendezvous(2, answer_timeout=5,
+                    accept=lambda m, source: None if source != "10.0.0.6" else "not one of the job's nodes")
+    assert rv.add(Member("a", "10.0.0.1:9460"), "10.0.0.1") is None
+    assert rv.join({"name": "b", "agent": "10.0.0.2:9460"}, "10.0.0.6") == {"error": "not one of the job's nodes"}
+    assert "not HOST:PORT" in rv.join({"name": "b", "agent": "nocolon"}, "10.0.0.2")["error"]
+    assert "a name" in rv.join({"name": "x" * 300, "agent": "10.0.0.2:9460"}, "10.0.0.2")["error"]
     answers = []
-    t = threading.Thread(target=lambda: answers.append(rv.join({"name": "b", "agent": "10.0.0.2:9460"})))
+
+    def join_b():
+        ours, theirs = socket.socketpair()
+        with ours, theirs:  # it names another address for its agent: it is reached where it came from
+            rv.deliver(ours, rv.join({"name": "b", "agent": "192.0.2.9:9461"}, "10.0.0.2"))  # sends it, counts it
+            answers.append(json.loads(theirs.makefile().readline()))
+    t = threading.Thread(target=join_b)
     t.start()
     members = rv.wait(2, deadline=__import__("time").monotonic() + 5)
-    assert [m.name for m in members] == ["a", "b"]
-    assert "have joined already" in rv.join({"name": "c", "agent": "10.0.0.3:9460"})["error"]
+    assert members == [Member("a", "10.0.0.1:9460"), Member("b", "10.0.0.2:9461")]
+    assert "have joined already" in rv.join({"name": "c", "agent": "10.0.0.3:9460"}, "10.0.0.3")["error"]
     rv.finish({"verdict": {"faulty": []}, "code": 0}, linger=5)
     t.join(5)
     assert answers == [{"verdict": {"faulty": []}, "code": 0}]
-    assert "too late" in rv.join({"name": "b", "agent": "10.0.0.2:9460"})["error"]
+    assert "too late" in rv.join({"name": "b", "agent": "10.0.0.2:9460"}, "10.0.0.2")["error"]
 
 
 def test_an_agent_without_a_device_refuses_rdma_in_one_line():
-    from nodehealth.netcheck import agent as stream
+    from nodehealth.netcheck import agent as netcheck_agent
+    from nodehealth.netcheck.wire import request
 
-    agent = stream.Agent(("127.0.0.1", 0), stream.AgentConfig("n1", "127.0.0.1:1"))
+    agent = netcheck_agent.Agent(("127.0.0.1", 0), netcheck_agent.AgentConfig("n1", "127.0.0.1:1"))
     ep = f"127.0.0.1:{agent.server_address[1]}"
-    import threading
-
-    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    agent.start()
     try:
-        hello = stream.request(ep, {"op": "hello"}, 5)
+        hello = request(ep, {"op": "hello"}, 5)
         assert hello["methods"] == ["tcp"] and hello["rdma"] is None
-        answer = stream.request(ep, {"op": "send", "to": "127.0.0.1:9", "seconds": 1, "method": "rdma"}, 5)
+        answer = request(ep, {"op": "send", "to": "127.0.0.1:9", "seconds": 1, "method": "rdma"}, 5)
         assert answer == {"error": "this agent has no 'rdma' test (it offers tcp)"}
-        assert stream.request(ep, {"op": "rdma-serve", "seconds": 1}, 5) == {"error": "this agent has no RDMA device"}
-        assert "unknown op 'join'" in stream.request(ep, {"op": "join", "name": "a", "agent": "1.2.3.4:5"}, 5)["error"]
+        assert request(ep, {"op": "rdma-serve", "seconds": 1}, 5) == {"error": "this agent has no RDMA device"}
+        assert "unknown op 'join'" in request(ep, {"op": "join", "name": "a", "agent": "1.2.3.4:5"}, 5)["error"]
     finally:
-        agent.shutdown()
-        agent.server_close()
+        agent.close()
 
 
 @pytest.mark.parametrize("setting, fragment", [
@@ -266,15 +287,17 @@ def test_as_a_torchrun_pre_step_with_torchruns_own_rendezvous(tmp_path):
     assert sorted(docs[0]["nodes"]) == ["node0", "node1"] and docs[0]["faulty"] == [] and docs[0]["missing"] == []
 
 
-def test_a_job_of_addresses_takes_only_those_addresses():
-    """With a host list of addresses, a node whose name is another address of the same /8 is not one
-    of them (the first label of "10.0.0.5" is no short name)."""
+def test_a_node_joins_by_the_address_it_comes_from_not_its_name():
+    """The host list's addresses and names' addresses admit; a name is a label (with the name of a
+    job host, a stranger is still a stranger); one host joins once."""
     from nodehealth.netcheck import discovery as discover
     from nodehealth.netcheck.agent import Member
     from nodehealth.netcheck.preflight import JobNodes
 
-    nodes = JobNodes(discover.from_hosts(["10.0.0.5", "10.0.0.6", "gpu-7.cluster"], lambda host: False))
-    assert nodes.accept(Member("10.9.9.9", "10.9.9.9:9460")) == "10.9.9.9 (10.9.9.9) is not one of the job's nodes"
-    assert nodes.accept(Member("10.0.0.6", "10.0.0.6:9460")) is None
-    assert nodes.accept(Member("gpu-7", "192.0.2.7:9460")) is None  # a host name's short form still counts
-
+    nodes = JobNodes(discover.from_hosts(["10.0.0.5", "10.0.0.6", "localhost"], lambda host: False))
+    assert nodes.accept(Member("10.0.0.6", "10.9.9.9:9460"), "10.9.9.9") == \
+        "10.0.0.6 joins from 10.9.9.9, which is not an address of the job's nodes"
+    assert nodes.accept(Member("gpu-6", "10.0.0.6:9460"), "10.0.0.6") is None
+    assert nodes.accept(Member("other", "10.0.0.6:9460"), "10.0.0.6") == "10.0.0.6 has joined already as gpu-6"
+    assert nodes.accept(Member("me", "127.0.0.1:9460"), "127.0.0.1") is None  # localhost's address
+    assert nodes.accept(Member("v4", "10.0.0.5:9460"), "::ffff:10.0.0.5") is None  # an IPv6 listener's view

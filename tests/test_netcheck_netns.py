@@ -4,10 +4,15 @@ The coordinator reaches the agents over the management network; their tests stre
 network, where the faults are: a tbf rate limit makes a slow node, nftables dropping everything
 that reaches a node's data interface (or its cable set down) makes a broken one. One topology and
 one set of agents serve every scenario; each scenario clears the faults it made.
+
+Every cable is a 400 Mbit/s tbf, as a node's NIC bounds its rate: the veths' own rate is what the
+machine's CPUs give, which on a loaded machine changes with how many tests share them, and a round
+of one test would outrun a round of three (unlike hardware, where each node is in one test at a time).
 """
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -18,6 +23,7 @@ from netns.topology import Topology, Unavailable, sh
 
 PORT = 18600
 SECONDS = "0.5"
+LINK, LINK_BURST = "400mbit", "256kb"
 
 
 
@@ -31,10 +37,12 @@ def topo():
             t.build()
         except Unavailable as e:
             unavailable(str(e))
+        links(t)
         for n in t.nodes:
             agents.append(subprocess.Popen(
                 ["ip", "netns", "exec", n.ns, sys.executable, "-m", "nodehealth.cli", "netcheck", "serve",
-                 "--listen", f"{n.mgmt}:{PORT}", "--data", f"{n.address}:{PORT}", "--name", n.name, "--for", "600"],
+                 "--listen", f"{n.mgmt}:{PORT}", "--data", f"{n.address}:{PORT}", "--name", n.name, "--for", "600",
+                 "--coordinator", f"{t.mgmt_net}.254"],  # the test's namespace runs `netcheck run`
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not all(_listening(n) for n in t.nodes):
@@ -48,12 +56,17 @@ def topo():
         t.close()
 
 
+def links(t: Topology) -> None:
+    for n in t.nodes:
+        t.rate_limit(n.name, LINK, LINK_BURST)
+
+
 def _listening(n) -> bool:
     return f"{n.mgmt}:{PORT}" in sh("ss", "-ltnH", ns=n.ns, check=False)
 
 
-def netcheck(topo, *extra, inventory=None):
-    hosts = ",".join(f"{n.mgmt}:{PORT}" for n in topo.nodes)
+def netcheck(topo, *extra, inventory=None, nodes=None):
+    hosts = ",".join(f"{n.mgmt}:{PORT}" for n in nodes or topo.nodes)
     cmd = [sys.executable, "-m", "nodehealth.cli", "netcheck", "run", "--hosts", hosts, "--seconds", SECONDS, *extra]
     if inventory:
         cmd += ["--inventory", inventory]
@@ -65,6 +78,7 @@ def netcheck(topo, *extra, inventory=None):
 def fault(topo):
     yield topo
     topo.clear_faults()
+    links(topo)
 
 
 def test_clean_network_all_sound(topo, tmp_path):
@@ -90,6 +104,46 @@ def test_rate_limited_node_is_slow(fault):
     assert any(t["outcome"] == "slow" and doc["nodes"][t["partner"]]["status"] == "sound" for t in proof)
 
 
+def test_a_small_job_names_a_node_at_40_percent_of_its_peers(fault):
+    """Four nodes, one at 160 of 400 Mbit/s: against a median that counts its own test (the mean of
+    one fast and one slow test) it was not slow; against the other nodes' tests it is."""
+    fault.rate_limit("n100", "160mbit", LINK_BURST)
+    rc, out, err = netcheck(fault, "--json", nodes=fault.nodes[:4])
+    doc = json.loads(out)
+    assert rc == 1, (out, err)
+    assert doc["slow"] == ["n100"] and doc["faulty"] == [] and sorted(doc["nodes"]) == ["n000", "n001", "n002", "n100"]
+    assert {n["status"] for name, n in doc["nodes"].items() if name != "n100"} == {"sound"}
+
+
+def test_a_node_behind_a_2_mbit_link_is_slow_not_faulty(fault):
+    """A 1 MiB send takes 4 s at 2 Mbit/s: a test that blocks on whole sends outlives its own time
+    and is called a timeout. A slow link is slow: measured over the test's time, named with the
+    sender, the receiver and the others' median it fell below."""
+    fault.rate_limit("n101", "2mbit")
+    rc, out, err = netcheck(fault, "--json")
+    doc = json.loads(out)
+    assert rc == 1, (out, err)
+    assert doc["slow"] == ["n101"] and doc["faulty"] == [], doc
+    proof = [t for t in doc["nodes"]["n101"]["tests"] if t["outcome"] == "slow"]
+    assert len({t["partner"] for t in proof}) >= 2 and all(t["bandwidth_gbps"] < 0.01 for t in proof), proof
+    assert all(t["method"] == "tcp" and t["reference_gbps"] > 0.1 for t in proof), proof
+
+
+def test_a_lossy_node_is_named_with_its_loss(fault):
+    """A node that drops 25 % of what it sends and receives: its tests say what they measured
+    between which nodes, and the loss (segments sent again), not a coordinator's timeout."""
+    fault.node_loss("n001", 25)
+    rc, out, err = netcheck(fault, "--json")
+    doc = json.loads(out)
+    assert rc == 1, (out, err)
+    assert doc["slow"] == ["n001"] and doc["faulty"] == [], doc
+    proof = [t for t in doc["nodes"]["n001"]["tests"] if t["outcome"] == "slow"]
+    assert proof and all(t["retransmitted"] > 0.02 for t in proof), proof
+    for t in proof:
+        sender, receiver = ("n001", t["partner"]) if t["role"] == "sender" else (t["partner"], "n001")
+        assert t["evidence"].startswith(f"TCP stream {sender} -> {receiver}: ") and "sent again (loss)" in t["evidence"]
+
+
 def test_node_dropping_all_data_traffic_is_faulty(fault):
     n = fault.node("n002")
     sh("nft", "-f", "-", ns=n.ns, stdin='table inet nhfault {\n chain input {\n  type filter hook input priority -10\n'
@@ -111,7 +165,8 @@ def test_broken_and_slow_node_together_cable_down(fault):
     assert doc["faulty"] == ["n000"] and doc["slow"] == ["n102"]
     assert doc["nodes"]["n001"]["status"] == "sound"
     errors = [t["error"] for t in doc["nodes"]["n000"]["tests"]]
-    assert errors and all(e.split(" -> ")[0] in doc["nodes"] for e in errors), errors  # who sent, to whom
+    pairs = [re.match(r"TCP stream (\S+) -> (\S+): ", e) for e in errors]  # what was measured, who sent, to whom
+    assert errors and all(p and {p[1], p[2]} <= set(doc["nodes"]) and "n000" in (p[1], p[2]) for p in pairs), errors
 
 
 def test_unreachable_agent_and_bad_usage(topo):

@@ -1,119 +1,54 @@
-"""netcheck's agent on every node, its pair tests, and the coordinator that runs the rounds.
+"""netcheck's agent on every node: its pair tests, and the rendezvous of a `netcheck job`.
 
 The agent (`nodehealth netcheck serve`, or inside `netcheck job`) answers one JSON line per connection on its port:
 - `{"op": "hello"}`: its name and the data address its peers stream to;
-- `{"op": "send", "to": "ADDR:PORT", "seconds": S}`: stream to that peer's agent for S seconds and
-  answer the Gb/s the peer acknowledged (or the error);
-- `{"op": "sink"}`: count what arrives until the sender closes, then answer the byte count;
+- `{"op": "send", "to": "ADDR:PORT", "seconds": S}`: stream to that peer's sink for S seconds and
+  answer the Gb/s the peer's TCP acknowledged (nodehealth/netcheck/stream.py), or the error;
+- `{"op": "sink", "seconds": S}`: say ready, then take what arrives for at most S seconds (and a slack);
 - `{"op": "send", ..., "method": "rdma"}` and `{"op": "rdma-serve", "seconds": S}`: the same test
   with rdma-bw (RDMA WRITE between the agents' verbs devices, nodehealth/rdma/pair.py) when the
   agent has a device (its hello lists the methods it offers);
 - `{"op": "join", "name": N, "agent": "ADDR:PORT"}`, on the node that coordinates a `netcheck job`
   only: the node is taken into the job (Rendezvous) and answered with the verdict at the end.
-Requests come from the network, so a line is bounded (MAX_LINE), the duration is capped, at most
-MAX_STREAMS tests run at once and a rendezvous takes no more nodes than the job has. The
-coordinator (`netcheck run`, or the first node of a `netcheck job`) plans the rounds with
-nodehealth.netcheck.rounds and runs each round's pairs concurrently.
-
-Every result says which test made it: TCP measures the hosts' TCP path, not RDMA.
+Requests come from the network: the listener (nodehealth/netcheck/listener.py) bounds the
+connections and each request line; here each kind of request has its own bound of threads (past
+it the answer is busy), every exchange its deadline, and durations are capped.
 """
 from __future__ import annotations
 
-import json
-import socket
-import socketserver
+import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nodehealth.netcheck.rounds import Netcheck, PairResult, waves
+from nodehealth.netcheck import stream
+from nodehealth.netcheck.admission import Admission
+from nodehealth.netcheck.listener import Listener, Request
+from nodehealth.netcheck.wire import (
+    CONNECT_TIMEOUT,
+    MAX_LINE,
+    StreamError,
+    connect,
+    endpoint,
+    read_line,
+    request,
+    send_line,
+    split_endpoint,
+)
 
 if TYPE_CHECKING:
     from nodehealth.rdma.pair import Setup
 
-MAX_LINE = 4096
+log = logging.getLogger("nodehealth.netcheck")
+
 MAX_SECONDS = 60.0
 MAX_STREAMS = 8
-CHUNK = 1 << 20
-CONNECT_TIMEOUT = 3.0
-
-
-class StreamError(Exception):
-    pass
 
 
 class _Own(Exception):
     """A failure of the sending node's own device, told as such."""
-
-
-def _read_line(sock: socket.socket, deadline: float, limit: int = MAX_LINE) -> tuple[dict, int]:
-    """One JSON object line, and how many bytes after it arrived with it (a sink's first data)."""
-    buf = b""
-    while b"\n" not in buf[:limit]:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise StreamError("timed out waiting for an answer")
-        sock.settimeout(left)
-        chunk = sock.recv(CHUNK)
-        if not chunk:
-            raise StreamError("connection closed before a whole line")
-        buf += chunk
-        if len(buf) > limit and b"\n" not in buf[:limit]:
-            raise StreamError(f"a line longer than {limit} bytes")
-    line, rest = buf.split(b"\n", 1)
-    try:
-        msg = json.loads(line)
-    except ValueError:
-        raise StreamError("not a JSON line") from None
-    if not isinstance(msg, dict):
-        raise StreamError("not a JSON object")
-    return msg, len(rest)
-
-
-def _send_line(sock: socket.socket, msg: dict) -> None:
-    sock.sendall(json.dumps(msg).encode() + b"\n")
-
-
-def request(endpoint: str, msg: dict, timeout: float, limit: int = MAX_LINE) -> dict:
-    """One request to an agent at HOST:PORT and its answer."""
-    host, port = split_endpoint(endpoint)
-    deadline = time.monotonic() + timeout
-    try:
-        with socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT, timeout)) as s:
-            _send_line(s, msg)
-            return _read_line(s, deadline, limit)[0]
-    except OSError as e:
-        raise StreamError(f"{endpoint}: {e.strerror or e}") from None
-
-
-def split_endpoint(endpoint: str) -> tuple[str, int]:
-    host, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not HOST:PORT: {endpoint!r}")
-    return host.strip("[]"), int(port)
-
-
-def stream_to(peer: str, seconds: float) -> float:
-    """Stream to a peer agent's sink for `seconds`; the Gb/s it acknowledged receiving."""
-    host, port = split_endpoint(peer)
-    data = bytes(CHUNK)
-    with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT) as s:
-        _send_line(s, {"op": "sink"})
-        s.settimeout(max(1.0, seconds))
-        start = time.monotonic()
-        end = start + seconds
-        while time.monotonic() < end:
-            s.sendall(data)
-        s.shutdown(socket.SHUT_WR)
-        answer = _read_line(s, time.monotonic() + max(5.0, seconds))[0]
-        elapsed = time.monotonic() - start
-    received = answer.get("bytes")
-    if not isinstance(received, int) or received < 0:
-        raise StreamError(f"{peer}: the sink's answer has no byte count")
-    return received * 8 / elapsed / 1e9
 
 
 TCP, RDMA = "tcp", "rdma"
@@ -129,86 +64,139 @@ class AgentConfig:
         return [TCP, RDMA] if self.rdma else [TCP]
 
 
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        server: Agent = self.server  # type: ignore[assignment]
-        sock: socket.socket = self.request
-        try:
-            msg, extra = _read_line(sock, time.monotonic() + CONNECT_TIMEOUT)
-            op = msg.get("op")
-            if op == "hello":
-                cfg = server.cfg
-                _send_line(sock, {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
-                                  "rdma": cfg.rdma.describe() if cfg.rdma else None})
-            elif op == "sink":
-                _send_line(sock, {"bytes": extra + _drain(sock)})
-            elif op == "send":
-                _send_line(sock, server.send(msg))
-            elif op == "rdma-serve":
-                _send_line(sock, server.rdma_serve(msg))
-            elif op == "join" and server.rendezvous is not None:
-                _send_line(sock, server.rendezvous.join(msg))
-            else:
-                _send_line(sock, {"error": f"unknown op {str(op)[:40]!r}"})
-        except (StreamError, OSError) as e:
-            try:
-                _send_line(sock, {"error": str(e)[:200]})
-            except OSError:
-                pass
+# Threads per kind of request: tests are few at once (a node is in one test a round), answers quick.
+SLOTS = {"hello": 8, "claim": 4, "release": 4, "send": MAX_STREAMS, "sink": MAX_STREAMS, "rdma-serve": 4}
+ANSWER_SECONDS = CONNECT_TIMEOUT  # the longest an answer may take to go out
 
 
-def _drain(sock: socket.socket) -> int:
-    total = 0
-    sock.settimeout(MAX_SECONDS + CONNECT_TIMEOUT)  # a sender that stops sending is dropped
-    while chunk := sock.recv(CHUNK):
-        total += len(chunk)
-    return total
-
-
-class Agent(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, listen: tuple[str, int], cfg: AgentConfig):
-        super().__init__(listen, _Handler)
+class Agent:
+    def __init__(self, listen: tuple[str, int], cfg: AgentConfig, rendezvous: Rendezvous | None = None,
+                 admission: Admission | None = None):
+        """`admission` says who may ask what (by default: jobs from this host only); the agents of
+        one node (its control and its data address) share one."""
         self.cfg = cfg
-        self._slots = threading.BoundedSemaphore(MAX_STREAMS)
-        self.rendezvous: Rendezvous | None = None  # set on the node that coordinates a `netcheck job`
+        self.rendezvous = rendezvous  # on the node that coordinates a `netcheck job`
+        self.admission = admission or Admission()
+        self._slots = {op: threading.BoundedSemaphore(n) for op, n in SLOTS.items()}
+        if rendezvous is not None:  # every node of the job waits on its join for the verdict
+            self._slots["join"] = threading.BoundedSemaphore(rendezvous.capacity + SLOTS["hello"])
         self._rdma_server = None
         if cfg.rdma is not None:
             from nodehealth.rdma import pair
 
             self._rdma_server = pair.Server(cfg.rdma, split_endpoint(cfg.data_address)[0])
+        self.listener = Listener(listen, self._dispatch, self.admission.admits,
+                                 lambda source: self.admission.line_limit(source, MAX_LINE),
+                                 extra=rendezvous.capacity if rendezvous else 0)
+        self.server_address = self.listener.address
 
-    def send(self, msg: dict) -> dict:
+    def start(self) -> None:
+        self.listener.start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _dispatch(self, req: Request) -> None:
+        """On the listener's thread: start the request's work on a thread of its kind, or refuse it."""
+        op = req.msg.get("op")
+        slot = self._slots.get(op) if isinstance(op, str) else None
+        if slot is None or not slot.acquire(blocking=False):
+            why = f"unknown op {str(op)[:40]!r}" if slot is None else f"busy: too many {op} requests at once"
+            try:
+                req.sock.settimeout(0.0)
+                send_line(req.sock, {"error": why})
+            except OSError:
+                pass
+            req.close()
+            return
+        threading.Thread(target=self._serve, args=(req, op, slot), name=f"netcheck-{op}", daemon=True).start()
+
+    def _serve(self, req: Request, op: str, slot: threading.BoundedSemaphore) -> None:
+        try:
+            answer = self._answer(req, op)
+            if answer is not None:
+                req.sock.settimeout(ANSWER_SECONDS)
+                send_line(req.sock, answer)
+        except (StreamError, OSError) as e:
+            try:
+                req.sock.settimeout(ANSWER_SECONDS)
+                send_line(req.sock, {"error": str(getattr(e, "strerror", None) or e)[:200]})
+            except OSError:
+                pass
+        except Exception:  # noqa: BLE001 - never a silent death: the request is dropped, the agent goes on
+            log.exception("netcheck: the agent failed to answer a %s request", op)
+        finally:
+            slot.release()
+            req.close()
+
+    def _answer(self, req: Request, op: str) -> dict | None:
+        msg = req.msg
+        if op == "hello":
+            cfg = self.cfg
+            return {"name": cfg.name, "data": cfg.data_address, "methods": cfg.methods(),
+                    "rdma": cfg.rdma.describe() if cfg.rdma else None}
+        if op == "claim":
+            return self.admission.claim(req.source, msg)
+        if op == "release":
+            return self.admission.release(req.source, msg)
+        if op == "send":
+            return self.send(msg, req.source)
+        if op in ("sink", "rdma-serve"):
+            if op == "rdma-serve" and self._rdma_server is None:
+                return {"error": "this agent has no RDMA device"}
+            if why := self.admission.member(req.source, msg):
+                return {"error": why}
+            if op == "rdma-serve":
+                return self.rdma_serve(msg)
+            seconds = msg.get("seconds")
+            if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS:
+                return {"error": f"a sink needs 0 < seconds <= {MAX_SECONDS:g}"}
+            stream.sink(req.sock, float(seconds))
+            return None
+        assert self.rendezvous is not None  # join has a slot only then
+        self.rendezvous.deliver(req.sock, self.rendezvous.join(msg, req.source))
+        return None
+
+    def send(self, msg: dict, source: str) -> dict:
+        """Test towards `to` on the coordinator's request: only the job's coordinator may ask, and
+        only towards an agent of the job."""
         seconds, to, method = msg.get("seconds"), msg.get("to"), msg.get("method", TCP)
         if not isinstance(seconds, (int, float)) or not 0 < seconds <= MAX_SECONDS or not isinstance(to, str):
             return {"error": f"a send needs 'to' (ADDR:PORT) and 0 < seconds <= {MAX_SECONDS:g}"}
         if method not in self.cfg.methods():
             return {"error": f"this agent has no {str(method)[:20]!r} test (it offers {', '.join(self.cfg.methods())})"}
-        if not self._slots.acquire(blocking=False):
-            return {"error": "busy: too many tests at once"}
+        try:
+            to_host = split_endpoint(to)[0]
+        except ValueError as e:
+            return {"error": str(e)}
+        if why := self.admission.may_send(source, msg, to_host):
+            return {"error": why}
+        job = {"job": msg.get("job")}
         try:
             if method == RDMA:
-                return {"gbps": self._rdma_send(to, float(seconds)), "method": RDMA}
-            return {"gbps": stream_to(to, float(seconds)), "method": TCP}
+                return {"gbps": self._rdma_send(to, float(seconds), job), "method": RDMA}
+            measured = stream.stream_to(to, float(seconds), self._source(), job)
+            return {"gbps": measured.gbps, "retransmitted": measured.retransmitted, "method": TCP}
         except _Own as e:
-            return {"error": str(e)}
+            return {"error": str(e), "own": True}
         except (StreamError, OSError, ValueError) as e:
-            return {"error": f"{self.cfg.name} -> {to}: {getattr(e, 'strerror', None) or e}"}
+            return {"error": str(getattr(e, 'strerror', None) or e)[:300]}
         except Exception as e:  # noqa: BLE001 - bw.RdmaError, imported lazily: one line back to the coordinator
-            return {"error": f"{self.cfg.name} -> {to}: {e}"[:300]}
-        finally:
-            self._slots.release()
+            return {"error": str(e)[:300]}
 
-    def _rdma_send(self, to: str, seconds: float) -> float:
+    def _source(self) -> str:
+        """This agent's data address: its tests leave from it (peers admit them by it)."""
+        return split_endpoint(self.cfg.data_address)[0]
+
+    def _rdma_send(self, to: str, seconds: float, job: dict) -> float:
         from nodehealth.rdma import bw, pair
 
         try:  # a fault of this node's own device is told before the peer waits for it
             pair.preflight(self.cfg.rdma)
         except bw.RdmaError as e:
             raise _Own(f"{self.cfg.name}: {e}") from None
-        answer = request(to, {"op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2)
+        answer = request(to, {**job, "op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2,
+                         source=self._source())
         port = answer.get("port")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise StreamError(f"the peer's rdma-bw server did not start: {str(answer.get('error'))[:200]}")
@@ -225,32 +213,35 @@ class Agent(socketserver.ThreadingTCPServer):
 
 
 MAX_VERDICT = 64 << 20  # the verdict a joined node reads back: every node's tests, ~200 B each
+VERDICT_SECONDS = 30.0  # to send it
 
 
 @dataclass(frozen=True)
 class Member:
     name: str
-    agent: str  # ADDR:PORT of its agent, as the node announced it
+    agent: str  # ADDR:PORT of its agent: where it joined from, at the port it announced
 
 
 class Rendezvous:
     """The coordinating node's side of `netcheck job`: the others join, wait, and get the verdict.
 
-    A join comes from the network: its name and address are bounded, and at most `capacity`
-    nodes (the job's size) are taken; `accept` may refuse a node that is not one of the job's."""
+    A join comes from the network: its name is bounded, its agent is reached where the node came
+    from (at the port it names), at most `capacity` nodes (the job's size) are taken, and `accept`
+    (the member and the address it came from) may refuse a node that is not one of the job's."""
 
-    def __init__(self, capacity: int, answer_timeout: float, accept: Callable[[Member], str | None] | None = None):
+    def __init__(self, capacity: int, answer_timeout: float,
+                 accept: Callable[[Member, str], str | None] | None = None):
         self.capacity = capacity
         self.answer_timeout = answer_timeout
         self.accept = accept
         self.members: dict[str, Member] = {}
-        self.answered = 0
+        self.delivered = 0  # verdicts that went out to joined nodes
         self._cond = threading.Condition()
         self._verdict: dict | None = None
 
-    def add(self, member: Member) -> str | None:
-        """Take a member; the reason when it is refused."""
-        why = self.accept(member) if self.accept else None
+    def add(self, member: Member, source: str) -> str | None:
+        """Take a member that came from the address `source`; the reason when it is refused."""
+        why = self.accept(member, source) if self.accept else None
         with self._cond:
             if why is None and self._verdict is not None:
                 why = "too late: the check is over"
@@ -261,22 +252,29 @@ class Rendezvous:
                 self._cond.notify_all()
         return why
 
-    def join(self, msg: dict) -> dict:
+    def join(self, msg: dict, source: str) -> dict:
         name, address = msg.get("name"), msg.get("agent")
         if not isinstance(name, str) or not 0 < len(name) <= 200 or not isinstance(address, str):
             return {"error": "a join needs a name (at most 200 characters) and its agent's ADDR:PORT"}
         try:
-            split_endpoint(address)
+            port = split_endpoint(address)[1]
         except ValueError as e:
             return {"error": str(e)}
-        why = self.add(Member(name, address))
+        why = self.add(Member(name, endpoint(source, port)), source)
         if why:
             return {"error": why}
         with self._cond:
             self._cond.wait_for(lambda: self._verdict is not None, self.answer_timeout)
-            self.answered += 1
-            self._cond.notify_all()
             return self._verdict or {"error": "the coordinator gave no verdict in time"}
+
+    def deliver(self, sock, answer: dict) -> None:
+        """Send a joined node its answer, and count it when it is the verdict."""
+        sock.settimeout(VERDICT_SECONDS)
+        send_line(sock, answer)
+        if "verdict" in answer:
+            with self._cond:
+                self.delivered += 1
+                self._cond.notify_all()
 
     def wait(self, count: int, deadline: float) -> list[Member]:
         """The members once `count` have joined, or those there at the deadline."""
@@ -289,24 +287,24 @@ class Rendezvous:
         with self._cond:
             self._verdict = verdict
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self.answered >= len(self.members) - 1, linger)
+            self._cond.wait_for(lambda: self.delivered >= len(self.members) - 1, linger)
 
 
-def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float) -> dict:
-    """Join the coordinator's rendezvous, retrying while it is not up yet; its verdict."""
-    host, port = split_endpoint(coordinator)
+def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float, source: str | None = None) -> dict:
+    """Join the coordinator's rendezvous from the address `source` (the coordinator admits nodes by
+    the address they come from), retrying while it is not up yet; its verdict."""
     while True:
         try:
-            s = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
-        except OSError as e:
+            s = connect(coordinator, CONNECT_TIMEOUT, source)
+        except StreamError as e:
             if time.monotonic() > deadline:
-                raise StreamError(f"the coordinator {coordinator} never answered: {e.strerror or e}") from None
+                raise StreamError(f"the coordinator {coordinator} never answered: {e}") from None
             time.sleep(1.0)
             continue
         with s:
             try:
-                _send_line(s, msg)
-                answer = _read_line(s, time.monotonic() + answer_timeout, MAX_VERDICT)[0]
+                send_line(s, msg)
+                answer = read_line(s, time.monotonic() + answer_timeout, MAX_VERDICT)[0]
             except OSError as e:
                 raise StreamError(f"the coordinator {coordinator} went away: {e.strerror or e}") from None
         if "error" in answer and "verdict" not in answer:
@@ -314,71 +312,3 @@ def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float) ->
         return answer
 
 
-@dataclass(frozen=True)
-class Host:
-    endpoint: str  # where the coordinator reaches its agent
-    name: str
-    data: str  # where peers stream to
-    methods: tuple[str, ...] = (TCP,)
-    rdma: str = ""  # its verbs device, as the agent describes it
-
-
-def hello(endpoints: Sequence[str], timeout: float) -> tuple[list[Host], list[tuple[str, str]]]:
-    """Ask every agent who it is; the unreachable ones are returned with the reason."""
-    hosts, problems = [], []
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(endpoints)))) as pool:
-        for ep, answer in zip(endpoints, pool.map(lambda e: _try(request, e, {"op": "hello"}, timeout), endpoints)):
-            if isinstance(answer, str):
-                problems.append((ep, answer))
-            elif isinstance(answer.get("name"), str) and isinstance(answer.get("data"), str):
-                methods = answer.get("methods")
-                methods = tuple(m for m in methods if m in (TCP, RDMA)) if isinstance(methods, list) else (TCP,)
-                rdma = answer.get("rdma") if isinstance(answer.get("rdma"), str) else ""
-                hosts.append(Host(ep, answer["name"][:200], answer["data"][:200], methods or (TCP,), rdma[:200]))
-            else:
-                problems.append((ep, "its hello has no name or data address"))
-    return hosts, problems
-
-
-def _try(fn: Callable, *args) -> dict | str:
-    try:
-        return fn(*args)
-    except (StreamError, ValueError) as e:
-        return str(e)
-
-
-def choose_method(hosts: Sequence[Host], wanted: str) -> str:
-    """`auto`: RDMA when every agent has a verbs device (bandwidths of two methods do not compare,
-    so one TCP-only agent makes it TCP for all); `rdma` or `tcp` as asked. ValueError names the
-    agents that cannot do the asked method."""
-    if wanted == "auto":
-        return RDMA if hosts and all(RDMA in h.methods for h in hosts) else TCP
-    lacking = [h.name for h in hosts if wanted not in h.methods]
-    if lacking:
-        raise ValueError(f"no {wanted} test on {', '.join(sorted(lacking))} (no verbs device found by its agent)")
-    return wanted
-
-
-# Beyond the test itself: the peer's server start, connects, and an RDMA test's stall detection.
-PAIR_SLACK = {TCP: 3 * CONNECT_TIMEOUT, RDMA: 3 * CONNECT_TIMEOUT + 20.0}
-
-
-def run_pair(a: Host, b: Host, seconds: float, method: str = TCP) -> PairResult:
-    answer = _try(request, a.endpoint, {"op": "send", "to": b.data, "seconds": seconds, "method": method},
-                  seconds + PAIR_SLACK[method])
-    if isinstance(answer, str):
-        return PairResult(0, a.name, b.name, False, None, answer)
-    gbps = answer.get("gbps")
-    if isinstance(gbps, (int, float)) and gbps > 0:
-        return PairResult(0, a.name, b.name, True, float(gbps))
-    return PairResult(0, a.name, b.name, False, None, str(answer.get("error", "no bandwidth in the answer"))[:200])
-
-
-def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str = TCP) -> None:
-    """Every round's pairs run at once (waves only where a node is in two tests)."""
-    with ThreadPoolExecutor(max_workers=min(256, max(1, len(hosts)))) as pool:
-        while pairs := nc.next_round():
-            results: list[PairResult] = []
-            for wave in waves(pairs):
-                results += pool.map(lambda p: run_pair(hosts[p[0]], hosts[p[1]], seconds, method), wave)
-            nc.record(results)

@@ -19,6 +19,9 @@ def add_subcommands(subparsers: Any) -> None:
                                                       "address here tests the data network, not the control one")
     s.add_argument("--name", help="its name in the report (default: the hostname)")
     s.add_argument("--for", dest="lifetime", type=float, metavar="S", help="exit after S seconds (default: never)")
+    s.add_argument("--coordinator", metavar="ADDR,...", help="who may run checks with this agent: addresses, "
+                                                            "networks (10.0.0.0/24) or names, 'any' for anyone "
+                                                            "(default: this host's own addresses)")
     _test_options(s)
     s.set_defaults(func=_preflight("cmd_serve"))
     r = sub.add_parser("run", help="the coordinator: runs the rounds of pair tests over the nodes' agents")
@@ -70,7 +73,7 @@ def _round_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--inventory", metavar="FILE", help="pingmesh inventory: pairs under the same leaf first")
     p.add_argument("--seconds", type=float, metavar="S", help="per test (default 2)")
     p.add_argument("--slow-fraction", type=float, metavar="F",
-                   help="a test below F x the median of the passed tests is slow (default 0.5)")
+                   help="a test below F x the median of the other nodes' best bandwidths is slow (default 0.5)")
     p.add_argument("--max-rounds", type=int, metavar="N", help="at most N rounds (default 10)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 

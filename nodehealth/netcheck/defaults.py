@@ -13,7 +13,8 @@ DEFAULTS: dict[str, Any] = {
     # keep a 1000-node job's preflight (at most ~4 rounds when up to half the nodes are bad) well
     # under a minute; perftest's default of 5000 x 64 KiB lasts well under a second on 100 Gb/s.
     "seconds": 2.0,
-    # A test slower than this fraction of the median of the passed tests is slow. A link that
+    # A test slower than this fraction of the median of the other nodes' best bandwidths is slow
+    # (a node is named slow after two slow tests with different sound partners). A link that
     # trained at half its rate, or a NIC on a x8 instead of a x16 slot, falls below it, while the run
     # to run spread of healthy pairs (a few percent on hardware, ~30 % on a loaded soft device) does not.
     "slow_fraction": 0.5,
@@ -38,7 +39,8 @@ MEANINGS = {  # what each key means, in docs/configuration.md
     "method": ("`auto`: rdma-bw where every node has a verbs device for its data address, else TCP for all; `tcp` "
                "or `rdma` force one"),
     "seconds": "length of one pair test",
-    "slow_fraction": "a test below this fraction of the median of the passed tests is slow",
+    "slow_fraction": "a test below this fraction of the median of the other nodes' best bandwidths is slow; a node "
+                     "is named slow after two such tests with different sound partners",
     "max_rounds": "rounds stop here even if a node is undecided",
     "rdma_port": "rdma-bw's out-of-band port on the data address",
     "rdma_size": "bytes per RDMA WRITE",

@@ -20,6 +20,9 @@ from typing import Any
 from nodehealth import config
 from nodehealth.host import HostPaths, addresses
 from nodehealth.netcheck import agent, discovery, rounds
+from nodehealth.netcheck import coordinator as coord
+from nodehealth.netcheck.admission import Admission
+from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, split_endpoint
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 TESTS = {agent.TCP: "TCP stream between the nodes' agents (the hosts' TCP path, not RDMA)",
@@ -63,7 +66,7 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
         from nodehealth.rdma import bw, pair
 
         try:
-            setup = pair.find_setup(HostPaths("/"), agent.split_endpoint(data)[0], device, gid_index,
+            setup = pair.find_setup(HostPaths("/"), split_endpoint(data)[0], device, gid_index,
                                         port=cfg["rdma_port"], size=cfg["rdma_size"])
         except bw.RdmaError as e:
             if cfg["method"] == agent.RDMA:
@@ -72,32 +75,35 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
     return agent.AgentConfig(name, data, setup)
 
 
-def start_agent(listen: str, data: str | None, acfg: agent.AgentConfig,
+def start_agent(listen: str, data: str | None, acfg: agent.AgentConfig, admission: Admission,
                 rendezvous: agent.Rendezvous | None = None) -> list[agent.Agent]:
-    """The agent on `listen` and, when the data address differs, a second one there; serving in threads."""
-    agents = [agent.Agent(agent.split_endpoint(listen), acfg)]
-    agents[0].rendezvous = rendezvous  # before it serves: a node may join at once
-    if data and data != listen:
-        agents.append(agent.Agent(agent.split_endpoint(data), acfg))
+    """The agent on `listen` and, when the data address differs, a second one there (one job for
+    both); serving in threads."""
+    agents = [agent.Agent(split_endpoint(listen), acfg, rendezvous, admission)]
+    try:
+        if data and data != listen:
+            agents.append(agent.Agent(split_endpoint(data), acfg, admission=admission))
+    except OSError:
+        stop_agents(agents)
+        raise
     for a in agents:
-        threading.Thread(target=a.serve_forever, daemon=True).start()
+        a.start()
     return agents
 
 
 def stop_agents(agents: list[agent.Agent]) -> None:
     for a in agents:
-        a.shutdown()
-        a.server_close()
+        a.close()
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         cfg = settings(args)
-        agent.split_endpoint(args.listen)
+        split_endpoint(args.listen)
         data = args.data or args.listen
-        agent.split_endpoint(data)
+        split_endpoint(data)
         acfg = agent_config(args.name or socket.gethostname(), data, cfg, args.rdma_device, args.gid_index)
-        agents = start_agent(args.listen, args.data, acfg)
+        agents = start_agent(args.listen, args.data, acfg, Admission(coordinators(args.coordinator)))
     except (Usage, ValueError, OSError) as e:
         print(f"nodehealth netcheck serve: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
@@ -109,24 +115,53 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def coordinators(given: str | None) -> list[str] | None:
+    """`--coordinator`: addresses, networks or names (`any`: every address); None: this host's own."""
+    if not given:
+        return None
+    found: list[str] = []
+    for item in (x.strip() for x in given.split(",")):
+        if item == "any":
+            found += ["0.0.0.0/0", "::/0"]
+        elif item:
+            try:
+                ipaddress.ip_network(item, strict=False)
+                found.append(item)
+            except ValueError:
+                resolved = addresses(item)
+                if not resolved:
+                    raise Usage(f"--coordinator: {item!r} is no address, network or name that resolves") from None
+                found += sorted(resolved)
+    return found
+
+
 # -- the coordinator ---------------------------------------------------------------------------
 
 def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str],
-               missing: list[dict[str, str]] | None = None) -> tuple[dict, int]:
-    """Run the rounds over the agents at `endpoints`; the JSON report and the exit code."""
-    hosts, unreachable = agent.hello(sorted(set(endpoints)), timeout=agent.CONNECT_TIMEOUT * 2)
+               missing: list[dict[str, str]] | None = None, source: str | None = None) -> tuple[dict, int]:
+    """Run the rounds over the agents at `endpoints` (asked from the address `source`, where given);
+    the JSON report and the exit code."""
+    hosts, unreachable = coord.hello(sorted(set(endpoints)), CONNECT_TIMEOUT * 2, source)
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise Usage("two agents answer with the same name: give each its own --name")
     try:
-        method = agent.choose_method(hosts, cfg["method"])
+        method = coord.choose_method(hosts, cfg["method"])
     except ValueError as e:
         raise Usage(str(e)) from None
     result = None
     if len(hosts) >= 2:
-        nc = rounds.Netcheck(names, leaves, cfg["slow_fraction"], cfg["max_rounds"])
-        agent.run_rounds(nc, {h.name: h for h in hosts}, cfg["seconds"], method)
-        result = nc.result()
+        job = coord.Job.new(source)
+        refused = coord.claim(hosts, job, coord.lease(cfg["seconds"], cfg["max_rounds"], method))
+        unreachable += refused
+        taken = [h for h in hosts if h.endpoint not in dict(refused)]
+        try:
+            if len(taken) >= 2:
+                nc = rounds.Netcheck([h.name for h in taken], leaves, cfg["slow_fraction"], cfg["max_rounds"])
+                coord.run_rounds(nc, {h.name: h for h in taken}, cfg["seconds"], method, job)
+                result = nc.result()
+        finally:
+            coord.release(taken, job)
     doc = rounds.to_dict(result, method) if result else {"method": method, "faulty": [], "slow": [],
                                                            "unresolved": [], "nodes": {}, "rounds": 0,
                                                            "median_gbps": None}
@@ -135,8 +170,11 @@ def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str]
         for h in hosts:
             doc["nodes"].get(h.name, {})["device"] = h.rdma
     doc["unreachable"] = [{"agent": ep, "error": why} for ep, why in unreachable]
+    by_name = {h.name: h for h in hosts}
+    doc["unreachable"] += [{"agent": by_name[n].endpoint, "node": n, "error": why}
+                           for n, why in sorted((result.unreachable if result else {}).items())]
     doc["missing"] = missing or []
-    if doc["faulty"] or doc["slow"] or ((unreachable or missing) and len(hosts) >= 2):
+    if doc["faulty"] or doc["slow"] or ((doc["unreachable"] or missing) and len(hosts) >= 2):
         return doc, EXIT_FAULT
     if result is None or doc["unresolved"]:
         return doc, EXIT_ERROR
@@ -162,7 +200,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             endpoints += discovery.read_hostfile(args.hosts_file)
         endpoints = [e for e in endpoints if e and not e.startswith("#")]
         for e in endpoints:
-            agent.split_endpoint(e)
+            split_endpoint(e)
         if len(set(endpoints)) < 2:
             raise Usage("give at least two agents (--hosts A:P,B:P, --hosts-file or $NODEHEALTH_NETCHECK_HOSTS)")
         doc, code = coordinate(endpoints, cfg, read_leaves(args.inventory))
@@ -184,13 +222,12 @@ def table(doc: dict) -> str:
         tests = node["tests"]
         best = max((t["bandwidth_gbps"] for t in tests if t["bandwidth_gbps"] is not None), default=None)
         bad = [t for t in tests if t["outcome"] != "pass"]
-        evidence = "; ".join(f"round {t['round']} with {t['partner']}: {t['outcome']}"
-                             + (f" ({t['error']})" if t.get("error") else "")
-                             + (f" {t['bandwidth_gbps']:.3g} Gb/s" if t["bandwidth_gbps"] is not None else "")
-                             for t in bad[:3])
+        evidence = "; ".join(([node["error"]] if "error" in node else [])
+                             + [f"round {t['round']}: {t['outcome']}: {t['evidence']}" for t in bad[:3]])
         rows.append((name, node["status"], "-" if best is None else f"{best:.3g}", evidence))
     for u in doc["unreachable"]:
-        rows.append((u["agent"], "unreachable", "-", u["error"]))
+        if "node" not in u:  # one that never answered; the others have their row above
+            rows.append((u["agent"], "unreachable", "-", u["error"]))
     for m in doc.get("missing", []):
         rows.append((m["node"], "missing", "-", m["error"]))
     widths = [max(len(r[k]) for r in rows) for k in range(3)]
@@ -201,7 +238,9 @@ def table(doc: dict) -> str:
     lines.append(f"method: {doc['method'].upper() or '-'}: {doc['test'] or '-'}; rounds: {doc['rounds']}; median "
                  f"{'-' if median is None else f'{median:.3g}'} Gb/s; faulty: {', '.join(doc['faulty']) or 'none'}; "
                  f"slow: {', '.join(doc['slow']) or 'none'}"
-                 + (f"; unresolved: {', '.join(doc['unresolved'])}" if doc["unresolved"] else ""))
+                 + (f"; unresolved: {', '.join(doc['unresolved'])}" if doc["unresolved"] else "")
+                 + (f"; unreachable: {', '.join(u.get('node', u['agent']) for u in doc['unreachable'])}"
+                    if doc["unreachable"] else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -256,27 +295,31 @@ def cmd_job(args: argparse.Namespace) -> int:
         me = agent.Member(name, _endpoint(control, port))
         acfg = agent_config(name, _endpoint(args.data or control, port), cfg, args.rdma_device, args.gid_index)
         # the longest a joined node waits for the verdict: the others joining, then every round
-        budget = cfg["wait_seconds"] + cfg["max_rounds"] * 2 * (cfg["seconds"] + agent.PAIR_SLACK[agent.RDMA])
+        budget = cfg["wait_seconds"] + cfg["max_rounds"] * 2 * (cfg["seconds"] + coord.PAIR_SLACK[agent.RDMA])
         rendezvous = None
+        job = JobNodes(plan)
         if plan.is_coordinator:
-            job = JobNodes(plan)
             rendezvous = agent.Rendezvous(plan.count, budget, job.accept)
-            if why := rendezvous.add(me):
+            if why := rendezvous.add(me, control):
                 raise Usage(f"this node is not one of the job's: {why}")
-        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, rendezvous)
+        # Claims come from the coordinator only. Where the job's hosts are known, only they connect to
+        # a node; the coordinator hears every join, to tell a node that is not one of them why.
+        admission = Admission(sorted(addresses(coordinator)),
+                              set(job.by_address) if plan.hosts and not plan.is_coordinator else None)
+        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous)
     except (Usage, ValueError, OSError, discovery.DiscoveryError) as e:
         print(f"nodehealth netcheck job: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
     try:
         if rendezvous is not None:
-            doc, code = _coordinate_job(job, cfg, rendezvous, args)
+            doc, code = _coordinate_job(job, cfg, rendezvous, args, control)
         else:
             answer = agent.join(_endpoint(coordinator, port), {"op": "join", "name": me.name, "agent": me.agent},
-                                 time.monotonic() + cfg["wait_seconds"], budget)
+                                 time.monotonic() + cfg["wait_seconds"], budget, source=control)
             doc, code = answer.get("verdict"), answer.get("code")
             if not isinstance(doc, dict) or code not in (EXIT_OK, EXIT_FAULT, EXIT_ERROR):
-                raise agent.StreamError(f"the coordinator's answer is no verdict: {str(answer)[:200]}")
-    except (Usage, agent.StreamError) as e:
+                raise StreamError(f"the coordinator's answer is no verdict: {str(answer)[:200]}")
+    except (Usage, StreamError) as e:
         print(f"nodehealth netcheck job: {e}", file=sys.stderr)
         return EXIT_ERROR
     finally:
@@ -286,42 +329,40 @@ def cmd_job(args: argparse.Namespace) -> int:
     return code
 
 
-def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendezvous, args: argparse.Namespace
-                    ) -> tuple[dict, int]:
+def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendezvous, args: argparse.Namespace,
+                    source: str) -> tuple[dict, int]:
     members = rendezvous.wait(job.plan.count, time.monotonic() + cfg["wait_seconds"])
     missing = job.missing(members, cfg["wait_seconds"])
     try:
-        doc, code = coordinate([m.agent for m in members], cfg, read_leaves(args.inventory), missing)
+        doc, code = coordinate([m.agent for m in members], cfg, read_leaves(args.inventory), missing, source)
     except Usage as e:  # the others learn it too, rather than waiting for a verdict that never comes
         doc, code = {"method": "", "test": "", "error": str(e), "faulty": [], "slow": [], "unresolved": [],
                      "nodes": {}, "rounds": 0, "median_gbps": None, "unreachable": [], "missing": missing}, EXIT_ERROR
     doc["source"] = job.plan.source
-    rendezvous.finish({"verdict": doc, "code": code}, linger=agent.CONNECT_TIMEOUT)
+    rendezvous.finish({"verdict": doc, "code": code}, linger=CONNECT_TIMEOUT)
     return doc, code
 
 
 class JobNodes:
-    """Where the job's hosts are known, a node joins only as one of them (by name or address), and
-    the ones that never joined are named."""
+    """Where the job's hosts are known, a node joins only from an address of one of them (its
+    name is a label: a stranger could claim any), and the ones that never joined are named."""
 
     def __init__(self, plan):
         self.plan = plan
-        self.known: dict[str, str] = {}  # a name or address -> the host it stands for
+        self.by_address: dict[str, str] = {}  # each address of the job's hosts -> the host
         for h in plan.hosts:
-            host = discovery.host_of(h)
-            for key in (host, _short(host), plan.addresses.get(h, ""), *addresses(host)):
-                if key:
-                    self.known.setdefault(key, h)
+            for a in {plan.addresses.get(h, "")} | addresses(discovery.host_of(h)):
+                if a:
+                    self.by_address.setdefault(a, h)
         self.taken: dict[str, str] = {}  # host -> the name it joined as
         self._lock = threading.Lock()
 
-    def accept(self, m: agent.Member) -> str | None:
+    def accept(self, m: agent.Member, source: str) -> str | None:
         if not self.plan.hosts:
             return None
-        address = discovery.host_of(m.agent)
-        host = self.known.get(m.name) or self.known.get(_short(m.name)) or self.known.get(address)
+        host = self.by_address.get(source.removeprefix("::ffff:"))
         if host is None:
-            return f"{m.name} ({address}) is not one of the job's nodes"
+            return f"{m.name} joins from {source}, which is not an address of the job's nodes"
         with self._lock:
             if self.taken.setdefault(host, m.name) != m.name:
                 return f"{host} has joined already as {self.taken[host]}"
@@ -334,16 +375,6 @@ class JobNodes:
         if len(members) < self.plan.min_count:  # an elastic job (torchrun MIN:MAX) may start with MIN
             return [{"node": f"{self.plan.count - len(members)} of {self.plan.count} nodes", "error": why}]
         return []
-
-
-def _short(name: str) -> str:
-    """A host name's first label ("gpu-1" of "gpu-1.cluster"); an address stays whole ("10" of
-    "10.0.0.5" would stand for every address in 10/8)."""
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return name.split(".")[0]
-    return name
 
 
 def _endpoint(host: str, port: int) -> str:

@@ -143,11 +143,12 @@ class Topology:
     def link_down(self, name: str) -> None:
         sh("ip", "link", "set", self.node(name).port, "down", ns=self.fabric)
 
-    def rate_limit(self, name: str, rate: str = "16kbit") -> None:
-        """A tbf on both ends of the node's cable: what exceeds the rate waits, then drops."""
+    def rate_limit(self, name: str, rate: str = "16kbit", burst: str = "2kb") -> None:
+        """A tbf on both ends of the node's cable (in place of one there): what exceeds the rate
+        waits, then drops. A fast rate needs a burst of a few timer ticks' worth."""
         n = self.node(name)
         for dev, ns in (("eth0", n.ns), (n.port, self.fabric)):
-            sh("tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", "2kb", "latency", "50ms",
+            sh("tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "latency", "50ms",
                ns=ns)
 
     def forward_loss(self, rule: str, percent: int) -> None:
