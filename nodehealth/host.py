@@ -147,10 +147,17 @@ def read_attr(path: str) -> str | None:
     Absent is not zero: callers keep None distinct from a value. Attributes that the driver
     refuses to produce (EINVAL, EOPNOTSUPP, EAGAIN, ...) also read as None.
     """
-    try:
-        return read_text(path, 65536, single=True).strip()
+    try:  # read_text(path, 65536, single=True) inlined: collectors read hundreds of these a pass
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "replace").strip()
 
 
 def read_int_dir(directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:

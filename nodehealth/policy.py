@@ -47,6 +47,10 @@ class StateFile:
     def __init__(self, directory: str):
         self.directory = directory
         self.path = os.path.join(directory, STATE_FILE)
+        # What the last save wrote, and the file it wrote: the daemon saves after every pass and
+        # most passes change nothing, so an unchanged document is not written (and fsynced) again
+        # while the file on disk is still the one written.
+        self._written: tuple[bytes, tuple[int, ...]] | None = None
 
     def load(self, read_only: bool = False,
              validate: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -101,10 +105,24 @@ class StateFile:
                 continue
 
     def save(self, data: dict[str, Any]) -> None:
-        os.makedirs(self.directory, mode=0o700, exist_ok=True)
         data = dict(data, version=STATE_VERSION)
-        text = json.dumps(data, separators=(",", ":"), sort_keys=True, default=str)
-        write_atomic(self.path, text.encode("utf-8"), durable=True, mode=0o600)
+        raw = json.dumps(data, separators=(",", ":"), sort_keys=True, default=str).encode("utf-8")
+        if self._written is not None and self._written == (raw, _identity(self.path)):
+            return
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        write_atomic(self.path, raw, durable=True, mode=0o600)
+        identity = _identity(self.path)
+        self._written = None if identity is None else (raw, identity)
+
+
+def _identity(path: str) -> tuple[int, ...] | None:
+    """Which file is at `path` now (a rename or a rewrite changes it); None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
 
 def read_regular(path: str, limit: int) -> bytes:
     """At most `limit` bytes of a regular file; a FIFO or device in its place is a ValueError, never a

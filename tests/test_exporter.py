@@ -41,6 +41,24 @@ def test_output_is_sorted_and_stable():
     assert exporter.render([a, b]) == exporter.render([b, a])
 
 
+def test_each_render_writes_the_series_it_is_given_whatever_came_before():
+    """Renders remember how they wrote each series; what they remember never leaks into a later render."""
+    def family(label_names, *samples):
+        m = Metric("nodehealth_cache_probe", "h", labels=label_names)
+        for labels, value in samples:
+            m.add(labels, value)
+        return exporter.render([m]).decode().splitlines()[2:]
+
+    assert family(("device",), (("a",), 1), (("b",), 2.5)) == [
+        'nodehealth_cache_probe{device="a"} 1', 'nodehealth_cache_probe{device="b"} 2.5']
+    assert family(("device",), (("b",), 3), (("c",), 4)) == [  # a series gone, one new, a value changed
+        'nodehealth_cache_probe{device="b"} 3', 'nodehealth_cache_probe{device="c"} 4']
+    assert family(("port",), (("b",), 3)) == ['nodehealth_cache_probe{port="b"} 3']  # other label names
+    assert family(("device", "port"), (("b", "1"), 3)) == ['nodehealth_cache_probe{device="b",port="1"} 3']
+    assert family(("device",), (('q"\\\n',), 5)) == ['nodehealth_cache_probe{device="q\\"\\\\\\n"} 5']
+    assert family((), ((), 6)) == ["nodehealth_cache_probe 6"]
+
+
 def test_a_duplicate_family_is_dropped_not_fatal():
     one, two = Metric("dup", "first"), Metric("dup", "second")
     one.add((), 1)

@@ -98,6 +98,28 @@ def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
     assert sorted(x.name for x in (tmp_path / "sub").iterdir()) == ["state.json"]
 
 
+def test_saving_unchanged_state_leaves_the_written_file_alone(tmp_path):
+    s = StateFile(str(tmp_path))
+    s.save({"a": 1})
+    written = os.stat(s.path)
+    s.save({"a": 1})  # the daemon saves after every pass; most passes change nothing
+    again = os.stat(s.path)
+    assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    s.save({"a": 2})
+    assert os.stat(s.path).st_ino != written.st_ino and s.load()["a"] == 2
+
+
+def test_unchanged_state_is_written_again_when_the_file_is_not_the_one_written(tmp_path):
+    s = StateFile(str(tmp_path))
+    s.save({"a": 1})
+    os.unlink(s.path)  # removed behind the daemon's back
+    s.save({"a": 1})
+    assert s.load()["a"] == 1
+    (tmp_path / "state.json").write_text(json.dumps({"version": 1, "a": 5}))  # replaced by another writer
+    s.save({"a": 1})
+    assert s.load()["a"] == 1
+
+
 def test_a_counter_increase_event_is_raised_at_once_and_held():
     cfg = dict(CFG, event_hold_seconds=600.0)
     p = Policy(cfg, ["infiniband"], "b", event_reasons=[("infiniband", "LinkDowned")])

@@ -1,0 +1,140 @@
+"""The whole `nodehealth daemon` process against node_exporter, side by side on the H100 fixture.
+
+Both serve the same sources from the same tree (tests/fixtures/machines/h100-8x-cx7): the daemon
+with `--only buddyinfo,vm,infiniband --interval 1` (vm is vmstat + meminfo + THP), Debian's
+prometheus-node-exporter with collectors buddyinfo, infiniband, vmstat and meminfo and
+--path.procfs/--path.sysfs on the fixture. Both run the whole time and are scraped every second
+(the order alternates each round); at each round's ends their CPU (utime + stime of the whole
+process, /proc/PID/stat) and resident set (VmRSS) are read, so every round sees both under the
+same machine load. `--before PYTHON` adds a third process, the daemon of another install (a venv
+with the old tree installed), to compare before and after in the same run.
+
+Target: the daemon's CPU at most 1.0x node_exporter's; its RSS at most 60 MiB, flat.
+Usage: python benchmarks/daemon_vs_node_exporter.py [--rounds 4] [--seconds 10] [--before OLD_VENV/bin/python]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import free_port, get, machine, median, metric_value, process_cpu_seconds, rss_bytes, wait_http
+
+SOURCES = ("buddyinfo", "vm", "infiniband")
+NODE_EXPORTER_COLLECTORS = ("buddyinfo", "infiniband", "vmstat", "meminfo")
+
+
+class Served:
+    """One process serving /metrics, and what was read of it."""
+
+    def __init__(self, name: str, argv: list[str], port: int, expect: str, cwd: str | None = None):
+        self.name, self.expect = name, expect
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env)
+        self.cpu: list[float] = []  # seconds per round
+        self.rss: list[int] = []  # bytes at each round's end
+
+    def ready(self) -> None:
+        wait_http(self.url)
+        deadline = time.monotonic() + 20
+        while self.expect not in get(self.url).decode():  # the daemon's first pass, node_exporter's read
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} serves no {self.expect}")
+            time.sleep(0.1)
+
+    def scrape(self) -> bytes:
+        return get(self.url)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def daemon(name: str, python: str, root: str, state: str) -> Served:
+    port = free_port()
+    # -P: only this install's tree is imported, not the working directory's.
+    argv = [python, "-P", "-m", "nodehealth.cli", "daemon", "--root", root, "--only", ",".join(SOURCES),
+            "--state-dir", state, "--listen", f"127.0.0.1:{port}", "--interval", "1", "--node-name", "bench"]
+    return Served(name, argv, port, "nodehealth_infiniband_", cwd="/")
+
+
+def node_exporter(binary: str, root: str) -> Served:
+    port = free_port()
+    argv = [binary, f"--path.procfs={root}/proc", f"--path.sysfs={root}/sys", "--collector.disable-defaults",
+            *[f"--collector.{c}" for c in NODE_EXPORTER_COLLECTORS], f"--web.listen-address=127.0.0.1:{port}"]
+    return Served("node_exporter", argv, port, "node_infiniband_")
+
+
+def run_round(served: list[Served], seconds: int) -> None:
+    """`seconds` scrapes of each, one a second, every process's CPU read at both ends."""
+    before = [process_cpu_seconds(s.proc.pid) for s in served]
+    start = time.monotonic()
+    for tick in range(seconds):
+        for s in served:
+            s.scrape()
+        time.sleep(max(0.0, start + tick + 1 - time.monotonic()))
+    for s, cpu in zip(served, before):
+        s.cpu.append(process_cpu_seconds(s.proc.pid) - cpu)
+        s.rss.append(rss_bytes(s.proc.pid))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--seconds", type=int, default=10, help="seconds (scrapes) per round")
+    p.add_argument("--warmup", type=int, default=5, help="seconds of scrapes before the first round")
+    p.add_argument("--before", help="the Python of a venv with the old tree, run as a third process")
+    args = p.parse_args()
+    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not binary:
+        sys.exit("install Debian's prometheus-node-exporter first")
+    root = machine("h100-8x-cx7")
+    served: list[Served] = []
+    with tempfile.TemporaryDirectory() as state:
+        try:
+            served.append(node_exporter(binary, root))
+            served.append(daemon("nodehealth", sys.executable, root, os.path.join(state, "after")))
+            if args.before:
+                served.append(daemon("nodehealth before", args.before, root, os.path.join(state, "before")))
+            for s in served:
+                s.ready()
+            run_round(served, args.warmup)
+            for s in served:
+                s.cpu.clear()
+                s.rss.clear()
+            for r in range(args.rounds):
+                run_round(served if r % 2 == 0 else served[::-1], args.seconds)
+            passes = {s.name: metric_value(s.scrape().decode(), "nodehealth_daemon_passes_total")
+                      for s in served[1:]}
+        finally:
+            for s in served:
+                s.stop()
+    theirs = served[0]
+    total = args.rounds * args.seconds
+    load = os.getloadavg()
+    print(f"rounds: {args.rounds} x {args.seconds} s, one scrape of each per second, side by side; "
+          f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
+    for s in served:
+        mib = [round(b / 2**20, 1) for b in s.rss]
+        print(f"{s.name:18s} CPU {sum(s.cpu) / total * 1000:6.2f} ms/s  rounds (ms) "
+              f"{[round(c * 1000) for c in s.cpu]}  RSS MiB {mib}"
+              + (f"  passes {passes[s.name]:.0f}" if s.name in passes else ""))
+    for s in served[1:]:
+        ratios = [ours / max(their, 1e-9) for ours, their in zip(s.cpu, theirs.cpu)]
+        growth = (s.rss[-1] - s.rss[0]) / 2**20
+        print(f"{s.name} / node_exporter: {sum(s.cpu) / max(sum(theirs.cpu), 1e-9):.2f}x over {total} s "
+              f"(median round {median(ratios):.2f}x; target <= 1.0x); RSS {max(s.rss) / 2**20:.1f} MiB max, "
+              f"{growth:+.1f} MiB first to last round (target <= 60 MiB, flat)")
+
+
+if __name__ == "__main__":
+    main()
