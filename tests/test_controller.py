@@ -84,6 +84,7 @@ class Agents:
         self.addresses = {name: f"127.0.0.{i + 2}" for i, name in enumerate(names)}
         self.requests: list[tuple[str, str]] = []
         self.release = threading.Event()  # ends the slow answers at teardown
+        self.hung_up: set[str] = set()  # agents whose dripped head the controller stopped reading
         for _ in range(20):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -146,6 +147,18 @@ class Agents:
                 except OSError:
                     return None
             return None
+        if how in ("drip-status", "drip-headers"):  # the answer's head itself, a byte at a time
+            head = b"HTTP/1.1 200 OK\r\n" if how == "drip-headers" else b""
+            handler.wfile.write(head)
+            try:
+                for _ in range(DRIP_BYTES):  # each byte well within the fetch timeout, the whole far past it
+                    if self.release.wait(0.05):
+                        return None
+                    handler.wfile.write(b"HTTP/1.1 200 OK " if how == "drip-status" else b"X")
+                    handler.wfile.flush()
+            except OSError:  # the controller hung up while the head was still coming: what we want
+                self.hung_up.add(name)
+            return None
         if how == "error":
             return self._send(handler, 500, b"boom")
         if isinstance(how, tuple) and how[0] == "impostor":  # a valid summary for another node's name
@@ -170,6 +183,7 @@ class Agents:
             srv.server_close()
 
 
+DRIP_BYTES = 400  # 20 s of a dripped head: a controller that waits for it all has no deadline
 SHORT = {"lease": 1.0, "renew": 0.2}  # a Lease of 1 s renewed every 0.2 s
 NOW = math.floor(time.time() / W) * W + 0.2 * W  # a little into a window, as the controller runs
 
@@ -629,6 +643,27 @@ def test_a_dripping_agent_is_cut_off_at_its_timeout(agents):
         controller.fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
     assert e.value.reason == "timeout"
     assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("how", ["drip-status", "drip-headers"])
+def test_an_agent_dripping_its_status_line_or_headers_is_cut_off_at_its_timeout(agents, how):
+    """The deadline covers the whole answer, its head included: each byte comes in time, the head never does."""
+    agents.behaviour["gpu-01"] = how
+    with pytest.raises(controller.FetchError) as e:
+        controller.fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
+    assert e.value.reason == "timeout"
+    wait_for(lambda: "gpu-01" in agents.hung_up)  # hung up while the agent was still dripping
+
+
+def test_a_cycle_ends_at_its_budget_with_the_dripping_agents_counted(cluster, agents, make, monkeypatch):
+    """Agents that drip their answer's head hold a fetch slot until the budget, never the cycle past it."""
+    monkeypatch.setattr(controller, "FETCH_BUDGET_FRACTION", 1.0 / W)  # 1 s of fetching
+    drippers = {"gpu-01": "drip-status", "gpu-02": "drip-headers", "gpu-05": "drip-headers"}
+    agents.behaviour.update(drippers)
+    c = make(fetch_timeout_seconds=30.0)  # the budget, not the timeout, is what ends them
+    assert c.elector.tick() and c.cycle(NOW)
+    assert stored_doc(cluster)["agents"] == {"reporting": 5, "failed": {"timeout": 3}}
+    wait_for(lambda: agents.hung_up == set(drippers))  # each cut off while it still had most of its head to drip
 
 
 def test_an_agent_that_is_not_there_is_unreachable(agents):
