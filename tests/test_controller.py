@@ -807,6 +807,26 @@ def test_metrics_and_healthz_over_http(cluster, make):
         srv.server_close()
 
 
+def test_a_client_that_hangs_up_early_leaves_no_traceback(cluster, make, capfd, caplog):
+    c = make(controller_listen="127.0.0.1:0")
+    assert c.elector.tick() and c.cycle(NOW)
+    srv = controller.make_server(c, c.pm["controller_listen"])
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for _ in range(20):  # asks, and is gone before the answer: the answer's writes meet a closed socket
+            with socket.create_connection(srv.server_address[:2]) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: srv.slots._value == controller.server.MAX_CONCURRENT_REQUESTS and not srv._active)
+        code, _ = http_get(f"http://127.0.0.1:{srv.server_address[1]}/healthz")
+        assert code == 200  # and it goes on answering
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert "Traceback" not in caplog.text, caplog.text
+
+
 def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, agents, tmp_path):
     """`nodehealth controller` as a process: it leads, writes the ConfigMap, serves /healthz, and on
     SIGTERM gives its Lease up and exits 0."""
