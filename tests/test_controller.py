@@ -26,6 +26,7 @@ from fake_kube_apiserver import FakeApiServer
 from nodehealth import config, inventory
 from nodehealth.checks.pingmesh import verdict_findings
 from nodehealth.kube import api as kube_api
+from nodehealth.kube import election
 from nodehealth.kube import publisher as kube_publisher
 from nodehealth.kube import taints as kube_taints
 from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
@@ -288,6 +289,82 @@ def test_one_leads_and_the_other_takes_over_only_after_the_lease_expires(server,
     assert server.lease("nodehealth", "nodehealth-controller")["spec"]["leaseTransitions"] == 1
     # The old leader, back, finds a live holder and stands by.
     assert not a.elector.tick() and not a.elector.is_leader()
+
+
+class Clock:
+    """A monotonic clock the test moves: the electors' schedule is judged in its seconds, not the machine's."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def electors(server, tmp_path, *names: str, clock: Clock) -> list[election.LeaderElector]:
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    return [election.LeaderElector(lambda: api, "nodehealth", "nodehealth-controller", name, "the controller",
+                                   clock=clock) for name in names]
+
+
+def run_schedule(clock: Clock, schedule: dict, until: float, on_tick) -> None:
+    """Tick each elector at the times its own next_delay() asks for, in time order, until `until`
+    or until on_tick(elector, led) returns True."""
+    while True:
+        elector, at = min(schedule.items(), key=lambda item: item[1])
+        if at > until:
+            return
+        clock.t = at
+        led = elector.tick()
+        if on_tick(elector, led):
+            return
+        if elector in schedule:  # on_tick may have taken it out: it died
+            schedule[elector] = clock.t + elector.next_delay()
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.4, 1.1, 1.9, 2.6, 3.3, 4.5])
+def test_a_standby_takes_over_within_the_handover_time_the_docs_state(server, tmp_path, phase):
+    """However the standby's looks fall against the leader's renewals, it leads at most a Lease plus one
+    look (17 s) after the last renewal, and never before a Lease has passed since it saw that renewal."""
+    clock = Clock()
+    a, b = electors(server, tmp_path, "controller-a", "controller-b", clock=clock)
+    assert election.HANDOVER_SECONDS == b.handover_seconds == 17.0
+    assert a.tick()
+    died = clock.t + 30 + phase * 2.3  # the leader's last renewal is its last tick before this
+    renewals = []
+
+    def on_tick(elector, led):
+        if elector is a:
+            renewals.append(clock.t)
+            if clock.t + a.next_delay() > died:
+                del schedule[a]  # it dies: no more ticks
+            return False
+        return led
+
+    schedule = {a: clock.t + a.next_delay(), b: clock.t + phase}
+    run_schedule(clock, schedule, died + 60, on_tick)
+    assert holder(server) == "controller-b"
+    took, last = clock.t, renewals[-1]
+    assert last + b.lease_seconds <= took <= last + election.HANDOVER_SECONDS
+    assert not a.is_leader()  # it stopped acting before then (a Lease less one renewal after its last)
+    for doc in ("docs/pingmesh.md", "deploy/components/pingmesh/controller.yaml"):  # what operators read
+        with open(os.path.join(os.path.dirname(__file__), "..", doc), encoding="utf-8") as f:
+            text = " ".join(f.read().replace("#", " ").split())
+        assert f"at most {election.HANDOVER_SECONDS:g} s after the leader's last renewal" in text, doc
+
+
+def test_a_lease_claiming_a_huge_duration_stops_no_controller_for_good(server, tmp_path, caplog):
+    """A Lease written by anyone else with leaseDurationSeconds of years is honoured for twice our own."""
+    clock = Clock()
+    server.add_lease("nodehealth", "nodehealth-controller", {})
+    server.edit_lease("nodehealth", "nodehealth-controller", lambda lease: lease["spec"].update(
+        holderIdentity="intruder", leaseDurationSeconds=10 ** 9, renewTime="2030-01-01T00:00:00.000000Z"))
+    (b,) = electors(server, tmp_path, "controller-b", clock=clock)
+    start = clock.t
+    run_schedule(clock, {b: start}, start + 3600, lambda elector, led: led)
+    assert holder(server) == "controller-b"
+    assert clock.t - start <= election.MAX_DURATION_FACTOR * b.lease_seconds + b.retry_seconds
+    assert "far past our 15 s" in caplog.text
 
 
 def test_two_running_controllers_never_lead_at_once(server, make):

@@ -337,7 +337,7 @@ class Controller:
                 log.exception("leader election failed")
                 self._error("internal")
             self._beats["elector"] = time.monotonic()
-            self.stop.wait(self.elector.renew_seconds)
+            self.stop.wait(self.elector.next_delay())
 
     def _analysis_loop(self) -> None:
         failures = 0
