@@ -457,6 +457,33 @@ def test_the_next_cycle_replaces_the_configmap_even_after_someone_else_changed_i
         ("GET", inventory_path)]  # ... the inventory: read, the same, left alone
 
 
+def test_a_leader_frozen_between_its_check_and_its_write_never_overwrites_the_new_leaders_verdicts(cluster, make):
+    """The old leader passes its leadership check, freezes (a GC pause, a SIGSTOP) while a standby takes
+    over and writes, and wakes to write: its write meets the new leader's resourceVersion, and it does
+    not read and write again once it no longer leads."""
+    a, b = make("controller-a", **SHORT), make("controller-b", **SHORT)
+    assert a.elector.tick() and a.cycle(NOW)
+    real, calls, frozen = a.elector.is_leader, [], threading.Event()
+
+    def checked_then_frozen() -> bool:
+        calls.append(1)
+        leads = real()
+        if len(calls) == 2:  # the check right before the write: it passes, then the process stands still
+            frozen.set()
+            wait_for(lambda: holder(cluster) == "controller-b" and stored_doc(cluster)["time"] == NOW + 2 * W, 10.0)
+        return leads
+
+    a.elector.is_leader = checked_then_frozen
+    old = threading.Thread(target=a.cycle, args=(NOW + W,))
+    old.start()
+    frozen.wait(5.0)
+    wait_for(lambda: b.elector.tick(), 5.0)  # the Lease ran out while the old leader stood still
+    assert b.cycle(NOW + 2 * W)
+    old.join(10.0)
+    assert not old.is_alive()
+    assert stored_doc(cluster)["time"] == NOW + 2 * W  # the new leader's verdicts stand
+
+
 def test_the_inventory_is_rewritten_only_when_it_changed(cluster, agents, make):
     c = make()
     assert c.elector.tick() and c.cycle(NOW)
@@ -923,10 +950,11 @@ def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, a
         assert holder(cluster) == "controller-7f9c"
         assert http_get(f"http://127.0.0.1:{port}/healthz") == (200, b"ok: leading\n")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
+        rc = proc.wait(10)
     finally:
         proc.kill()
         output = proc.communicate()[0].decode()
+    assert rc == 0, output
     assert holder(cluster) is None, output  # handed over: a standby needs no expiry to take over
     assert "controller-7f9c leads the pingmesh controller now" in output
 

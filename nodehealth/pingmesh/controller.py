@@ -112,7 +112,7 @@ class Controller:
                                      "the pingmesh controller", lease_seconds, renew_seconds)
         self.configmaps = verdicts.ConfigMapWriter(self._client, self.namespace,
                                                    [self.pm["configmap"], self.pm["inventory_configmap"]],
-                                                   self.kube_cfg["conflict_retries"])
+                                                   self.kube_cfg["conflict_retries"], self.elector.is_leader)
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._rotation = 0  # where in the (name-ordered) agents the next fetch starts
