@@ -588,6 +588,39 @@ def test_cli_broken_and_oversized_bundles_are_listed_not_fatal(tmp_path, capsys,
     assert code == 2 and "more than 20000 characters once decompressed" in err
 
 
+def lines_run(module_file: str, call):
+    """How many lines of `module_file` ran during call(): the work done, whatever the machine's speed."""
+    count = [0]
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != module_file:
+            return None
+        count[0] += event == "line"
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        result = call()
+    finally:
+        sys.settrace(None)
+    return count[0], result
+
+
+@pytest.mark.parametrize("where", ["before the list", "between summaries"])
+def test_a_bundle_padded_with_whitespace_is_refused_with_little_work(tmp_path, capsys, monkeypatch, where):
+    """2 MB of gzip that expands to 2 GiB of whitespace, in proportion: the whitespace is skipped in
+    bulk (lines run per chunk read, not per character) and a run of it longer than a summary is refused."""
+    monkeypatch.setattr(cli, "MAX_BUNDLE_BYTES", 4 << 20)
+    pad = " \n\t\r" * (2 << 20)  # 8 MiB: twice the bound, as 2 GiB is twice the real one
+    text = pad + "[]" if where == "before the list" else "[" + json.dumps(with_fault()[0]) + "," + pad + "]"
+    path = tmp_path / "pad.json.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+    assert path.stat().st_size < 64 << 10
+    lines, (_, _, err) = lines_run(cli.__file__, lambda: run_cli(capsys, "--bundle", str(path)))
+    assert "pad.json.gz: more than 1048576 characters of whitespace in a row" in err, err
+    assert lines < 3000  # per character, it was more than 2 lines for each of millions
+
+
 def test_cli_bad_usage_is_2(tmp_path, capsys):
     assert run_cli(capsys)[0] == 2
     bad = tmp_path / "c.json"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
@@ -24,6 +25,10 @@ EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 MAX_BUNDLE_BYTES = 1 << 30
 MAX_OTHER_VALUE_CHARS = 16 << 20  # a bundle's other keys (the saved list of problems), skipped
 READ_CHARS = 1 << 20
+# Whitespace in a row between a bundle's values: our bundles have a newline or two; more than a
+# summary's worth is padding (a small gzip can expand to gigabytes of it), refused before it costs more.
+MAX_WHITESPACE_CHARS = 1 << 20
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
 SHOWN_PROBLEMS = 20
 _UNDECODED = object()
 
@@ -268,9 +273,14 @@ class _JsonStream:
         return True
 
     def _peek(self) -> str:
+        """The next character that is not whitespace; whitespace is skipped a chunk at a time."""
+        run = 0
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
+            end = _WHITESPACE.match(self.buf, self.pos).end()
+            run += end - self.pos
+            self.pos = end
+            if run > MAX_WHITESPACE_CHARS:
+                raise BundleError(f"more than {MAX_WHITESPACE_CHARS} characters of whitespace in a row")
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self._more():
