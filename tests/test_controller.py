@@ -873,7 +873,7 @@ def test_a_flood_of_verdicts_is_cut_to_what_the_agents_accept_node_verdicts_firs
             return {"schema_version": 1, "time": NOW, "window_seconds": W, "verdicts": many, "nodes": 8, "leaves": 2}
 
     c = make()
-    monkeypatch.setattr(c.analyzer, "run", lambda summaries, now: (list(summaries), Flood())[1])
+    monkeypatch.setattr(c.analyzer, "run", lambda summaries, now, inv=None: (list(summaries), Flood())[1])
     assert c.elector.tick() and c.cycle(NOW)
     text = cluster.configmap("nodehealth", "nodehealth-pingmesh")["data"]["verdicts.json"]
     doc = verdicts.parse_verdicts(text)  # what every agent accepts
