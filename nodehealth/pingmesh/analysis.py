@@ -5,8 +5,13 @@ the packed per-window arrays; split, each part would reach into the others' layo
 
 Pure: agents' summaries (stats.Summary or the decoded JSON of `/v1/pingmesh`) in, an Analysis out.
 Evidence is the TCP probes (answered by the peer's kernel); a peer's Pings count only without them.
-Windows of all agents are aligned by their start; only closed ones count. Each window is judged on
-its own, in three steps, each explaining away what the one before could not:
+A probe answered only after a retransmitted SYN is a lost packet that TCP recovered: it counts as
+lost. Every summary is its agent's word (docs/threat-model.md): leaves, members and rails are the
+inventory's; each edge weighs at most what the probe schedule can send; before an aggregate is
+judged, no reporter counts more than the next one after `tolerated_liars` (robust.py), so that one
+agent alone names nothing. Windows of all agents are aligned by their start; only closed ones
+count. Each window is judged on its own, in three steps, each explaining away what the one before
+could not:
 
 1. Inside each leaf (its full mesh): a node is suspect when its probes with its leaf-mates lose
    (pooled, so that 1% loss on one link stands out over a few hundred peers, and beyond what the
@@ -16,13 +21,15 @@ its own, in three steps, each explaining away what the one before could not:
    answers (almost) none of its probers is suspect too, even when its own agent reports nothing.
    When most of a leaf is suspect, the leaf is at fault; otherwise a suspect is a node verdict if
    enough healthy leaf-mates and reporters back it, else inconclusive (a two-node leaf cannot tell
-   a node from its leaf).
+   a node from its leaf). A reporter whose loss its peers' own probes contradict is doubted: an
+   inconclusive verdict about it, none about them.
 2. Between leaves (R-Pingmesh's fold): every probe between two leaves adds to the directed
    leaf->leaf edge (loss = lost / sent, one merged histogram for p99), minus the lossy or slow edges
    of step 1's suspects. A leaf whose bad fraction of edges out or in reaches `leaf_fraction`, or
    whose loss pooled over all its edges is over `loss_fraction` and spread over most partner leaves,
    is at fault (its uplinks, or the leaf cut off), worst first, each one taken off its partners'
-   counts; a bad edge between two otherwise fine leaves is a path.
+   counts; a bad edge between two otherwise fine leaves is a path. The latency baseline is the
+   typical leaf's typical pair: a slow leaf touches most pairs where leaves are few.
 3. Hysteresis over windows: a verdict opens after `open_windows` consecutive bad windows and closes
    after `close_windows` good ones; windows without data about an element neither open nor close
    it. The agents keep ~20 windows, so each run sees enough history: verdicts carry no state from run to run.
@@ -48,7 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodehealth import inventory
-from nodehealth.pingmesh import stats
+from nodehealth.pingmesh import robust, stats
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 from nodehealth.pingmesh.stats import BUCKETS_SECONDS, MAX_WINDOWS, Summary, SummaryError, parse_summary, quantile
 
@@ -200,7 +207,7 @@ class Folded:
         for n_sent, n_lost, counts, _, _, n_retrans, n_rails in edges.values():
             n_retrans = min(n_retrans, n_sent - n_lost)  # a summary's word: no more than were answered
             if n_retrans:
-                counts = _without_slowest(counts, n_retrans)
+                counts = robust.without_slowest(counts, n_retrans)
             sent.append(n_sent)
             lost.append(n_lost)
             retrans.append(n_retrans)
@@ -229,37 +236,6 @@ class Folded:
             self.names = other.names
         if self.leaves == other.leaves:
             self.leaves = other.leaves
-
-
-def _without_slowest(counts: dict[int, int], n: int) -> dict[int, int]:
-    """A copy of histogram `counts` with `n` of its probes taken off, slowest first."""
-    out = dict(counts)
-    for i in sorted(out, reverse=True):
-        take = min(n, out[i])
-        out[i] -= take
-        n -= take
-        if not out[i]:
-            del out[i]
-        if not n:
-            break
-    return out
-
-
-def _scaled(cap: int, sent: int, lost: int, retrans: int, flat: Any) -> tuple[int, int, int, list[int]]:
-    """An edge's counts scaled down to `cap` probes, its loss and histogram in proportion (the histogram's
-    largest remainders get the odd probes): a reporter weighs no more than its schedule can have probed."""
-    lost2 = min(cap, round(lost * cap / sent))
-    retrans2 = min(cap - lost2, round(retrans * cap / sent))
-    want = cap - lost2 - retrans2
-    total = sum(flat[1::2])
-    shares = [(flat[x + 1] * want / total if total else 0.0, flat[x]) for x in range(0, len(flat), 2)]
-    counts = {i: int(share) for share, i in shares}
-    for share, i in sorted(shares, key=lambda item: item[0] - int(item[0]), reverse=True)[:want - sum(counts.values())]:
-        counts[i] += 1
-    if not counts or not sum(counts.values()):  # nothing to scale: what is not lost was not answered either
-        lost2 += want
-    hist = [x for i in sorted(counts) if counts[i] for x in (i, counts[i])]
-    return cap, lost2, retrans2, hist
 
 
 def _packed(values: list[int]) -> array:
@@ -561,7 +537,7 @@ class _Mesh:
             hist = flat[a:b]
             cap = per_rail * min(rails, rails_of[src], rails_of[d])
             if sent > cap:
-                sent, lost, retrans, hist = _scaled(cap, sent, lost, retrans, hist)
+                sent, lost, retrans, hist = robust.scaled(cap, sent, lost, retrans, hist)
                 win.capped += 1
             dead = lost == sent
             lost += retrans
@@ -728,46 +704,6 @@ def _poisson_tail(x: int, lam: float) -> float:
     return max(0.0, 1.0 - cdf)
 
 
-def _trimmed(lost: int, edges: list[tuple[int, int, int, int]], reporters: int, ends: int = 0) -> int:
-    """An aggregate's lost probes with no one reporter (and then no one node at its end) counting more
-    than the one after the `reporters` (`ends`) that count most: what a few liars add alone is cut
-    to what the others see. `edges` are its lossy edges: (reporter, end node, sent, lost). Lost that
-    no edge accounts for (edges past MAX_ANOMALOUS_EDGES) counts as one more reporter's."""
-    unlisted = lost - sum(e[3] for e in edges)
-    weighed: list[tuple[int, int, float]] = [(e[0], e[1], float(e[3])) for e in edges]
-    if unlisted > 0:
-        weighed.append((-1, -1, float(unlisted)))
-    for field, count in ((0, reporters), (1, ends)):
-        by: dict[int, float] = {}
-        for e in weighed:
-            by[e[field]] = by.get(e[field], 0.0) + e[2]
-        ranked = sorted(by.values(), reverse=True)
-        cap = ranked[count] if len(ranked) > count else 0.0
-        factor = {k: cap / v for k, v in by.items() if v > cap}
-        weighed = [(r, x, n * factor.get((r, x)[field], 1.0)) for r, x, n in weighed]
-    return int(sum(n for _, _, n in weighed) + 1e-9)
-
-
-def _slow_trimmed(hist: list[int], edges: list[tuple[int, int, int, int, tuple[int, ...]]], slow: int,
-                  reporters: int) -> list[int]:
-    """A leaf pair's histogram with no one reporter's probes at or over bucket `slow` counting more than
-    those of the one after the `reporters` with most (their slowest probes over that are taken off)."""
-    by: dict[int, dict[int, int]] = {}
-    for src, _, _, _, flat in edges:
-        mine = by.setdefault(src, {})
-        for x in range(0, len(flat), 2):
-            if flat[x] >= slow:
-                mine[flat[x]] = mine.get(flat[x], 0) + flat[x + 1]
-    ranked = sorted(by.values(), key=lambda counts: sum(counts.values()), reverse=True)
-    cap = sum(ranked[reporters].values()) if len(ranked) > reporters else 0
-    for counts in ranked[:reporters]:
-        for i, n in counts.items():
-            hist[i] -= n
-        for i, n in _without_slowest(counts, max(0, sum(counts.values()) - cap)).items():
-            hist[i] += n
-    return hist
-
-
 def _recovered(lost: int, retrans: int, lead: str = ",") -> str:
     """How many of `lost` probes TCP recovered by sending the SYN again: loss all the same."""
     if not retrans:
@@ -839,7 +775,7 @@ class _Judge:
             if i_lost[i] < min_bad:
                 return None
             witnesses = self._loss_witnesses(i, done)
-            lost, sent = _trimmed(i_lost[i], witnesses, self.liars), i_sent[i]
+            lost, sent = robust.trimmed(i_lost[i], witnesses, self.liars), i_sent[i]
             if not (sent >= min_probes and lost >= min_bad and lost >= node_loss * sent
                     and _poisson_tail(lost, background * sent) < alpha):
                 return None
@@ -1048,8 +984,8 @@ class _Judge:
             sent, edges = lp_sent[slot], edges_of.get(slot, [])
             if sent < min_probes:
                 continue
-            lost = _trimmed(lp_lost[slot], [(e[0], e[1], e[2], e[3]) for e in edges], liars)
-            hist = _slow_trimmed(list(lp_hist[slot * NB1:(slot + 1) * NB1]), edges, slow_bucket, liars)
+            lost = robust.trimmed(lp_lost[slot], [(e[0], e[1], e[2], e[3]) for e in edges], liars)
+            hist = robust.slow_trimmed(list(lp_hist[slot * NB1:(slot + 1) * NB1]), edges, slow_bucket, liars)
             src, dst = divmod(key, _LEAF_KEY)
             counts = {k: c for k, c in enumerate(hist) if c}
             judged[slot] = (src, dst, _index(quantile(counts, 0.99)) if counts else None)
@@ -1118,7 +1054,7 @@ class _Judge:
 
         def lossy_link(leaf: int, partner: int) -> bool:
             x = links[leaf][partner]
-            return _trimmed(x[5], witnesses.get(leaf, {}).get(partner, []), liars) > 0
+            return robust.trimmed(x[5], witnesses.get(leaf, {}).get(partner, []), liars) > 0
 
         def fault(leaf: int) -> tuple[float, float, list[int], int, int] | None:
             total, edges, lossy, partners = [0] * 8, [], 0, 0
@@ -1130,7 +1066,7 @@ class _Judge:
                     edges += witnesses.get(leaf, {}).get(partner, [])
             o, ob, n_in, ib, sent, lost = total[:6]
             worst = max(ob / o if o >= min_rep else 0.0, ib / n_in if n_in >= min_rep else 0.0)
-            kept = _trimmed(lost, edges, liars, 1)
+            kept = robust.trimmed(lost, edges, liars, 1)
             spread = (kept >= min_bad and partners >= min_rep and lossy >= frac * partners
                       and kept >= loss_fraction * sent)
             loss = lost / sent if sent else 0.0
