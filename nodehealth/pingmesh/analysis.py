@@ -205,13 +205,13 @@ class Folded:
         self.leaves = tuple(sys.intern(e[3]) for e in edges.values())
         sent, lost, retrans, rails, top, p99, offsets, flat = [], [], [], [], [], [], [0], []
         for n_sent, n_lost, counts, _, _, n_retrans, n_rails in edges.values():
-            n_retrans = min(n_retrans, n_sent - n_lost)  # a summary's word: no more than were answered
             if n_retrans:
+                n_retrans = min(n_retrans, n_sent - n_lost)  # a summary's word: no more than were answered
                 counts = robust.without_slowest(counts, n_retrans)
             sent.append(n_sent)
             lost.append(n_lost)
             retrans.append(n_retrans)
-            rails.append(min(n_rails, 127))
+            rails.append(n_rails if n_rails < 127 else 127)
             t = max(counts) if counts else -1
             top.append(t)
             answered = n_sent - n_lost - n_retrans
@@ -240,7 +240,7 @@ class Folded:
 
 def _packed(values: list[int]) -> array:
     """An exact-size array of 4-byte integers where they fit (counts of probes do), else 8-byte ones."""
-    return array("i" if all(-(1 << 31) <= v < 1 << 31 for v in values) else "q", values)
+    return array("i" if -(1 << 31) <= min(values, default=0) and max(values, default=0) < 1 << 31 else "q", values)
 
 
 @dataclass
@@ -524,7 +524,7 @@ class _Mesh:
         i_retrans, x_sent, x_lost = col["intra_retrans"], col["inter_sent"], col["inter_lost"]
         p99, cluster, lp, lp_sent, lp_lost = win.p99, win.cluster, win.lp, win.lp_sent, win.lp_lost
         lp_hist, lp_retrans, flat = win.lp_hist, win.lp_retrans, f.flat
-        sl, slow, per_rail = leaf_of[src], self.slow, win.per_rail
+        sl, slow, per_rail, my_rails = leaf_of[src], self.slow, win.per_rail, rails_of[src]
         # This agent's own totals add up here and go into the arrays once.
         my_isent = my_ilost = my_iretrans = my_iedges = my_ilossy = my_xsent = my_xlost = 0
         my_p99 = [0] * NB2
@@ -534,10 +534,10 @@ class _Mesh:
             d = node_index.get(name, src)
             if d == src:
                 continue
-            hist = flat[a:b]
-            cap = per_rail * min(rails, rails_of[src], rails_of[d])
-            if sent > cap:
-                sent, lost, retrans, hist = robust.scaled(cap, sent, lost, retrans, hist)
+            hist = None  # the edge's histogram is flat[a:b], unless scaled down
+            if sent > per_rail and sent > per_rail * min(rails, my_rails, rails_of[d]):
+                sent, lost, retrans, hist = robust.scaled(per_rail * min(rails, my_rails, rails_of[d]), sent, lost,
+                                                          retrans, flat[a:b])
                 win.capped += 1
             dead = lost == sent
             lost += retrans
@@ -582,13 +582,17 @@ class _Mesh:
                 lp_lost[slot] += lost
                 lp_retrans[slot] += retrans
                 base = slot * NB1
-                for x in range(0, len(hist), 2):
-                    lp_hist[base + hist[x]] += hist[x + 1]
+                if hist is None:
+                    for x in range(a, b, 2):
+                        lp_hist[base + flat[x]] += flat[x + 1]
+                else:
+                    for x in range(0, len(hist), 2):
+                        lp_hist[base + hist[x]] += hist[x + 1]
                 touched.add(slot)
             if lost or top >= slow:
                 if len(win.anomalous) < MAX_ANOMALOUS_EDGES:
                     eid = len(win.anomalous)
-                    win.anomalous.append((src, d, sent, lost, tuple(hist), slot))
+                    win.anomalous.append((src, d, sent, lost, tuple(flat[a:b] if hist is None else hist), slot))
                     win.by_node.setdefault(src, []).append(eid)
                     win.by_node.setdefault(d, []).append(eid)
                 else:
@@ -1052,18 +1056,19 @@ class _Judge:
                     slowest[leaf] = max(slowest.get(leaf, 0.0), bad_pairs[slot]["p99_seconds"])
         self.known_leaves.update(links)
 
-        def lossy_link(leaf: int, partner: int) -> bool:
-            x = links[leaf][partner]
-            return robust.trimmed(x[5], witnesses.get(leaf, {}).get(partner, []), liars) > 0
+        lossy_links = {(leaf, partner) for leaf, by in witnesses.items() for partner, edges in by.items()
+                       if robust.trimmed(links[leaf][partner][5], edges, liars) > 0}
 
         def fault(leaf: int) -> tuple[float, float, list[int], int, int] | None:
             total, edges, lossy, partners = [0] * 8, [], 0, 0
+            mine = witnesses.get(leaf, {})
             for partner, x in links[leaf].items():
                 if partner not in bad_leaves:
                     partners += 1
-                    lossy += lossy_link(leaf, partner)
                     total = [t + v for t, v in zip(total, x)]
-                    edges += witnesses.get(leaf, {}).get(partner, [])
+                    if x[5]:
+                        lossy += (leaf, partner) in lossy_links
+                        edges += mine.get(partner, ())
             o, ob, n_in, ib, sent, lost = total[:6]
             worst = max(ob / o if o >= min_rep else 0.0, ib / n_in if n_in >= min_rep else 0.0)
             kept = robust.trimmed(lost, edges, liars, 1)
