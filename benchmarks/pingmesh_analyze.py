@@ -5,7 +5,8 @@ mesh inside each leaf and --pairs representative pairs per leaf pair and rail (b
 defaults give about 320 peer entries per node and window, `--rails 8 --pairs 2` the pinglist's 808.
 Summaries are generated lazily, one node at a time, as decoded JSON (or parsed, --input parsed), so
 only analyze() holds the cluster. Faults injected: one dead node, one node with 3% loss, one leaf
-with 20% loss on its uplinks; background loss 1e-4.
+with 20% loss on its uplinks; background loss 1e-4. The analysis runs as the controller's does: with
+the inventory (leaves, rails) and the agents' probe schedule (6 probes of each peer a window).
 Usage: python benchmarks/pingmesh_analyze.py [--nodes 10000] [--windows 5] [--input json|parsed]
 """
 from __future__ import annotations
@@ -21,12 +22,21 @@ from common import ROOT, rss_bytes
 
 sys.path.insert(0, ROOT)
 
+from nodehealth.inventory import Inventory, Node  # noqa: E402
 from nodehealth.pingmesh.analysis import analyze  # noqa: E402
 from nodehealth.pingmesh.stats import BUCKETS_SECONDS, parse_summary  # noqa: E402
 
 WS = 30.0
 T0 = 1_800_000_000.0
 DEAD = 17  # the dead node: reports nothing, answers nothing
+PROBE_INTERVAL = 5.0  # pingmesh.probe_interval_seconds: 6 probes of a peer in a window of 30 s
+
+
+def inventory(names: list[str], leaf: list[int], rails: int) -> Inventory:
+    """The controller's inventory of the cluster: each node's leaf and one address per rail."""
+    return Inventory(tuple(Node(name, f"leaf-{leaf[i]}", addresses=tuple(f"10.{r}.{i // 250}.{i % 250 + 1}"
+                                                                        for r in range(rails)))
+                           for i, name in enumerate(names)), rails)
 
 
 def cluster(nodes: int, leaf_size: int, pairs: int,
@@ -133,7 +143,8 @@ def main() -> None:
     spent = [0.0]
     before = rss_bytes(os.getpid())
     t0 = time.perf_counter()
-    analysis = analyze(timed(items, spent), {}, T0 + (args.windows + 1) * WS)
+    inv = inventory(names, leaf, args.rails)
+    analysis = analyze(timed(items, spent), {}, T0 + (args.windows + 1) * WS, inv, PROBE_INTERVAL)
     elapsed = time.perf_counter() - t0
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     entries = args.windows * sum(2 * (min(args.nodes, (leaf[i] + 1) * args.leaf_size) - leaf[i] * args.leaf_size - 1)

@@ -20,7 +20,7 @@ import sys
 import time
 
 from common import ROOT, rss_bytes
-from pingmesh_analyze import DEAD, T0, WS, cluster, lose, mesh_arguments, peer_entries
+from pingmesh_analyze import DEAD, PROBE_INTERVAL, T0, WS, cluster, inventory, lose, mesh_arguments, peer_entries
 
 sys.path.insert(0, ROOT)
 
@@ -95,7 +95,8 @@ def main() -> None:
     p.add_argument("--cycles", type=int, default=4)
     args = p.parse_args()
     names, leaf, inter = cluster(args.nodes, args.leaf_size, args.pairs, args.rails)
-    analyzer = Analyzer({})
+    analyzer = Analyzer({}, PROBE_INTERVAL)
+    inv = inventory(names, leaf, args.rails)
     kept: dict[str, controller.KeptWindows] = {}
     rss0 = rss_bytes(os.getpid())
     print(f"{args.nodes} nodes, {args.rails} rails, {args.pairs} pairs; RSS {rss0 / 2**20:.0f} MiB before the first "
@@ -109,7 +110,7 @@ def main() -> None:
 
         t0 = time.perf_counter()
         items = answers(names, leaf, inter, args.leaf_size, args.rails, newest, since)
-        analysis = analyzer.run(stream(items, kept, since, now, spent, counts), now)
+        analysis = analyzer.run(stream(items, kept, since, now, spent, counts), now, inv)
         total = time.perf_counter() - t0
         work = total - spent["generate"]
         analyze = work - spent["parse"] - spent["prepare"]

@@ -203,6 +203,8 @@ def check_ranges(cfg: dict[str, Any]) -> None:
     for key in ("min_probes", "min_bad_probes", "open_windows", "close_windows", "min_reporters", "max_windows"):
         if not an[key] >= 1:
             raise ConfigError(f"pingmesh.analysis.{key}: must be at least 1, not {an[key]!r}")
+    if not an["tolerated_liars"] >= 0:
+        raise ConfigError(f"pingmesh.analysis.tolerated_liars: must be at least 0, not {an['tolerated_liars']!r}")
     positive("pingmesh.analysis.p99_factor", an["p99_factor"])
     positive("pingmesh.analysis.p99_floor_seconds", an["p99_floor_seconds"])
     nc = cfg["netcheck"]

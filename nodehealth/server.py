@@ -244,6 +244,8 @@ class BoundedHTTPServer(HTTPServer):
     def _handle(self, sock: socket.socket, client, shared: bool) -> None:
         try:
             self.finish_request(sock, client)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:  # the client left or stalled: no bug of ours
+            log.debug("%s: the answer was not taken (%s)", client[0] if client else "client", e)
         except Exception:
             self.handle_error(sock, client)
         finally:

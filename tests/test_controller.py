@@ -26,6 +26,7 @@ from fake_kube_apiserver import FakeApiServer
 from nodehealth import config, inventory
 from nodehealth.checks.pingmesh import verdict_findings
 from nodehealth.kube import api as kube_api
+from nodehealth.kube import election
 from nodehealth.kube import publisher as kube_publisher
 from nodehealth.kube import taints as kube_taints
 from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
@@ -84,6 +85,7 @@ class Agents:
         self.addresses = {name: f"127.0.0.{i + 2}" for i, name in enumerate(names)}
         self.requests: list[tuple[str, str]] = []
         self.release = threading.Event()  # ends the slow answers at teardown
+        self.hung_up: set[str] = set()  # agents whose dripped head the controller stopped reading
         for _ in range(20):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -146,6 +148,18 @@ class Agents:
                 except OSError:
                     return None
             return None
+        if how in ("drip-status", "drip-headers"):  # the answer's head itself, a byte at a time
+            head = b"HTTP/1.1 200 OK\r\n" if how == "drip-headers" else b""
+            handler.wfile.write(head)
+            try:
+                for _ in range(DRIP_BYTES):  # each byte well within the fetch timeout, the whole far past it
+                    if self.release.wait(0.05):
+                        return None
+                    handler.wfile.write(b"HTTP/1.1 200 OK " if how == "drip-status" else b"X")
+                    handler.wfile.flush()
+            except OSError:  # the controller hung up while the head was still coming: what we want
+                self.hung_up.add(name)
+            return None
         if how == "error":
             return self._send(handler, 500, b"boom")
         if isinstance(how, tuple) and how[0] == "impostor":  # a valid summary for another node's name
@@ -170,6 +184,7 @@ class Agents:
             srv.server_close()
 
 
+DRIP_BYTES = 400  # 20 s of a dripped head: a controller that waits for it all has no deadline
 SHORT = {"lease": 1.0, "renew": 0.2}  # a Lease of 1 s renewed every 0.2 s
 NOW = math.floor(time.time() / W) * W + 0.2 * W  # a little into a window, as the controller runs
 
@@ -276,6 +291,82 @@ def test_one_leads_and_the_other_takes_over_only_after_the_lease_expires(server,
     assert not a.elector.tick() and not a.elector.is_leader()
 
 
+class Clock:
+    """A monotonic clock the test moves: the electors' schedule is judged in its seconds, not the machine's."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def electors(server, tmp_path, *names: str, clock: Clock) -> list[election.LeaderElector]:
+    api = kube_api.ClientApi(server.kubeconfig(str(tmp_path / "kc")))
+    return [election.LeaderElector(lambda: api, "nodehealth", "nodehealth-controller", name, "the controller",
+                                   clock=clock) for name in names]
+
+
+def run_schedule(clock: Clock, schedule: dict, until: float, on_tick) -> None:
+    """Tick each elector at the times its own next_delay() asks for, in time order, until `until`
+    or until on_tick(elector, led) returns True."""
+    while True:
+        elector, at = min(schedule.items(), key=lambda item: item[1])
+        if at > until:
+            return
+        clock.t = at
+        led = elector.tick()
+        if on_tick(elector, led):
+            return
+        if elector in schedule:  # on_tick may have taken it out: it died
+            schedule[elector] = clock.t + elector.next_delay()
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.4, 1.1, 1.9, 2.6, 3.3, 4.5])
+def test_a_standby_takes_over_within_the_handover_time_the_docs_state(server, tmp_path, phase):
+    """However the standby's looks fall against the leader's renewals, it leads at most a Lease plus one
+    look (17 s) after the last renewal, and never before a Lease has passed since it saw that renewal."""
+    clock = Clock()
+    a, b = electors(server, tmp_path, "controller-a", "controller-b", clock=clock)
+    assert election.HANDOVER_SECONDS == b.handover_seconds == 17.0
+    assert a.tick()
+    died = clock.t + 30 + phase * 2.3  # the leader's last renewal is its last tick before this
+    renewals = []
+
+    def on_tick(elector, led):
+        if elector is a:
+            renewals.append(clock.t)
+            if clock.t + a.next_delay() > died:
+                del schedule[a]  # it dies: no more ticks
+            return False
+        return led
+
+    schedule = {a: clock.t + a.next_delay(), b: clock.t + phase}
+    run_schedule(clock, schedule, died + 60, on_tick)
+    assert holder(server) == "controller-b"
+    took, last = clock.t, renewals[-1]
+    assert last + b.lease_seconds <= took <= last + election.HANDOVER_SECONDS
+    assert not a.is_leader()  # it stopped acting before then (a Lease less one renewal after its last)
+    for doc in ("docs/pingmesh.md", "deploy/components/pingmesh/controller.yaml"):  # what operators read
+        with open(os.path.join(os.path.dirname(__file__), "..", doc), encoding="utf-8") as f:
+            text = " ".join(f.read().replace("#", " ").split())
+        assert f"at most {election.HANDOVER_SECONDS:g} s after the leader's last renewal" in text, doc
+
+
+def test_a_lease_claiming_a_huge_duration_stops_no_controller_for_good(server, tmp_path, caplog):
+    """A Lease written by anyone else with leaseDurationSeconds of years is honoured for twice our own."""
+    clock = Clock()
+    server.add_lease("nodehealth", "nodehealth-controller", {})
+    server.edit_lease("nodehealth", "nodehealth-controller", lambda lease: lease["spec"].update(
+        holderIdentity="intruder", leaseDurationSeconds=10 ** 9, renewTime="2030-01-01T00:00:00.000000Z"))
+    (b,) = electors(server, tmp_path, "controller-b", clock=clock)
+    start = clock.t
+    run_schedule(clock, {b: start}, start + 3600, lambda elector, led: led)
+    assert holder(server) == "controller-b"
+    assert clock.t - start <= election.MAX_DURATION_FACTOR * b.lease_seconds + b.retry_seconds
+    assert "far past our 15 s" in caplog.text
+
+
 def test_two_running_controllers_never_lead_at_once(server, make):
     a, b = make("controller-a", **SHORT), make("controller-b", **SHORT)
     a.start()
@@ -364,6 +455,33 @@ def test_the_next_cycle_replaces_the_configmap_even_after_someone_else_changed_i
         # The verdicts: a PUT with the resourceVersion it wrote (a 409: stale), a fresh read, a PUT ...
         ("PUT", verdict_path), ("GET", verdict_path), ("PUT", verdict_path),
         ("GET", inventory_path)]  # ... the inventory: read, the same, left alone
+
+
+def test_a_leader_frozen_between_its_check_and_its_write_never_overwrites_the_new_leaders_verdicts(cluster, make):
+    """The old leader passes its leadership check, freezes (a GC pause, a SIGSTOP) while a standby takes
+    over and writes, and wakes to write: its write meets the new leader's resourceVersion, and it does
+    not read and write again once it no longer leads."""
+    a, b = make("controller-a", **SHORT), make("controller-b", **SHORT)
+    assert a.elector.tick() and a.cycle(NOW)
+    real, calls, frozen = a.elector.is_leader, [], threading.Event()
+
+    def checked_then_frozen() -> bool:
+        calls.append(1)
+        leads = real()
+        if len(calls) == 2:  # the check right before the write: it passes, then the process stands still
+            frozen.set()
+            wait_for(lambda: holder(cluster) == "controller-b" and stored_doc(cluster)["time"] == NOW + 2 * W, 10.0)
+        return leads
+
+    a.elector.is_leader = checked_then_frozen
+    old = threading.Thread(target=a.cycle, args=(NOW + W,))
+    old.start()
+    frozen.wait(5.0)
+    wait_for(lambda: b.elector.tick(), 5.0)  # the Lease ran out while the old leader stood still
+    assert b.cycle(NOW + 2 * W)
+    old.join(10.0)
+    assert not old.is_alive()
+    assert stored_doc(cluster)["time"] == NOW + 2 * W  # the new leader's verdicts stand
 
 
 def test_the_inventory_is_rewritten_only_when_it_changed(cluster, agents, make):
@@ -631,6 +749,27 @@ def test_a_dripping_agent_is_cut_off_at_its_timeout(agents):
     assert time.monotonic() - started < 1.5
 
 
+@pytest.mark.parametrize("how", ["drip-status", "drip-headers"])
+def test_an_agent_dripping_its_status_line_or_headers_is_cut_off_at_its_timeout(agents, how):
+    """The deadline covers the whole answer, its head included: each byte comes in time, the head never does."""
+    agents.behaviour["gpu-01"] = how
+    with pytest.raises(controller.FetchError) as e:
+        controller.fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
+    assert e.value.reason == "timeout"
+    wait_for(lambda: "gpu-01" in agents.hung_up)  # hung up while the agent was still dripping
+
+
+def test_a_cycle_ends_at_its_budget_with_the_dripping_agents_counted(cluster, agents, make, monkeypatch):
+    """Agents that drip their answer's head hold a fetch slot until the budget, never the cycle past it."""
+    monkeypatch.setattr(controller, "FETCH_BUDGET_FRACTION", 1.0 / W)  # 1 s of fetching
+    drippers = {"gpu-01": "drip-status", "gpu-02": "drip-headers", "gpu-05": "drip-headers"}
+    agents.behaviour.update(drippers)
+    c = make(fetch_timeout_seconds=30.0)  # the budget, not the timeout, is what ends them
+    assert c.elector.tick() and c.cycle(NOW)
+    assert stored_doc(cluster)["agents"] == {"reporting": 5, "failed": {"timeout": 3}}
+    wait_for(lambda: agents.hung_up == set(drippers))  # each cut off while it still had most of its head to drip
+
+
 def test_an_agent_that_is_not_there_is_unreachable(agents):
     with pytest.raises(controller.FetchError) as e:
         controller.fetch_summary("127.0.0.1", agents.port, 10, 1.0)  # nothing listens on 127.0.0.1 there
@@ -734,7 +873,7 @@ def test_a_flood_of_verdicts_is_cut_to_what_the_agents_accept_node_verdicts_firs
             return {"schema_version": 1, "time": NOW, "window_seconds": W, "verdicts": many, "nodes": 8, "leaves": 2}
 
     c = make()
-    monkeypatch.setattr(c.analyzer, "run", lambda summaries, now: (list(summaries), Flood())[1])
+    monkeypatch.setattr(c.analyzer, "run", lambda summaries, now, inv=None: (list(summaries), Flood())[1])
     assert c.elector.tick() and c.cycle(NOW)
     text = cluster.configmap("nodehealth", "nodehealth-pingmesh")["data"]["verdicts.json"]
     doc = verdicts.parse_verdicts(text)  # what every agent accepts
@@ -772,6 +911,26 @@ def test_metrics_and_healthz_over_http(cluster, make):
         srv.server_close()
 
 
+def test_a_client_that_hangs_up_early_leaves_no_traceback(cluster, make, capfd, caplog):
+    c = make(controller_listen="127.0.0.1:0")
+    assert c.elector.tick() and c.cycle(NOW)
+    srv = controller.make_server(c, c.pm["controller_listen"])
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for _ in range(20):  # asks, and is gone before the answer: the answer's writes meet a closed socket
+            with socket.create_connection(srv.server_address[:2]) as s:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        wait_for(lambda: srv.slots._value == controller.server.MAX_CONCURRENT_REQUESTS and not srv._active)
+        code, _ = http_get(f"http://127.0.0.1:{srv.server_address[1]}/healthz")
+        assert code == 200  # and it goes on answering
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert "Traceback" not in caplog.text, caplog.text
+
+
 def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, agents, tmp_path):
     """`nodehealth controller` as a process: it leads, writes the ConfigMap, serves /healthz, and on
     SIGTERM gives its Lease up and exits 0."""
@@ -792,10 +951,11 @@ def test_the_process_leads_writes_and_hands_the_lease_over_on_sigterm(cluster, a
         assert holder(cluster) == "controller-7f9c"
         assert http_get(f"http://127.0.0.1:{port}/healthz") == (200, b"ok: leading\n")
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(10) == 0
+        rc = proc.wait(10)
     finally:
         proc.kill()
         output = proc.communicate()[0].decode()
+    assert rc == 0, output
     assert holder(cluster) is None, output  # handed over: a standby needs no expiry to take over
     assert "controller-7f9c leads the pingmesh controller now" in output
 

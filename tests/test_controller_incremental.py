@@ -180,14 +180,19 @@ def ctl(server, mesh, tmp_path):
 
 
 def spy(c: controller.Controller) -> None:
-    """Keep each analysis of the controller's Analyzer in c.runs."""
+    """Keep each analysis of the controller's Analyzer in c.runs, and the inventory it was given in c.inv."""
     run = c.analyzer.run
-    c.analyzer.run = lambda summaries, now: c.runs.append(run(summaries, now)) or c.runs[-1]
+
+    def spied(summaries, now, inv=None):
+        c.inv = inv
+        c.runs.append(run(summaries, now, inv))
+        return c.runs[-1]
+    c.analyzer.run = spied
 
 
-def scratch(mesh: Mesh, now: float, answering) -> pingmesh.Analysis:
+def scratch(mesh: Mesh, now: float, answering, inv: inventory.Inventory | None = None) -> pingmesh.Analysis:
     """analyze() from scratch over what the answering agents serve in full now, in name order."""
-    return pingmesh.analyze([mesh.full(n) for n in sorted(answering)], PINGMESH_DEFAULTS["analysis"], now)
+    return pingmesh.analyze([mesh.full(n) for n in sorted(answering)], PINGMESH_DEFAULTS["analysis"], now, inv)
 
 
 def same(a: pingmesh.Analysis, b: pingmesh.Analysis) -> None:
@@ -201,7 +206,7 @@ def cycle(ctl, mesh: Mesh, answering=NAMES) -> pingmesh.Analysis:
     now = mesh.next_window()
     del mesh.requests[:]
     assert ctl.cycle(now)
-    same(ctl.runs[-1], scratch(mesh, now, answering))
+    same(ctl.runs[-1], scratch(mesh, now, answering, ctl.inv))
     return ctl.runs[-1]
 
 
@@ -250,7 +255,7 @@ def test_a_cycle_without_new_data_judges_nothing_again(ctl, mesh):
     del mesh.requests[:]
     now = mesh.clock.now
     assert ctl.cycle(now)  # the same window again (a retried cycle)
-    same(ctl.runs[-1], scratch(mesh, now, NAMES))
+    same(ctl.runs[-1], scratch(mesh, now, NAMES, ctl.inv))
     assert ctl.analyzer.rebuilt == 0 and ctl.parsed == 0
 
 

@@ -22,6 +22,7 @@ from nodehealth.model import Action, Finding, Report, Severity, Status
 
 DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
 AGENT = "system:serviceaccount:nodehealth:nodehealth"
+CONTROLLER = "system:serviceaccount:nodehealth:nodehealth-controller"
 NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 COMPONENTS = ("monitoring", "grafana-dashboards", "pingmesh", "hang", "hang-exit-codes", "kernel-log-privileged",
               "metrics-network-policy")
@@ -92,23 +93,24 @@ def merged_config(docs: list[dict], tmp_path) -> dict:
 class Policy:
     """The policy's CEL run the way the API server runs it: match conditions, variables, validations."""
 
-    def __init__(self) -> None:
-        spec = next(d for d in load("admission-policy.yaml") if d["kind"] == "ValidatingAdmissionPolicy")["spec"]
+    def __init__(self, name: str = "nodehealth-own-node-only") -> None:
+        spec = next(d for d in load("admission-policy.yaml")
+                    if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name)["spec"]
         env = celpy.Environment()
         self.match = [env.program(env.compile(m["expression"])) for m in spec["matchConditions"]]
         self.variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in spec["variables"]]
         self.validations = [(v.get("message") or env.program(env.compile(v["messageExpression"])),
                              env.program(env.compile(v["expression"]))) for v in spec["validations"]]
 
-    def admit(self, old: dict, new: dict, user: str = AGENT, node_name: str | None = "gpu-1",
-              subresource: str = "") -> str:
+    def admit(self, old: dict | None, new: dict, user: str = AGENT, node_name: str | None = "gpu-1",
+              subresource: str = "", operation: str = "UPDATE") -> str:
         """"not matched", "allowed", or the first failing validation's message."""
         # The API server leaves `extra` out of userInfo when a token carries none (a token that is not
         # node-bound), so the policy must not assume the key exists.
         user_info = {"username": user}
         if node_name is not None:
             user_info["extra"] = {NODE_NAME_EXTRA: [node_name]}
-        request = {"operation": "UPDATE", "subResource": subresource, "name": new["metadata"]["name"],
+        request = {"operation": operation, "subResource": subresource, "name": new["metadata"]["name"],
                    "userInfo": user_info}
         activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(new),
                       "oldObject": celpy.json_to_cel(old)}
@@ -228,6 +230,41 @@ def test_admission_policy_admits_every_write_the_publisher_makes(policy, tmp_pat
             assert policy.admit(old, new, subresource=subresource) == "allowed", (subresource, old, new)
     finally:
         server.close()
+
+
+def lease(name: str, duration: int | None = None) -> dict:
+    spec = {"holderIdentity": "someone"} if duration is None else {"holderIdentity": "x", "leaseDurationSeconds": duration}
+    return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "nodehealth"}, "spec": spec}
+
+
+@pytest.mark.parametrize("case, user, operation, name, duration, want", [
+    ("the agents' breaker Lease", AGENT, "CREATE", "nodehealth-quarantine", None, "allowed"),
+    ("an agent creating the controller's Lease", AGENT, "CREATE", "nodehealth-controller", 10 ** 9,
+     f"{AGENT} may only write the Lease nodehealth-quarantine"),
+    ("an agent creating any other Lease", AGENT, "CREATE", "anything", None,
+     f"{AGENT} may only write the Lease nodehealth-quarantine"),
+    ("the controller's own Lease", CONTROLLER, "CREATE", "nodehealth-controller", 15, "allowed"),
+    ("the controller giving its Lease up", CONTROLLER, "UPDATE", "nodehealth-controller", 1, "allowed"),
+    ("the controller creating the agents' Lease", CONTROLLER, "CREATE", "nodehealth-quarantine", None,
+     f"{CONTROLLER} may only write the Lease nodehealth-controller"),
+    ("the controller's Lease for years", CONTROLLER, "UPDATE", "nodehealth-controller", 10 ** 9,
+     "a nodehealth Lease lasts at most 60 s"),
+    ("another user", "system:serviceaccount:kube-system:x", "CREATE", "nodehealth-controller", 10 ** 9,
+     "not matched"),
+])
+def test_each_service_account_may_write_only_its_own_lease(case, user, operation, name, duration, want):
+    """RBAC lets each create any Lease in the namespace; the policy pins it to its own, of bounded duration."""
+    new = lease(name, duration)
+    old = None if operation == "CREATE" else lease(name, 15)
+    assert Policy("nodehealth-own-lease-only").admit(old, new, user=user, node_name=None,
+                                                     operation=operation) == want, case
+
+
+def test_the_lease_policy_names_the_leases_the_code_writes():
+    text = " ".join(d["spec"]["variables"][0]["expression"] for d in load("admission-policy.yaml")
+                    if d["metadata"]["name"] == "nodehealth-own-lease-only" and d["kind"] == "ValidatingAdmissionPolicy")
+    assert f"'{KUBE_DEFAULTS['breaker_name']}'" in text and f"'{PINGMESH['controller_lease']}'" in text
 
 
 # -- the kustomize base and its components, built by kustomize ---------------------------------------
@@ -437,7 +474,6 @@ def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_port():
 
 PINGMESH = config.defaults()["pingmesh"]
 PINGMESH_CONFIGMAPS = (PINGMESH["configmap"], PINGMESH["inventory_configmap"])  # verdicts, inventory
-CONTROLLER = "system:serviceaccount:nodehealth:nodehealth-controller"
 
 
 def rules(role: dict) -> set[tuple]:
@@ -497,7 +533,7 @@ def test_the_controller_may_write_only_its_lease_and_its_configmaps():
     }
     assert pod_spec(docs, "Deployment")["serviceAccountName"] == "nodehealth-controller"
     # The admission policy stays about the agent alone, exactly as strict as before.
-    policy = of_kind("ValidatingAdmissionPolicy", docs=docs)["spec"]
+    policy = of_kind("ValidatingAdmissionPolicy", "nodehealth-own-node-only", docs=docs)["spec"]
     assert [m["expression"] for m in policy["matchConditions"]] == [
         "request.userInfo.username == 'system:serviceaccount:nodehealth:nodehealth'"]
 

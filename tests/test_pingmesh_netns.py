@@ -16,6 +16,7 @@ import time
 import pytest
 from conftest import require_netns, unavailable
 
+from nodehealth import inventory
 from nodehealth.pingmesh.analysis import analyze
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 
@@ -51,10 +52,13 @@ def mesh(tmp_path_factory):
         topo.close()
 
 
-def watch(mesh: Mesh, expect=None, windows: int = MAX_WINDOWS_TO_DETECT):
-    """Analyse the windows that start after now, once per window, until `expect(verdicts)` holds
-    or `windows` windows have closed; returns the last analysis."""
+def watch(mesh: Mesh, expect=None, windows: int = MAX_WINDOWS_TO_DETECT, lied: list | None = None):
+    """Analyse the windows that start after now, once per window, as the controller does (the inventory,
+    the agents' probe schedule), until `expect(verdicts)` holds or `windows` windows have closed; returns
+    the last analysis. With `lied`, each window is analysed once more with LIAR's summary replaced by
+    lies, and that analysis appended to it."""
     first = math.ceil(time.time() / WINDOW) * WINDOW
+    inv = inventory.load_file(mesh.inventory)
     result = None
     for n in range(1, windows + 1):
         close = first + n * WINDOW + PINGMESH["timeout_seconds"] + 0.3
@@ -62,10 +66,27 @@ def watch(mesh: Mesh, expect=None, windows: int = MAX_WINDOWS_TO_DETECT):
         summaries = mesh.summaries()
         for s in summaries:
             s["windows"] = [w for w in s["windows"] if w["start"] >= first]
-        result = analyze(summaries, ANALYSIS, time.time())
+        now = time.time()
+        result = analyze(summaries, ANALYSIS, now, inv, PINGMESH["probe_interval_seconds"])
+        if lied is not None:
+            lied.append(analyze([lies(s, mesh) if s["node"] == LIAR else s for s in summaries], ANALYSIS, now, inv,
+                                PINGMESH["probe_interval_seconds"]))
         if expect is not None and expect(result.verdicts):
             return result
     return result
+
+
+LIAR = "n001"
+
+
+def lies(summary: dict, mesh: Mesh) -> dict:
+    """What a compromised agent says: every probe of every other node, its leaf-mates and the other
+    leaves alike, lost, a million times a window (with each one's true leaf, as a careful liar would)."""
+    others = [n for n in mesh.topo.nodes if n.name != LIAR]
+    for w in summary["windows"]:
+        w["peers"] = [{"node": n.name, "leaf": mesh.topo.leaf_name(n.leaf), "rail": 0, "probe": "tcp",
+                       "sent": 1_000_000, "lost": 1_000_000, "counts": []} for n in others]
+    return summary
 
 
 def named(verdicts, kind=None):
@@ -100,10 +121,18 @@ def test_every_agent_probes_its_pinglist(mesh):
         assert all(p["lost"] == 0 for p in closed[-1]["peers"]), s["node"]
 
 
-def test_a_clean_mesh_names_nothing_for_many_windows(mesh):
-    result = watch(mesh, windows=10)
+def test_a_clean_mesh_names_nothing_for_many_windows_and_one_lying_agent_frames_no_one(mesh):
+    lied: list = []
+    result = watch(mesh, windows=10, lied=lied)
     assert result.windows_seen >= 8
     assert result.verdicts == [], [v.message for v in result.verdicts]
+    # The same windows with one agent's summary made of lies: nothing is named but that agent itself,
+    # which is doubted (an inconclusive verdict: no taint).
+    assert len(lied) == 10 and lied[-1].windows_seen >= 8
+    for a in lied:
+        assert {(v.kind, v.element) for v in a.verdicts} <= {("inconclusive", f"{LIAR}|leaf0")}, \
+            [v.message for v in a.verdicts]
+    assert ("inconclusive", f"{LIAR}|leaf0") in {(v.kind, v.element) for v in lied[-1].verdicts}
 
 
 def test_the_cli_analyses_live_agents(mesh):
@@ -136,6 +165,16 @@ def test_loss_on_a_leaf_uplink_names_the_leaf(mesh, fault):
     fault.leaf_uplink_loss(1, 25)
     result = watch(mesh, lambda vs: ("leaf", "leaf1") in named(vs), windows=8)
     assert named(result.verdicts) == {("leaf", "leaf1")}, [v.message for v in result.verdicts]
+
+
+def test_ten_percent_loss_on_a_leaf_uplink_names_the_leaf(mesh, fault):
+    """With 3 leaves, 4 of the 6 leaf pairs touch the faulty leaf, and TCP recovers most of what is
+    dropped by sending the SYN again: that is loss all the same, and the leaf's."""
+    fault.leaf_uplink_loss(1, 10)
+    result = watch(mesh, lambda vs: ("leaf", "leaf1") in named(vs))
+    assert named(result.verdicts) == {("leaf", "leaf1")}, [v.message for v in result.verdicts]
+    v = result.verdicts[0]
+    assert "loses" in v.message and v.evidence["retransmitted"] > 0, v.message
 
 
 def test_a_leaf_cut_off_from_the_spine_names_the_leaf(mesh, fault):

@@ -1,7 +1,11 @@
 """Leader election over a Lease, as kube-controller-manager does it: one replica of a Deployment acts.
 
 A 15 s Lease renewed every 5 s; a leader that could not renew for 10 s (the Lease less one renewal)
-stops acting before anyone may take over.
+stops acting before anyone may take over. A standby looks every 2 s and once more just when the
+Lease runs out, so it takes over at most HANDOVER_SECONDS (17 s) after the leader's last renewal: a
+Lease's duration from the moment it saw that renewal, which is at most one look after it was made.
+A Lease that claims a far longer duration (written by anyone but us) is honoured for at most
+MAX_DURATION_FACTOR of our own, so that it cannot stop every leader for good.
 """
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ log = logging.getLogger("nodehealth.kube")
 
 LEASE_SECONDS = 15.0
 RENEW_SECONDS = 5.0
+RETRY_SECONDS = 2.0  # a standby's look at the Lease (client-go's retry period); a leader's after a failed renewal
+HANDOVER_SECONDS = LEASE_SECONDS + RETRY_SECONDS  # the most a standby waits after the leader's last renewal
+MAX_DURATION_FACTOR = 2.0
 
 
 class LeaderElector:
@@ -27,38 +34,64 @@ class LeaderElector:
     """
 
     def __init__(self, api: Callable[[], KubeApi], namespace: str, name: str, identity: str, role: str,
-                 lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS):
+                 lease_seconds: float = LEASE_SECONDS, renew_seconds: float = RENEW_SECONDS,
+                 retry_seconds: float | None = None, clock: Callable[[], float] = time.monotonic):
         self.api, self.namespace, self.name, self.identity = api, namespace, name, identity
         self.role = role  # what the leader is, for the log: "the pingmesh controller"
         self.lease_seconds, self.renew_seconds = lease_seconds, renew_seconds
+        self.retry_seconds = min(RETRY_SECONDS, renew_seconds) if retry_seconds is None else retry_seconds
+        self.clock = clock
         self._record: tuple[Any, ...] | None = None
         self._seen_at = 0.0
+        self._expires_at = -math.inf  # another holder's Lease, as judged from here
         self._valid_until = -math.inf
+        self._renewed = False  # the last tick renewed our Lease
         self.holder = ""  # as last read, for the log
 
+    @property
+    def handover_seconds(self) -> float:
+        """The most a standby waits after the leader's last renewal: a Lease, plus one look."""
+        return self.lease_seconds + self.retry_seconds
+
     def is_leader(self) -> bool:
-        return time.monotonic() < self._valid_until
+        return self.clock() < self._valid_until
+
+    def next_delay(self) -> float:
+        """Seconds until the next tick: a leader that renewed renews every renew_seconds; anyone else
+        looks every retry_seconds, and once more just when the holder's Lease runs out."""
+        if self._renewed and self.is_leader():
+            return self.renew_seconds
+        left = self._expires_at - self.clock()
+        return left if 0 < left < self.retry_seconds else self.retry_seconds
 
     def tick(self) -> bool:
         """One try to acquire or renew the Lease; whether this replica leads. Raises KubeError
         (then a leader stays one until its renewal deadline passes)."""
+        self._renewed = False
         api = self.api()
-        started = time.monotonic()
+        started = self.clock()
         lease = api.get_lease(self.namespace, self.name)
         if lease is None:
             return self._write(api, None, started)
         spec = lease.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
-        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"))
+        record = (holder, spec.get("renewTime"), spec.get("acquireTime"), spec.get("leaseTransitions"),
+                  spec.get("leaseDurationSeconds"))
         if record != self._record:
             self._record, self._seen_at = record, started
         duration = spec.get("leaseDurationSeconds")
         if isinstance(duration, bool) or not isinstance(duration, (int, float)) or duration <= 0:
             duration = self.lease_seconds
+        if duration > MAX_DURATION_FACTOR * self.lease_seconds:
+            if self._seen_at == started:
+                log.warning("Lease %s/%s claims %s s, far past our %g s: honoured for %g s only", self.namespace,
+                            self.name, duration, self.lease_seconds, MAX_DURATION_FACTOR * self.lease_seconds)
+            duration = MAX_DURATION_FACTOR * self.lease_seconds
         if holder and holder != self.identity and started - self._seen_at < duration:
             if self.holder != holder:
                 log.info("%s %s leads; %s stands by", self.role, holder, self.identity)
             self.holder = holder
+            self._expires_at = self._seen_at + duration
             self._valid_until = -math.inf
             return False
         return self._write(api, lease, started)
@@ -88,6 +121,8 @@ class LeaderElector:
                      self.namespace, self.name, self.holder or "nobody")
         self.holder = self.identity
         self._valid_until = started + self.lease_seconds - self.renew_seconds
+        self._expires_at = -math.inf
+        self._renewed = True
         return True
 
     def release(self) -> None:

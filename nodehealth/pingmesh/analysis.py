@@ -5,8 +5,13 @@ the packed per-window arrays; split, each part would reach into the others' layo
 
 Pure: agents' summaries (stats.Summary or the decoded JSON of `/v1/pingmesh`) in, an Analysis out.
 Evidence is the TCP probes (answered by the peer's kernel); a peer's Pings count only without them.
-Windows of all agents are aligned by their start; only closed ones count. Each window is judged on
-its own, in three steps, each explaining away what the one before could not:
+A probe answered only after a retransmitted SYN is a lost packet that TCP recovered: it counts as
+lost. Every summary is its agent's word (docs/threat-model.md): leaves, members and rails are the
+inventory's; each edge weighs at most what the probe schedule can send; before an aggregate is
+judged, no reporter counts more than the next one after `tolerated_liars` (robust.py), so that one
+agent alone names nothing. Windows of all agents are aligned by their start; only closed ones
+count. Each window is judged on its own, in three steps, each explaining away what the one before
+could not:
 
 1. Inside each leaf (its full mesh): a node is suspect when its probes with its leaf-mates lose
    (pooled, so that 1% loss on one link stands out over a few hundred peers, and beyond what the
@@ -16,13 +21,15 @@ its own, in three steps, each explaining away what the one before could not:
    answers (almost) none of its probers is suspect too, even when its own agent reports nothing.
    When most of a leaf is suspect, the leaf is at fault; otherwise a suspect is a node verdict if
    enough healthy leaf-mates and reporters back it, else inconclusive (a two-node leaf cannot tell
-   a node from its leaf).
+   a node from its leaf). A reporter whose loss its peers' own probes contradict is doubted: an
+   inconclusive verdict about it, none about them.
 2. Between leaves (R-Pingmesh's fold): every probe between two leaves adds to the directed
    leaf->leaf edge (loss = lost / sent, one merged histogram for p99), minus the lossy or slow edges
    of step 1's suspects. A leaf whose bad fraction of edges out or in reaches `leaf_fraction`, or
    whose loss pooled over all its edges is over `loss_fraction` and spread over most partner leaves,
    is at fault (its uplinks, or the leaf cut off), worst first, each one taken off its partners'
-   counts; a bad edge between two otherwise fine leaves is a path.
+   counts; a bad edge between two otherwise fine leaves is a path. The latency baseline is the
+   typical leaf's typical pair: a slow leaf touches most pairs where leaves are few.
 3. Hysteresis over windows: a verdict opens after `open_windows` consecutive bad windows and closes
    after `close_windows` good ones; windows without data about an element neither open nor close
    it. The agents keep ~20 windows, so each run sees enough history: verdicts carry no state from run to run.
@@ -47,7 +54,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from nodehealth.pingmesh import stats
+from nodehealth import inventory
+from nodehealth.pingmesh import robust, stats
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 from nodehealth.pingmesh.stats import BUCKETS_SECONDS, MAX_WINDOWS, Summary, SummaryError, parse_summary, quantile
 
@@ -61,6 +69,7 @@ MAX_SENT = 1_000_000  # probes of one peer entry in one window: more is not an a
 MAX_REJECTED = 1000  # reasons listed; the rest are counted
 CLOCK_SKEW_SECONDS = 2.0  # a window that ends later than now by more than this is not closed yet
 MAX_LEAF_NAME = 63  # a Kubernetes label value, which is where leaves come from
+RAILS_UNKNOWN = 127  # a node's rails without an inventory: each edge is capped by the rails its reporter lists
 
 KINDS = ("leaf", "node", "path", "inconclusive")
 NB = len(BUCKETS_SECONDS)  # bucket NB is the overflow bucket
@@ -68,8 +77,10 @@ NB1 = NB + 1  # buckets in a histogram
 NONE = NB1  # p99 slot of an edge with no answered probe
 NB2 = NB1 + 1
 _LEAF_KEY = 1 << 17  # leaf pair key = source leaf * _LEAF_KEY + target leaf (leaves < MAX_NODES < 2**17)
+# "lost" counts every probe that lost a packet: unanswered, or answered only after a SYN retransmission.
 _NODE_COLUMNS = ("reported", "in_sent", "in_lost", "in_edges", "in_dead",
-                 "intra_sent", "intra_lost", "intra_edges", "intra_lossy", "inter_sent", "inter_lost")
+                 "intra_sent", "intra_lost", "intra_retrans", "intra_edges", "intra_lossy", "inter_sent", "inter_lost",
+                 "own_sent")
 
 
 @dataclass
@@ -105,13 +116,19 @@ class Analysis:
                 "verdicts": [v.to_dict() for v in self.verdicts], "nodes": self.nodes, "leaves": self.leaves}
 
 
-def analyze(summaries: Iterable[Any], cfg: dict[str, Any] | None = None, now: float | None = None) -> Analysis:
+def analyze(summaries: Iterable[Any], cfg: dict[str, Any] | None = None, now: float | None = None,
+            inv: inventory.Inventory | None = None, probe_interval: float | None = None) -> Analysis:
     """Localize faults in the agents' summaries (stats.Summary, Prepared or decoded JSON, mixed).
 
     `cfg` is config `pingmesh.analysis` (missing keys take the defaults); `now` (default: the
-    clock) is the time of the analysis: windows that end after it are not closed yet.
+    clock) is the time of the analysis: windows that end after it are not closed yet. `inv`, the
+    inventory, says who is in the mesh, in which leaf, on how many rails: summaries from nodes it
+    does not list are rejected and probes of them ignored. Without it, each node's leaf is what its
+    own summary (or the first to name it) says. `probe_interval` is the agents'
+    pingmesh.probe_interval_seconds: no reporter weighs more than that schedule can send.
     """
-    return _Mesh(_settings(cfg), eager=True).run(summaries, time.time() if now is None else float(now))
+    mesh = _Mesh(_settings(cfg), True, _interval(probe_interval))
+    return mesh.run(summaries, time.time() if now is None else float(now), inv)
 
 
 class Analyzer:
@@ -124,16 +141,23 @@ class Analyzer:
     twice the nodes in use plus 1,000.
     """
 
-    def __init__(self, cfg: dict[str, Any] | None = None) -> None:
-        self._mesh = _Mesh(_settings(cfg), eager=False)
+    def __init__(self, cfg: dict[str, Any] | None = None, probe_interval: float | None = None) -> None:
+        self._mesh = _Mesh(_settings(cfg), False, _interval(probe_interval))
 
-    def run(self, summaries: Iterable[Any], now: float) -> Analysis:
-        return self._mesh.run(summaries, float(now))
+    def run(self, summaries: Iterable[Any], now: float, inv: inventory.Inventory | None = None) -> Analysis:
+        return self._mesh.run(summaries, float(now), inv)
 
     @property
     def rebuilt(self) -> int:
         """Windows added up and judged by the last run (the rest kept their judgement)."""
         return self._mesh.rebuilt
+
+
+def _interval(probe_interval: float | None) -> float:
+    value = PINGMESH_DEFAULTS["probe_interval_seconds"] if probe_interval is None else float(probe_interval)
+    if not value > 0:
+        raise ValueError(f"probe_interval must be positive, not {probe_interval!r}")
+    return value
 
 
 def _settings(cfg: dict[str, Any] | None) -> dict[str, Any]:
@@ -150,9 +174,13 @@ _folded_ids = itertools.count()
 class Folded:
     """One agent's window as the analysis adds it up: one edge per peer node (its TCP probes over all
     rails, its Pings only where it has none; see _Mesh._add_window), with each edge's top and p99
-    bucket worked out. Compact, about 30 bytes an edge: the controller keeps ~5 per agent between runs."""
+    bucket worked out. Compact, about 30 bytes an edge: the controller keeps ~5 per agent between runs.
 
-    __slots__ = ("id", "names", "leaves", "sent", "lost", "top", "p99", "offsets", "flat")
+    A TCP probe answered only after a SYN retransmission is a lost packet that TCP recovered: it is
+    counted in `retrans` (the analysis counts it as lost) and taken off the histogram, from its
+    slowest buckets, since its time is the kernel's retransmission timer (1 s), not the path's."""
+
+    __slots__ = ("id", "names", "leaves", "sent", "lost", "retrans", "rails", "top", "p99", "offsets", "flat")
 
     def __init__(self, peers: list[stats.PeerStats]) -> None:
         edges: dict[str, list] = {}
@@ -162,10 +190,12 @@ class Folded:
                 continue
             e = edges.get(p.node)
             if e is None:
-                edges[p.node] = [p.sent, p.lost, p.counts, p.leaf, False]
+                edges[p.node] = [p.sent, p.lost, p.counts, p.leaf, False, p.retrans, 1]
             else:
                 e[0] += p.sent
                 e[1] += p.lost
+                e[5] += p.retrans
+                e[6] += 1
                 if not e[4]:  # the first entry's dict belongs to the caller: copy before adding to it
                     e[2], e[4] = dict(e[2]), True
                 for i, n in p.counts.items():
@@ -173,13 +203,18 @@ class Folded:
         self.id = next(_folded_ids)  # what a kept judgement is keyed by
         self.names = tuple(sys.intern(name) for name in edges)  # one string per name, however many windows
         self.leaves = tuple(sys.intern(e[3]) for e in edges.values())
-        sent, lost, top, p99, offsets, flat = [], [], [], [], [0], []
-        for n_sent, n_lost, counts, _, _ in edges.values():
+        sent, lost, retrans, rails, top, p99, offsets, flat = [], [], [], [], [], [], [0], []
+        for n_sent, n_lost, counts, _, _, n_retrans, n_rails in edges.values():
+            if n_retrans:
+                n_retrans = min(n_retrans, n_sent - n_lost)  # a summary's word: no more than were answered
+                counts = robust.without_slowest(counts, n_retrans)
             sent.append(n_sent)
             lost.append(n_lost)
+            retrans.append(n_retrans)
+            rails.append(n_rails if n_rails < 127 else 127)
             t = max(counts) if counts else -1
             top.append(t)
-            answered = n_sent - n_lost
+            answered = n_sent - n_lost - n_retrans
             if answered == 0:
                 p99.append(NONE)
             elif answered < 100:  # the p99 of fewer than 100 probes is the slowest one
@@ -191,6 +226,7 @@ class Folded:
                 flat.append(n)
             offsets.append(len(flat))
         self.sent, self.lost, self.offsets, self.flat = _packed(sent), _packed(lost), _packed(offsets), _packed(flat)
+        self.retrans, self.rails = _packed(retrans), array("b", rails)  # rails: the entries folded into the edge
         self.top, self.p99 = array("b", top), array("b", p99)  # bucket indices (-1: no answer; NONE: no p99)
         # edge j's histogram: flat[offsets[j]:offsets[j + 1]], bucket, count, bucket, count, ...
 
@@ -204,7 +240,7 @@ class Folded:
 
 def _packed(values: list[int]) -> array:
     """An exact-size array of 4-byte integers where they fit (counts of probes do), else 8-byte ones."""
-    return array("i" if all(-(1 << 31) <= v < 1 << 31 for v in values) else "q", values)
+    return array("i" if -(1 << 31) <= min(values, default=0) and max(values, default=0) < 1 << 31 else "q", values)
 
 
 @dataclass
@@ -252,21 +288,24 @@ def prepare(s: Summary, now: float) -> Prepared:
 class _Window:
     """One window of one window size: counters per node and per leaf pair, and the anomalous edges."""
 
-    def __init__(self, start: float) -> None:
+    def __init__(self, start: float, per_rail: int) -> None:
         self.start = start
+        self.per_rail = per_rail  # the most probes of one peer, rail and kind a window can hold: each edge's cap
         self.n = 0  # node slots allocated
         self.col = {name: array("q") for name in _NODE_COLUMNS}
         self.p99 = array("q")  # per node NB2 slots: how many of its intra-leaf edges have their p99 there
         self.cluster = [0] * NB2  # the same over all intra-leaf edges: the baseline
         self.lp: dict[int, int] = {}  # leaf pair key -> slot
         self.lp_key: list[int] = []
-        self.lp_sent, self.lp_lost = array("q"), array("q")
+        self.lp_sent, self.lp_lost, self.lp_retrans = array("q"), array("q"), array("q")
         self.lp_reporters = array("q")  # agents reporting on the leaf pair
         self.lp_hist = array("q")  # NB1 per slot
         self.anomalous: list[tuple[int, int, int, int, tuple[int, ...], int]] = []  # src, dst, sent, lost, counts, slot
         self.by_node: dict[int, list[int]] = {}
         self.overflow = False  # more than MAX_ANOMALOUS_EDGES
         self.ignored = 0  # peer entries naming nodes past MAX_NODES
+        self.strangers = 0  # peer entries naming nodes the inventory does not list
+        self.capped = 0  # peer entries claiming more probes than the schedule allows, scaled down
 
     def grow(self, n: int) -> None:
         if n <= self.n:
@@ -283,8 +322,9 @@ class _Group:
     """The windows of the summaries that share one window size, newest `max_windows` kept: a _Window
     each (analyze() adds up as the summaries come), or its contributions (src, Folded) (Analyzer)."""
 
-    def __init__(self, window_seconds: float, keep: int, eager: bool) -> None:
+    def __init__(self, window_seconds: float, keep: int, eager: bool, per_rail: int) -> None:
         self.window_seconds = window_seconds
+        self.per_rail = per_rail
         self.keep = keep
         self.eager = eager
         self.windows: dict[float, Any] = {}
@@ -299,14 +339,16 @@ class _Group:
             if start < oldest:
                 return None
             del self.windows[oldest]
-        w = self.windows[start] = _Window(start) if self.eager else []
+        w = self.windows[start] = _Window(start, self.per_rail) if self.eager else []
         return w
 
 
 class _Mesh:
-    def __init__(self, cfg: dict[str, Any], eager: bool) -> None:
+    def __init__(self, cfg: dict[str, Any], eager: bool, probe_interval: float) -> None:
         self.cfg = cfg
         self.eager = eager
+        self.probe_interval = probe_interval
+        self.inventory: dict[str, tuple[str, int]] | None = None  # name -> (leaf, rails), when given
         self.keep = max(1, min(int(cfg["max_windows"]), MAX_WINDOWS))
         self.slow = next((i for i, b in enumerate(BUCKETS_SECONDS) if b > float(cfg["p99_floor_seconds"])), NB)
         self.in_use = 0  # nodes known to the last run
@@ -318,14 +360,20 @@ class _Mesh:
         self.node_index: dict[str, int] = {}
         self.names: list[str] = []
         self.leaf_of: list[int] = []
+        self.rails_of: list[int] = []  # rails with an address in the inventory; RAILS_UNKNOWN without one
         self.leaf_index: dict[str, int] = {"": 0}  # leaf 0 is "unknown": nothing is blamed on it
         self.leaves: list[str] = [""]
         self.judged: dict[tuple[float, float], tuple[frozenset[int], _Judge]] = {}  # (ws, start) -> ids, judgement
 
-    def run(self, summaries: Iterable[Any], now: float) -> Analysis:
+    def run(self, summaries: Iterable[Any], now: float, inv: inventory.Inventory | None = None) -> Analysis:
         self.now = now
-        if len(self.names) > 2 * self.in_use + 1000:
-            self._forget()
+        known = None if inv is None else {n.name: (n.leaf, max(1, sum(1 for a in n.addresses if a)))
+                                          for n in inv.nodes}
+        if (len(self.names) > 2 * self.in_use + 1000 or (known is None) != (self.inventory is None)
+                or (known is not None and any(known.get(name, (None,))[0] != self.leaves[leaf]
+                                              for name, leaf in zip(self.names, self.leaf_of)))):
+            self._forget()  # the names, or where they are, changed: judged again from scratch
+        self.inventory = known
         self.groups: dict[float, _Group] = {}
         self.reporting: set[str] = set()  # nodes whose summary was taken
         self.rejected: list[tuple[str, str]] = []
@@ -370,6 +418,8 @@ class _Mesh:
         return obj
 
     def _check(self, s: Prepared) -> None:
+        if self.inventory is not None and s.node not in self.inventory:
+            raise SummaryError(f"node {s.node} is not in the inventory")
         if tuple(s.buckets) != BUCKETS_SECONDS:
             raise SummaryError("buckets_seconds differ from this version's: histograms would not merge")
         if s.node in self.reporting:
@@ -395,14 +445,22 @@ class _Mesh:
         self.reporting.add(s.node)
 
     def _node(self, name: str, leaf: str) -> int:
+        """The index of node `name`, or -1 (past MAX_NODES, or not in the inventory). Its leaf is the
+        inventory's; without an inventory, `leaf` (what the first summary to name it says)."""
         i = self.node_index.get(name)
         if i is not None:
             return i
+        rails = RAILS_UNKNOWN
+        if self.inventory is not None:
+            if name not in self.inventory:
+                return -1
+            leaf, rails = self.inventory[name]
         if len(self.names) >= MAX_NODES:
             return -1
         i = self.node_index[name] = len(self.names)
         self.names.append(name)
         self.leaf_of.append(self._leaf(leaf))
+        self.rails_of.append(rails)
         return i
 
     def _leaf(self, name: str) -> int:
@@ -421,12 +479,14 @@ class _Mesh:
         ws = s.window_seconds
         group = self.groups.get(ws)
         if group is None:
-            group = self.groups[ws] = _Group(ws, self.keep, self.eager)
+            # A peer's probes in one window: one per interval, one more for where the window cuts the
+            # schedule, one more for a pinglist change that restarts it.
+            group = self.groups[ws] = _Group(ws, self.keep, self.eager, math.ceil(ws / self.probe_interval) + 2)
         src = self._node(s.node, s.leaf)
         if src < 0:
             raise SummaryError(f"more than {MAX_NODES} node names")
-        leaf = self._leaf(s.leaf)  # the agent knows its own leaf best
-        if self.leaf_of[src] != leaf:
+        leaf = self._leaf(s.leaf)  # without an inventory, the agent's word for its own leaf
+        if self.inventory is None and self.leaf_of[src] != leaf:
             self.leaf_of[src] = leaf
             self.judged = {}  # judged with its old leaf
         group.summaries.append(s.node)
@@ -446,42 +506,55 @@ class _Mesh:
 
         A peer's Pings count only where it has no TCP probes (Folded): the kernel answers a SYN whatever
         the load, while a Ping waits for the peer's agent, which a CPU-bound training job can starve; a
-        slow or silent agent is not a network fault (the agents' own metrics show it)."""
-        node_index, leaf_index = self.node_index, self.leaf_index
+        slow or silent agent is not a network fault (the agents' own metrics show it). Each edge weighs
+        at most what the probe schedule can have sent on the rails both ends have (the inventory's), so
+        that no reporter outweighs the others; a peer's leaf is the inventory's (or its own summary's),
+        never the reporter's word."""
+        node_index, leaf_of, rails_of = self.node_index, self.leaf_of, self.rails_of
         for name, leaf in zip(f.names, f.leaves):  # new names first, so that the arrays are grown once
             if name not in node_index and self._node(name, leaf) < 0:
-                win.ignored += 1
+                if self.inventory is not None and name not in self.inventory:
+                    win.strangers += 1
+                else:
+                    win.ignored += 1
         win.grow(len(self.names))
         col = win.col
         in_sent, in_lost, in_edges, in_dead = col["in_sent"], col["in_lost"], col["in_edges"], col["in_dead"]
         i_sent, i_lost, i_edges, i_lossy = col["intra_sent"], col["intra_lost"], col["intra_edges"], col["intra_lossy"]
-        x_sent, x_lost = col["inter_sent"], col["inter_lost"]
+        i_retrans, x_sent, x_lost = col["intra_retrans"], col["inter_sent"], col["inter_lost"]
         p99, cluster, lp, lp_sent, lp_lost = win.p99, win.cluster, win.lp, win.lp_sent, win.lp_lost
-        lp_hist, flat = win.lp_hist, f.flat
-        sl, slow = self.leaf_of[src], self.slow
+        lp_hist, lp_retrans, flat = win.lp_hist, win.lp_retrans, f.flat
+        sl, slow, per_rail, my_rails = leaf_of[src], self.slow, win.per_rail, rails_of[src]
         # This agent's own totals add up here and go into the arrays once.
-        my_isent = my_ilost = my_iedges = my_ilossy = my_xsent = my_xlost = 0
+        my_isent = my_ilost = my_iretrans = my_iedges = my_ilossy = my_xsent = my_xlost = 0
         my_p99 = [0] * NB2
         touched = set()
-        for name, leaf, sent, lost, top, k, a, b in zip(f.names, f.leaves, f.sent, f.lost, f.top, f.p99, f.offsets,
-                                                         f.offsets[1:]):
+        for name, sent, lost, retrans, rails, top, k, a, b in zip(f.names, f.sent, f.lost, f.retrans, f.rails, f.top,
+                                                                  f.p99, f.offsets, f.offsets[1:]):
             d = node_index.get(name, src)
             if d == src:
                 continue
-            dl = leaf_index.get(leaf)
-            if dl is None:
-                dl = self._leaf(leaf)
+            hist = None  # the edge's histogram is flat[a:b], unless scaled down
+            if sent > per_rail and sent > per_rail * min(rails, my_rails, rails_of[d]):
+                sent, lost, retrans, hist = robust.scaled(per_rail * min(rails, my_rails, rails_of[d]), sent, lost,
+                                                          retrans, flat[a:b])
+                win.capped += 1
+            dead = lost == sent
+            lost += retrans
+            dl = leaf_of[d]
             in_sent[d] += sent
             in_lost[d] += lost
             in_edges[d] += 1
-            if lost == sent:
+            if dead:
                 in_dead[d] += 1
             if dl == sl:
                 my_isent += sent
                 my_ilost += lost
+                my_iretrans += retrans
                 my_iedges += 1
                 i_sent[d] += sent
                 i_lost[d] += lost
+                i_retrans[d] += retrans
                 i_edges[d] += 1
                 if lost:
                     my_ilossy += 1
@@ -502,18 +575,24 @@ class _Mesh:
                     win.lp_key.append(key)
                     lp_sent.append(0)
                     lp_lost.append(0)
+                    lp_retrans.append(0)
                     win.lp_reporters.append(0)
                     lp_hist.frombytes(bytes(8 * NB1))
                 lp_sent[slot] += sent
                 lp_lost[slot] += lost
+                lp_retrans[slot] += retrans
                 base = slot * NB1
-                for x in range(a, b, 2):
-                    lp_hist[base + flat[x]] += flat[x + 1]
+                if hist is None:
+                    for x in range(a, b, 2):
+                        lp_hist[base + flat[x]] += flat[x + 1]
+                else:
+                    for x in range(0, len(hist), 2):
+                        lp_hist[base + hist[x]] += hist[x + 1]
                 touched.add(slot)
             if lost or top >= slow:
                 if len(win.anomalous) < MAX_ANOMALOUS_EDGES:
                     eid = len(win.anomalous)
-                    win.anomalous.append((src, d, sent, lost, tuple(flat[a:b]), slot))
+                    win.anomalous.append((src, d, sent, lost, tuple(flat[a:b] if hist is None else hist), slot))
                     win.by_node.setdefault(src, []).append(eid)
                     win.by_node.setdefault(d, []).append(eid)
                 else:
@@ -521,8 +600,9 @@ class _Mesh:
         for slot in touched:
             win.lp_reporters[slot] += 1
         col["reported"][src] = 1
-        for column, value in (("intra_sent", my_isent), ("intra_lost", my_ilost), ("intra_edges", my_iedges),
-                              ("intra_lossy", my_ilossy), ("inter_sent", my_xsent), ("inter_lost", my_xlost)):
+        for column, value in (("intra_sent", my_isent), ("intra_lost", my_ilost), ("intra_retrans", my_iretrans),
+                              ("intra_edges", my_iedges), ("intra_lossy", my_ilossy), ("inter_sent", my_xsent),
+                              ("inter_lost", my_xlost), ("own_sent", my_isent)):
             col[column][src] += value
         for k, n in enumerate(my_p99):
             p99[src * NB2 + k] += n
@@ -552,7 +632,7 @@ class _Mesh:
             key, ids = (group.window_seconds, start), frozenset(f.id for _, f in win)
             last = self.judged.get(key)
             if last is None or last[0] != ids:
-                built = _Window(start)
+                built = _Window(start, group.per_rail)
                 for src, f in win:
                     self._add_window(built, src, f)
                 last = (ids, _Judge(self, built).run())
@@ -563,6 +643,13 @@ class _Mesh:
         ignored = sum(j.ignored for j in judged)
         if ignored:
             self.notes.append(f"{ignored} peer entries named nodes past the first {MAX_NODES}: ignored")
+        strangers = sum(j.strangers for j in judged)
+        if strangers:
+            self.notes.append(f"{strangers} peer entries named nodes the inventory does not list: ignored")
+        capped = sum(j.capped for j in judged)
+        if capped:
+            self.notes.append(f"{capped} peer entries claimed more probes than a probe every "
+                              f"{self.probe_interval:g} s can send in a window: each weighed as that many")
         overflowed = sum(j.overflow for j in judged)
         if overflowed:
             self.notes.append(f"more than {MAX_ANOMALOUS_EDGES} lossy or slow edges in {overflowed} windows: the rest "
@@ -621,6 +708,14 @@ def _poisson_tail(x: int, lam: float) -> float:
     return max(0.0, 1.0 - cdf)
 
 
+def _recovered(lost: int, retrans: int, lead: str = ",") -> str:
+    """How many of `lost` probes TCP recovered by sending the SYN again: loss all the same."""
+    if not retrans:
+        return ""
+    return f"{lead} {retrans} of them answered only after a retransmitted SYN" if retrans < lost else \
+        f"{lead} each answered only after a retransmitted SYN"
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.2g}%" if x < 0.1 else f"{100 * x:.0f}%"
 
@@ -639,12 +734,14 @@ class _Judge:
 
     def __init__(self, mesh: _Mesh, win: _Window) -> None:
         self.m, self.w, self.cfg = mesh, win, mesh.cfg
+        self.liars = int(mesh.cfg["tolerated_liars"])
+        self._doubted: dict[int, dict[str, Any]] = {}
         self.start = win.start
         self.bad: dict[tuple[str, int], tuple[str, str, str, dict[str, Any]]] = {}
         self.known_nodes: set[int] = set()
         self.known_leaves: set[int] = set()
         self.judged_pairs: set[int] = set()  # leaf pair keys with enough probes to judge
-        self.ignored, self.overflow = win.ignored, win.overflow
+        self.ignored, self.overflow, self.strangers, self.capped = win.ignored, win.overflow, win.strangers, win.capped
 
     def run(self) -> _Judge:
         win, col = self.w, self.w.col
@@ -654,6 +751,8 @@ class _Judge:
         self.known_leaves = {self.m.leaf_of[i] for i in self.known_nodes}
         suspects = self._node_suspects(n)
         bad_leaves = self._leaves_inside(suspects)
+        for i, ev in self._doubted.items():
+            self._doubted_verdict(i, ev)
         explained = [i for i in suspects if self.m.leaf_of[i] not in bad_leaves]
         self._between_leaves(bad_leaves, explained)
         # Free the window's bulk: only the judgement is needed from here on.
@@ -672,24 +771,38 @@ class _Judge:
         rates = sorted(i_lost[i] / i_sent[i] for i in range(n) if i_sent[i] >= min_probes)
         background = rates[(len(rates) - 1) // 2] if rates else 0.0
         alpha = float(cfg["significance"])
+        done: set[int] = set()  # lossy edges of the suspects taken so far, taken off their leaf-mates
 
-        def lossy(i: int) -> bool:
-            return (i_sent[i] >= min_probes and i_lost[i] >= min_bad and i_lost[i] >= node_loss * i_sent[i]
-                    and _poisson_tail(i_lost[i], background * i_sent[i]) < alpha)
+        def judged_loss(i: int) -> tuple[float, int, int] | None:
+            """Node i's loss with its leaf-mates (loss, lost, witnesses) when it is lossy without the
+            `tolerated_liars` reporters that add most to it, else None: no such few can make it lossy."""
+            if i_lost[i] < min_bad:
+                return None
+            witnesses = self._loss_witnesses(i, done)
+            lost, sent = robust.trimmed(i_lost[i], witnesses, self.liars), i_sent[i]
+            if not (sent >= min_probes and lost >= min_bad and lost >= node_loss * sent
+                    and _poisson_tail(lost, background * sent) < alpha):
+                return None
+            return lost / sent, lost, len({w[0] for w in witnesses})
 
         suspects: dict[int, dict[str, Any]] = {}
-        heap = [(-i_lost[i] / i_sent[i], i) for i in range(n) if lossy(i)]
+        heap = []
+        for i in range(n):
+            found = judged_loss(i)
+            if found:
+                heap.append((-found[0], i))
         heapq.heapify(heap)
-        done = set()
         while heap:
             neg, i = heapq.heappop(heap)
-            if not lossy(i):
+            found = judged_loss(i)
+            if found is None:
+                continue
+            if found[0] != -neg:  # its leaf-mates' suspects were taken off since: judge it again in its place
+                heapq.heappush(heap, (-found[0], i))
                 continue
             loss = i_lost[i] / i_sent[i]
-            if loss != -neg:  # its leaf-mates' suspects were taken off since: judge it again in its place
-                heapq.heappush(heap, (-loss, i))
-                continue
-            suspects[i] = {"loss": round(loss, 4), "lost": i_lost[i], "sent": i_sent[i]}
+            suspects[i] = {"loss": round(loss, 4), "lost": i_lost[i], "sent": i_sent[i],
+                           "retransmitted": col["intra_retrans"][i], "witnesses": found[2]}
             for eid in win.by_node.get(i, ()):
                 src, dst, sent, lost, _, slot = win.anomalous[eid]
                 if slot >= 0 or eid in done:
@@ -716,10 +829,48 @@ class _Judge:
         # Unreachable: (almost) every prober got no answer at all, whether or not its agent reports.
         frac = float(cfg["node_bad_peer_fraction"])
         in_sent, in_lost, in_edges, in_dead = col["in_sent"], col["in_lost"], col["in_edges"], col["in_dead"]
-        for i in range(n):
-            if in_edges[i] and in_sent[i] >= min_probes and in_lost[i] >= min_bad and in_dead[i] >= frac * in_edges[i]:
+        liars = self.liars
+        for i in range(n):  # as many probers as may lie are left out first: they cannot make it unreachable
+            if (in_dead[i] > liars and in_sent[i] >= min_probes and in_lost[i] >= min_bad
+                    and in_dead[i] - liars >= frac * (in_edges[i] - liars)):
                 suspects.setdefault(i, {}).update({"unreachable_from": in_dead[i], "probers": in_edges[i]})
+        self._doubted = self._doubted_reporters(n, suspects, done, background)
         return suspects
+
+    def _loss_witnesses(self, i: int, done: set[int]) -> list[tuple[int, int, int, int]]:
+        """Node i's lossy edges inside its leaf still counted, as _trimmed takes them: (reporter, i, sent,
+        lost); i's own agent is one reporter too."""
+        anomalous = self.w.anomalous
+        return [(src, i, sent, lost) for src, _, sent, lost, _, slot in (anomalous[eid] for eid in
+                                                                        self.w.by_node.get(i, ()) if eid not in done)
+                if lost and slot < 0]
+
+    def _doubted_reporters(self, n: int, suspects: dict[int, dict[str, Any]], done: set[int],
+                           background: float) -> dict[int, dict[str, Any]]:
+        """Reporters whose loss with leaf-mates none of those leaf-mates sees: each says it lost probes
+        to peers whose own reports on it lost none. Its agent (or its view of the kernel) is not to be
+        believed; where it is the only one to see a loss, the loss is its own, never the peers'."""
+        cfg, col, win = self.cfg, self.w.col, self.w
+        min_bad, node_loss, alpha = int(cfg["min_bad_probes"]), float(cfg["node_loss_fraction"]), \
+            float(cfg["significance"])
+        reported, own_sent = col["reported"], col["own_sent"]
+        lossy_pairs = {(src, dst) for src, dst, _, lost, _, slot in win.anomalous if lost and slot < 0}
+        doubted = {}
+        for i in range(n):
+            if not reported[i] or i in suspects:
+                continue
+            lost, peers = 0, 0
+            for eid in win.by_node.get(i, ()):
+                src, dst, _, n_lost, _, slot = win.anomalous[eid]
+                if (src == i and n_lost and slot < 0 and eid not in done and dst not in suspects and reported[dst]
+                        and (dst, i) not in lossy_pairs):  # the peer probed it too, and lost nothing
+                    lost += n_lost
+                    peers += 1
+            sent = own_sent[i]
+            if (peers and lost >= min_bad and lost >= node_loss * sent
+                    and _poisson_tail(lost, background * sent) < alpha):
+                doubted[i] = {"lost": lost, "sent": sent, "peers": peers}
+        return doubted
 
     def _leaves_inside(self, suspects: dict[int, dict[str, Any]]) -> set[int]:
         """Leaves most of whose nodes are suspect; the other suspects become node or inconclusive."""
@@ -781,7 +932,8 @@ class _Judge:
             what = (f"answers none of the probes from {ev['unreachable_from']} of its {ev['probers']} probers"
                     + ("" if col["reported"][i] else " and its agent reports nothing"))
         elif "loss" in ev:
-            what = f"loses {_pct(ev['loss'])} of its probes with its leaf-mates ({ev['lost']} of {ev['sent']})"
+            what = (f"loses {_pct(ev['loss'])} of its probes with its leaf-mates ({ev['lost']} of {ev['sent']}"
+                    f"{_recovered(ev['lost'], ev['retransmitted'], ';')}; seen by {ev['witnesses']} agents)")
         else:
             what = ""
         if "p99_seconds" in ev:
@@ -800,10 +952,19 @@ class _Judge:
                                      f"Node {name} {what}, but {why}: the node cannot be told from "
                                      f"{'its leaf' if leaf else 'its peers'}.", evidence)
 
+    def _doubted_verdict(self, i: int, ev: dict[str, Any]) -> None:
+        m = self.m
+        name, leaf = m.names[i], m.leaves[m.leaf_of[i]]
+        element = f"{name}|{leaf}" if leaf and len(name) + len(leaf) < 253 else name
+        message = (f"The agent on {name} reports {ev['lost']} of its {ev['sent']} probes with {ev['peers']} leaf-mates "
+                   f"lost, while their own probes of {name} lost none: its reports are not believed (its agent, or "
+                   "its view of its own probes, is wrong), and nothing is blamed on those leaf-mates.")
+        self.bad[("reporter", i)] = ("inconclusive", element, message, dict(ev, doubted_reporter=True))
+
     # step 2 ----------------------------------------------------------------------------------
     def _between_leaves(self, bad_leaves: set[int], explained: list[int]) -> None:
-        cfg, win = self.cfg, self.w
-        lp_sent, lp_lost, lp_hist = win.lp_sent, win.lp_lost, win.lp_hist
+        cfg, win, liars = self.cfg, self.w, self.liars
+        lp_sent, lp_lost, lp_hist, lp_retrans = win.lp_sent, win.lp_lost, win.lp_hist, win.lp_retrans
         done = set()
         for i in explained:  # take the suspects' lossy and slow edges off the leaf pairs they pass
             for eid in win.by_node.get(i, ()):
@@ -815,30 +976,47 @@ class _Judge:
                 lp_lost[slot] -= lost
                 for k in range(0, len(flat), 2):
                     lp_hist[slot * NB1 + flat[k]] -= flat[k + 1]
-        min_probes, min_bad = int(cfg["min_probes"]), int(cfg["min_bad_probes"])
+        edges_of: dict[int, list[tuple[int, int, int, int, tuple[int, ...]]]] = {}  # slot -> its lossy or slow edges
+        for eid, (src, dst, sent, lost, flat, slot) in enumerate(win.anomalous):
+            if slot >= 0 and eid not in done:
+                edges_of.setdefault(slot, []).append((src, dst, sent, lost, flat))
+        # Each leaf pair is judged without the `liars` reporters that add most lost and slow probes to it.
+        min_probes, min_bad, slow_bucket = int(cfg["min_probes"]), int(cfg["min_bad_probes"]), self.m.slow
         judged: dict[int, tuple[int, int, int | None]] = {}  # slot -> (src leaf, dst leaf, p99 bucket)
+        trimmed: dict[int, tuple[int, int, list[int]]] = {}  # slot -> sent, lost, histogram
         for slot, key in enumerate(win.lp_key):
-            if lp_sent[slot] < min_probes:
+            sent, edges = lp_sent[slot], edges_of.get(slot, [])
+            if sent < min_probes:
                 continue
+            lost = robust.trimmed(lp_lost[slot], [(e[0], e[1], e[2], e[3]) for e in edges], liars)
+            hist = robust.slow_trimmed(list(lp_hist[slot * NB1:(slot + 1) * NB1]), edges, slow_bucket, liars)
             src, dst = divmod(key, _LEAF_KEY)
-            hist = {k: c for k, c in enumerate(lp_hist[slot * NB1:(slot + 1) * NB1]) if c}
-            judged[slot] = (src, dst, _index(quantile(hist, 0.99)) if hist else None)
-        p99s = [0] * NB1
-        for _, _, k in judged.values():
+            counts = {k: c for k, c in enumerate(hist) if c}
+            judged[slot] = (src, dst, _index(quantile(counts, 0.99)) if counts else None)
+            trimmed[slot] = (sent, lost, hist)
+        # The baseline: the typical leaf's typical pair. A fault at one leaf touches most pairs where
+        # leaves are few (4 of the 6 with 3 leaves), never most of another leaf's.
+        per_leaf: dict[int, list[int]] = {}
+        for src, dst, k in judged.values():
             if k is not None:
-                p99s[k] += 1
-        base = _lower_median(p99s)
+                for leaf in {src, dst}:
+                    per_leaf.setdefault(leaf, [0] * NB1)[k] += 1
+        medians = [0] * NB1
+        for dist in per_leaf.values():
+            medians[_lower_median(dist)] += 1
+        base = _lower_median(medians)
         limit = max(float(cfg["p99_factor"]) * _bound(base), float(cfg["p99_floor_seconds"])) \
             if base is not None else math.inf
         loss_fraction = float(cfg["loss_fraction"])
         bad_pairs: dict[int, dict[str, Any]] = {}
         for slot, (_, _, k) in judged.items():
             self.judged_pairs.add(win.lp_key[slot])
-            sent, lost = lp_sent[slot], lp_lost[slot]
-            slow = sum(c for j, c in enumerate(lp_hist[slot * NB1:(slot + 1) * NB1]) if _bound(j) > limit)
+            sent, lost, hist = trimmed[slot]
+            slow = sum(c for j, c in enumerate(hist) if _bound(j) > limit)
             ev: dict[str, Any] = {}
             if lost and lost >= min_bad and lost >= loss_fraction * sent:
-                ev.update(loss=round(lost / sent, 4), lost=lost, sent=sent)
+                ev.update(loss=round(lp_lost[slot] / lp_sent[slot], 4), lost=lp_lost[slot], sent=lp_sent[slot],
+                          retransmitted=lp_retrans[slot])
             if k is not None and _bound(k) > limit and slow >= min_bad:
                 ev.update(p99_seconds=_bound(k), baseline_p99_seconds=_bound(base))
             if ev:
@@ -847,16 +1025,19 @@ class _Judge:
         # Leaves, worst first: R-Pingmesh's outFrac / inFrac of bad edges, or a loss over the SLA pooled
         # over all of a leaf's edges and spread over most of its partner leaves (one leaf edge sees a
         # few dozen probes a window, too few to judge a few percent of loss edge by edge; one bad path
-        # is not spread). A leaf found is taken off its partners' counts: they are not blamed for it.
+        # is not spread). The pooled loss must stand without the `liars` reporters and the one node of
+        # the leaf that add most to it: a liar, or one faulty node, is not its leaf. A leaf found is
+        # taken off its partners' counts: they are not blamed for it.
         frac, min_rep = float(cfg["leaf_fraction"]), int(cfg["min_reporters"])
         links: dict[int, dict[int, list[int]]] = {}  # leaf -> partner -> _LINK counters (both directions)
+        witnesses: dict[int, dict[int, list[tuple[int, int, int, int]]]] = {}  # leaf -> partner -> lossy edges
         slowest: dict[int, float] = {}
         for slot, (src, dst, _) in judged.items():
             if src in bad_leaves or dst in bad_leaves:
                 continue
             bad = slot in bad_pairs
-            a = links.setdefault(src, {}).setdefault(dst, [0] * 7)
-            b = links.setdefault(dst, {}).setdefault(src, [0] * 7)
+            a = links.setdefault(src, {}).setdefault(dst, [0] * 8)
+            b = links.setdefault(dst, {}).setdefault(src, [0] * 8)
             a[0] += 1
             a[1] += bad
             b[2] += 1
@@ -865,23 +1046,35 @@ class _Judge:
             for x in (a, b):
                 x[4] += lp_sent[slot]
                 x[5] += lp_lost[slot]
+                x[7] += lp_retrans[slot]
+            for reporter, target, sent, lost, _ in edges_of.get(slot, ()):
+                if lost:  # (reporter, the end in that leaf, sent, lost)
+                    witnesses.setdefault(src, {}).setdefault(dst, []).append((reporter, reporter, sent, lost))
+                    witnesses.setdefault(dst, {}).setdefault(src, []).append((reporter, target, sent, lost))
             if bad and "p99_seconds" in bad_pairs[slot]:
                 for leaf in (src, dst):
                     slowest[leaf] = max(slowest.get(leaf, 0.0), bad_pairs[slot]["p99_seconds"])
         self.known_leaves.update(links)
 
+        lossy_links = {(leaf, partner) for leaf, by in witnesses.items() for partner, edges in by.items()
+                       if robust.trimmed(links[leaf][partner][5], edges, liars) > 0}
+
         def fault(leaf: int) -> tuple[float, float, list[int], int, int] | None:
-            total, lossy, partners = [0] * 7, 0, 0
+            total, edges, lossy, partners = [0] * 8, [], 0, 0
+            mine = witnesses.get(leaf, {})
             for partner, x in links[leaf].items():
                 if partner not in bad_leaves:
                     partners += 1
-                    lossy += x[5] > 0
                     total = [t + v for t, v in zip(total, x)]
-            o, ob, n_in, ib, sent, lost, _ = total
+                    if x[5]:
+                        lossy += (leaf, partner) in lossy_links
+                        edges += mine.get(partner, ())
+            o, ob, n_in, ib, sent, lost = total[:6]
             worst = max(ob / o if o >= min_rep else 0.0, ib / n_in if n_in >= min_rep else 0.0)
+            kept = robust.trimmed(lost, edges, liars, 1)
+            spread = (kept >= min_bad and partners >= min_rep and lossy >= frac * partners
+                      and kept >= loss_fraction * sent)
             loss = lost / sent if sent else 0.0
-            spread = (lost and partners >= min_rep and lossy >= frac * partners and lost >= min_bad
-                      and loss >= loss_fraction)
             return (worst, loss, total, lossy, partners) if (worst and worst >= frac) or spread else None
 
         heap = []
@@ -918,17 +1111,18 @@ class _Judge:
 
     def _leaf_uplink(self, leaf: int, found: tuple[float, float, list[int], int, int], slowest: float | None) -> None:
         name = self.m.leaves[leaf]
-        _, loss, (o, ob, n_in, ib, _, lost, dead_in), lossy, partners = found
+        _, loss, (o, ob, n_in, ib, _, lost, dead_in, retrans), lossy, partners = found
         evidence: dict[str, Any] = {"bad_out": ob, "out": o, "bad_in": ib, "in": n_in, "loss": round(loss, 4),
-                                    "lossy_partners": lossy, "partners": partners, "confidence": _confidence(partners)}
+                                    "retransmitted": retrans, "lossy_partners": lossy, "partners": partners,
+                                    "confidence": _confidence(partners)}
         if slowest:
             evidence["p99_seconds"] = slowest
         if n_in and dead_in == n_in and not o:
             message = (f"Leaf {name} is cut off: no probe into it from {n_in} other leaves was answered, "
                        "and none of its agents reports probes to other leaves.")
         else:
-            what = (f"loses {_pct(loss)} of its probes with other leaves (with {lossy} of {partners})" if lost
-                    else "is slow to other leaves")
+            what = (f"loses {_pct(loss)} of its probes with other leaves{_recovered(lost, retrans)}, with {lossy} "
+                    f"of {partners} leaves" if lost else "is slow to other leaves")
             message = (f"Leaf {name} {what}: bad edges to {ob} of {o} leaves and from {ib} of {n_in} "
                        "(its uplinks or the leaf switch).")
         self.bad[("leaf", leaf)] = ("leaf", name, message, evidence)
@@ -939,7 +1133,8 @@ class _Judge:
         element = f"{a}->{b}"
         what = []
         if "loss" in ev:
-            what.append(f"loses {_pct(ev['loss'])} of its probes ({ev['lost']} of {ev['sent']})")
+            what.append(f"loses {_pct(ev['loss'])} of its probes ({ev['lost']} of {ev['sent']}"
+                        f"{_recovered(ev['lost'], ev['retransmitted'], ';')})")
         if "p99_seconds" in ev:
             what.append(f"has a p99 of {_ms(ev['p99_seconds'])} (baseline {_ms(ev['baseline_p99_seconds'])})")
         evidence = dict(ev, good_edges_src=good_src, good_edges_dst=good_dst,
@@ -993,7 +1188,7 @@ def _hysteresis(judged: list[_Judge], open_after: int, close_after: int) -> list
 
 def _knows(j: _Judge, subject: tuple[str, int]) -> bool:
     kind, key = subject
-    if kind == "node":
+    if kind in ("node", "reporter"):
         return key in j.known_nodes
     if kind == "leaf":
         return key in j.known_leaves

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from typing import IO, Any
@@ -26,6 +27,10 @@ EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 MAX_BUNDLE_BYTES = 1 << 30
 MAX_OTHER_VALUE_CHARS = 16 << 20  # a bundle's other keys (the saved list of problems), skipped
 READ_CHARS = 1 << 20
+# Whitespace in a row between a bundle's values: our bundles have a newline or two; more than a
+# summary's worth is padding (a small gzip can expand to gigabytes of it), refused before it costs more.
+MAX_WHITESPACE_CHARS = 1 << 20
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
 SHOWN_PROBLEMS = 20
 _UNDECODED = object()
 
@@ -46,7 +51,10 @@ def add_subcommands(subparsers: Any) -> None:
                    help="a saved bundle: a JSON list of summaries or {\"summaries\": [...]}, optionally .gz")
     a.add_argument("--save", metavar="FILE", help="write the gathered summaries as a bundle (.gz: compressed)")
     a.add_argument("--json", action="store_true", help="print the analysis as JSON")
-    a.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json): pingmesh.analysis")
+    a.add_argument("--config", metavar="FILE", help="configuration file (YAML or .json): pingmesh.analysis, and "
+                                                    "the agents' probe_interval_seconds and inventory_file")
+    a.add_argument("--inventory", metavar="FILE", help="who is in the mesh, in which leaf (default: "
+                   "pingmesh.inventory_file); without one, each node's leaf is what its own summary says")
     a.add_argument("--windows", type=int, metavar="N", help="newest windows asked of each agent "
                    "(default: pingmesh.fetch_windows)")
     a.add_argument("--timeout", type=float, metavar="S", help="per agent (default: pingmesh.fetch_timeout_seconds)")
@@ -71,7 +79,7 @@ def cmd_controller(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from nodehealth import config
+    from nodehealth import config, inventory
     from nodehealth.pingmesh.analysis import analyze
 
     try:
@@ -91,6 +99,13 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         print("nodehealth pingmesh analyze: --windows and --concurrency must be at least 1, --timeout positive",
               file=sys.stderr)
         return EXIT_ERROR
+    inv = None
+    if args.inventory or pm["inventory_file"]:
+        try:
+            inv = inventory.load_file(args.inventory or pm["inventory_file"])
+        except inventory.InventoryError as e:
+            print(f"nodehealth pingmesh analyze: {e}", file=sys.stderr)
+            return EXIT_ERROR
     problems: list[tuple[str, str]] = []
     sources: list[Iterator[tuple[str, str, Any]]] = [_bundle(path, problems) for path in args.bundle]
     if args.urls:
@@ -98,7 +113,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     saver = None
     try:  # the only files written are the saved bundle's: an OSError here is about it
         saver = _Saver(args.save) if args.save else None
-        analysis = analyze(_decoded(sources, problems, saver), pm["analysis"])
+        analysis = analyze(_decoded(sources, problems, saver), pm["analysis"], inv=inv,
+                           probe_interval=pm["probe_interval_seconds"])
         if saver:
             saver.close(problems)
     except OSError as e:
@@ -115,6 +131,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     else:
         sys.stdout.write(_table(analysis, problems))
+        if inv is None:
+            print("nodehealth pingmesh analyze: no inventory (--inventory): each node's leaf is what its own "
+                  "summary says, and nodes no inventory lists are analysed too", file=sys.stderr)
         for source, why in (problems + analysis.rejected)[:SHOWN_PROBLEMS]:
             print(f"nodehealth pingmesh analyze: {source}: {why}", file=sys.stderr)
         if len(problems) + len(analysis.rejected) > SHOWN_PROBLEMS:
@@ -272,9 +291,14 @@ class _JsonStream:
         return True
 
     def _peek(self) -> str:
+        """The next character that is not whitespace; whitespace is skipped a chunk at a time."""
+        run = 0
         while True:
-            while self.pos < len(self.buf) and self.buf[self.pos] in " \t\r\n":
-                self.pos += 1
+            end = _WHITESPACE.match(self.buf, self.pos).end()
+            run += end - self.pos
+            self.pos = end
+            if run > MAX_WHITESPACE_CHARS:
+                raise BundleError(f"more than {MAX_WHITESPACE_CHARS} characters of whitespace in a row")
             if self.pos < len(self.buf):
                 return self.buf[self.pos]
             if not self._more():

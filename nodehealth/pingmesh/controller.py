@@ -113,7 +113,7 @@ class Controller:
                                      "the pingmesh controller", lease_seconds, renew_seconds)
         self.configmaps = verdicts.ConfigMapWriter(self._client, self.namespace,
                                                    [self.pm["configmap"], self.pm["inventory_configmap"]],
-                                                   self.kube_cfg["conflict_retries"])
+                                                   self.kube_cfg["conflict_retries"], self.elector.is_leader)
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._rotation = 0  # where in the (name-ordered) agents the next fetch starts
@@ -122,7 +122,7 @@ class Controller:
         self.errors: dict[str, int] = {}
         self.last: dict[str, Any] = {}  # the last analysis written: time, duration, counts, verdicts
         # Kept between analyses, so that each fetches, parses and judges about one new window.
-        self.analyzer = pingmesh.Analyzer(self.pm["analysis"])
+        self.analyzer = pingmesh.Analyzer(self.pm["analysis"], self.pm["probe_interval_seconds"])
         self.kept: dict[str, KeptWindows] = {}  # node name -> its agent's windows
         self.parsed = 0  # windows parsed in the last analysis
 
@@ -176,7 +176,7 @@ class Controller:
         """A standby keeps no windows (hundreds of MiB at 10,000 nodes): when it leads, it asks for all."""
         if self.kept:
             self.kept = {}
-            self.analyzer = pingmesh.Analyzer(self.pm["analysis"])
+            self.analyzer = pingmesh.Analyzer(self.pm["analysis"], self.pm["probe_interval_seconds"])
 
     def _analyze(self, now: float, started: float) -> tuple[dict[str, Any], str]:
         api = self._client()
@@ -193,7 +193,7 @@ class Controller:
         self.parsed = 0
         stream = self._summaries(targets, started + FETCH_BUDGET_FRACTION * self.window, failed, now)
         try:
-            analysis = self.analyzer.run(stream, now)
+            analysis = self.analyzer.run(stream, now, inv)  # leaves and rails are the Nodes', never a summary's
         finally:  # the analysis may stop reading early (MAX_SUMMARIES): its fetchers stop before self.kept is read
             stream.close()
         listed = {name for name, _ in targets}
@@ -338,7 +338,7 @@ class Controller:
                 log.exception("leader election failed")
                 self._error("internal")
             self._beats["elector"] = time.monotonic()
-            self.stop.wait(self.elector.renew_seconds)
+            self.stop.wait(self.elector.next_delay())
 
     def _analysis_loop(self) -> None:
         failures = 0

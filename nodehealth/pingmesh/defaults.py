@@ -92,6 +92,11 @@ DEFAULTS: dict[str, Any] = {
         # Independent evidence a verdict needs: agents reporting on a node or a path, healthy
         # leaf-mates to compare a node with, other leaves seen from a leaf. Fewer: inconclusive.
         "min_reporters": 2,
+        # Reporters that may lie (or be broken) without changing a verdict: before an element is judged,
+        # this many of the reporters that add most to its evidence are left out. One agent then frames no
+        # node, leaf or path; more may, if they all report on it (docs/threat-model.md). Each one more
+        # costs sensitivity where few reporters see a fault (a leaf pair has 2 per direction).
+        "tolerated_liars": 1,
         # Newest windows analysed, all the agents keep (pingmesh.windows_kept): enough history to
         # open and to close a verdict without state of our own.
         "max_windows": 20,

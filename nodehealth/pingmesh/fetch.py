@@ -1,15 +1,46 @@
 """The one client of an agent's `/v1/pingmesh`, for the controller and for `pingmesh analyze`.
 
 A summary comes from another node: at most stats.MAX_SUMMARY_BYTES of it are read, and the whole
-exchange (connect, request, every read) fits in `timeout` seconds, so a slow drip is cut off too.
+exchange (connect, request, status line, headers, body) fits in `timeout` seconds: every read waits
+only for what is left of it, so an agent that drips its answer, its head included, is cut off too.
 """
 from __future__ import annotations
 
 import http.client
+import io
+import socket
 import time
 import urllib.parse
 
 from nodehealth.pingmesh import stats
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's reads, each allowed only what is left until `deadline` (http.client reads the status
+    line and headers a line at a time, and a per-read timeout restarts with every byte)."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        self.sock.settimeout(left)
+        return self.sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What http.client.HTTPResponse needs of a socket: a file to read the answer from, under the deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock, self.deadline = sock, deadline
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self.sock, self.deadline))
 
 
 class FetchError(Exception):
@@ -29,10 +60,16 @@ def fetch(url: str, timeout: float) -> bytes:
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     try:
         conn = connection(parts.hostname or "", parts.port, timeout=timeout)
+        response = None
         try:
+            conn.connect()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            conn.sock.settimeout(left)
             conn.request("GET", path, headers={"Accept": "application/json"})
-            sock = conn.sock  # the response reads from it even once the connection lets go of it
-            response = conn.getresponse()
+            response = http.client.HTTPResponse(_DeadlineSocket(conn.sock, deadline), method="GET")
+            response.begin()
             if response.status != 200:
                 raise FetchError("http_error", f"HTTP {response.status} {response.reason}")
             length = response.getheader("Content-Length")
@@ -40,10 +77,6 @@ def fetch(url: str, timeout: float) -> bytes:
                 raise FetchError("too_large", f"a summary of {length} bytes, more than {stats.MAX_SUMMARY_BYTES}")
             chunks, size = [], 0
             while True:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise FetchError("timeout", f"no complete answer within {timeout:g} s")
-                sock.settimeout(left)
                 chunk = response.read1(64 * 1024)
                 if not chunk:
                     break
@@ -52,6 +85,8 @@ def fetch(url: str, timeout: float) -> bytes:
                     raise FetchError("too_large", f"a summary of more than {stats.MAX_SUMMARY_BYTES} bytes")
                 chunks.append(chunk)
         finally:
+            if response is not None:
+                response.close()
             conn.close()
     except TimeoutError:
         raise FetchError("timeout", f"no complete answer within {timeout:g} s") from None

@@ -207,12 +207,18 @@ def follow_verdicts(api: KubeApi, pingmesh: dict[str, Any], on_read: Callable[[d
 
 class ConfigMapWriter:
     """Writes the controller's ConfigMaps (verdicts, inventory) by compare-and-swap, never one over
-    what a ConfigMap may hold; `refused` and `stored` are for the metrics."""
+    what a ConfigMap may hold; `refused` and `stored` are for the metrics.
 
-    def __init__(self, api: Callable[[], KubeApi], namespace: str, names: list[str], conflict_retries: int):
+    Every write is allowed by `may_write` (the controller's: it still leads), asked after the read
+    whose resourceVersion the write carries: a leader that stood still between its check and its
+    write meets the new leader's resourceVersion, and asks again before it reads and writes anew."""
+
+    def __init__(self, api: Callable[[], KubeApi], namespace: str, names: list[str], conflict_retries: int,
+                 may_write: Callable[[], bool] = lambda: True):
         self.api = api
         self.namespace = namespace
         self.conflict_retries = conflict_retries
+        self.may_write = may_write
         self._rv: dict[str, str] = {}  # ConfigMap name -> the resourceVersion this replica last wrote or read
         self._lock = threading.Lock()
         self.refused = {name: 0 for name in names}  # writes not made: over the size a ConfigMap may hold
@@ -238,8 +244,8 @@ class ConfigMapWriter:
     def write(self, name: str, content: dict[str, dict[str, str]], unwritten: str) -> bool:
         """Create or replace ConfigMap `name` with `content` (its data and binaryData), compare-and-swap
         on the resourceVersion this replica last wrote or read; False when the data is over what a
-        ConfigMap may hold (nothing is written then; `unwritten` says what follows, for the log).
-        Raises KubeError."""
+        ConfigMap may hold or `may_write` says no (nothing is written then; `unwritten` says what
+        follows, for the log). Raises KubeError."""
         size = data_bytes(content)
         if size > MAX_CONFIGMAP_BYTES:
             with self._lock:
@@ -256,6 +262,8 @@ class ConfigMapWriter:
         for _ in range(self.conflict_retries):
             if name not in self._rv:
                 current = api.get_configmap(self.namespace, name)
+                if not self._may_write(name):
+                    return False
                 if current is None:
                     try:
                         stored = api.create_configmap(self.namespace, body)
@@ -266,6 +274,8 @@ class ConfigMapWriter:
                     self._stored(name, stored, size)
                     return True
                 self._rv[name] = current["metadata"]["resourceVersion"]
+            elif not self._may_write(name):
+                return False
             body["metadata"]["resourceVersion"] = self._rv[name]
             try:
                 stored = api.replace_configmap(self.namespace, body)
@@ -277,6 +287,12 @@ class ConfigMapWriter:
             self._stored(name, stored, size)
             return True
         raise KubeError("conflict", f"ConfigMap {self.namespace}/{name} kept changing under us")
+
+    def _may_write(self, name: str) -> bool:
+        if self.may_write():
+            return True
+        log.info("ConfigMap %s/%s: not written, this replica no longer leads", self.namespace, name)
+        return False
 
     def _stored(self, name: str, stored: dict[str, Any], size: int) -> None:
         self._rv[name] = stored["metadata"]["resourceVersion"]
