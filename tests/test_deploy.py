@@ -233,7 +233,8 @@ def test_admission_policy_admits_every_write_the_publisher_makes(policy, tmp_pat
 
 
 def lease(name: str, duration: int | None = None) -> dict:
-    spec = {"holderIdentity": "someone"} if duration is None else {"holderIdentity": "x", "leaseDurationSeconds": duration}
+    spec = ({"holderIdentity": "someone"} if duration is None
+            else {"holderIdentity": "x", "leaseDurationSeconds": duration})
     return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": name, "namespace": "nodehealth"}, "spec": spec}
 
@@ -263,7 +264,8 @@ def test_each_service_account_may_write_only_its_own_lease(case, user, operation
 
 def test_the_lease_policy_names_the_leases_the_code_writes():
     text = " ".join(d["spec"]["variables"][0]["expression"] for d in load("admission-policy.yaml")
-                    if d["metadata"]["name"] == "nodehealth-own-lease-only" and d["kind"] == "ValidatingAdmissionPolicy")
+                    if d["metadata"]["name"] == "nodehealth-own-lease-only"
+                    and d["kind"] == "ValidatingAdmissionPolicy")
     assert f"'{KUBE_DEFAULTS['breaker_name']}'" in text and f"'{PINGMESH['controller_lease']}'" in text
 
 

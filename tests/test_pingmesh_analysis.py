@@ -344,7 +344,8 @@ def tcp(node, sent, lost, counts=None, leaf="", retrans=0):
 def framed(a: Analysis, liars) -> set:
     """Verdicts that name anything but the liars' own agents as doubted reporters."""
     return {(v.kind, v.element) for v in a.verdicts
-            if not (v.kind == "inconclusive" and v.evidence.get("doubted_reporter") and v.element.split("|")[0] in liars)}
+            if not (v.kind == "inconclusive" and v.evidence.get("doubted_reporter")
+                    and v.element.split("|")[0] in liars)}
 
 
 @pytest.mark.parametrize("inv", [INV, None])

@@ -155,4 +155,6 @@ MEANINGS = {  # what each key means, in docs/configuration.md
                                "is bad"),
     "analysis.min_reporters": "independent reporters a verdict needs; fewer: inconclusive",
     "analysis.max_windows": "newest windows analysed",
+    "analysis.tolerated_liars": "reporters that may lie without changing a verdict: no this many reporters (nor one "
+                                "node of a leaf) count more than the next one ([threat model](threat-model.md))",
 }

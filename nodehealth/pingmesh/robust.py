@@ -34,7 +34,8 @@ def scaled(cap: int, sent: int, lost: int, retrans: int, flat: Any) -> tuple[int
     total = sum(flat[1::2])
     shares = [(flat[x + 1] * want / total if total else 0.0, flat[x]) for x in range(0, len(flat), 2)]
     counts = {i: int(share) for share, i in shares}
-    for share, i in sorted(shares, key=lambda item: item[0] - int(item[0]), reverse=True)[:want - sum(counts.values())]:
+    by_remainder = sorted(shares, key=lambda item: item[0] - int(item[0]), reverse=True)
+    for _, i in by_remainder[:want - sum(counts.values())]:
         counts[i] += 1
     if not counts or not sum(counts.values()):  # nothing to scale: what is not lost was not answered either
         lost2 += want
