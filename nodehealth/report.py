@@ -52,8 +52,10 @@ def to_table(report: Report, width: int = 0, verbose: bool = False, checks: Sequ
         lines.append("no findings")
     if failed:
         lines.append("")
-        for c in failed:
-            lines.append(f"could not read {c.name}: {c.error}")
+        folded = {f.reason for f in shown}
+        for c in failed:  # a failure its checks gave as one finding is shown in full there
+            said = c.failed_reason in folded
+            lines.append(f"could not read {c.name}: " + (f"{c.failed_reason} above" if said else c.error))
             names = sorted(x.NAME for x in checks if c.name in x.NEEDS)
             if names:
                 lines.append(f"  {len(names)} checks could not judge: {', '.join(names)}")
