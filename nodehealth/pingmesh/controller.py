@@ -442,7 +442,7 @@ class Controller:
         for name in sorted(stored):
             m.add((name,), stored[name])
         out.append(m)
-        out.append(Metric.one("nodehealth_pingmesh_inventory_nodes", "Nodes in the inventory of the last analysis.",
+        out.append(Metric.one("nodehealth_pingmesh_inventory_nodes", "Nodes in the inventory last read.",
                           last["nodes"]))
         out.append(Metric.one("nodehealth_pingmesh_agents_reporting",
                           "Agents whose summary the last analysis used.", last["reporting"]))

@@ -190,7 +190,7 @@ class Pingmesh:
         skipped = Metric("nodehealth_pingmesh_probes_skipped_total",
                          "Probes not started: the rate or concurrency cap was reached, or this process had no "
                          "descriptor left for one.", "counter")
-        inventory = Metric("nodehealth_pingmesh_inventory_nodes", "Nodes in the last inventory read.")
+        inventory = Metric("nodehealth_pingmesh_inventory_nodes", "Nodes in the inventory last read.")
         with self.lock:
             for (group, probe), (n, n_lost, n_retrans, counts, total) in sorted(self.totals.items()):
                 sent.add((group, probe), n)
