@@ -29,6 +29,12 @@ REASONS = {
     "MountMissing": Reason(Severity.WARNING, Action.FIX_CONFIG, "a path in `collectors.mounts.paths` is not mounted"),
     "MountTableLinesSkipped": Reason(Severity.INFO, Action.NONE,
                                      "lines of the mount table could not be parsed; their mounts were not probed"),
+    "MountsUnreachable": Reason(Severity.UNKNOWN, Action.NONE,
+                                "no mount could be probed: the host's root, reached through its init process, was "
+                                "refused (the agent lacks SYS_PTRACE)"),
+    "MountNotReached": Reason(Severity.UNKNOWN, Action.NONE,
+                              "a mount could not be probed: a directory on the way refused the agent its search "
+                              "(DAC_READ_SEARCH, or root with its capabilities)"),
 }
 
 # The remedy is an operator's action on the node's mounts (remount, restore the server or the
