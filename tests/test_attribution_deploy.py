@@ -6,10 +6,10 @@ import os
 import shutil
 import subprocess
 
-import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from cel_policy import CelPolicy, user_info
 from conftest import require_tool
 
 from nodehealth.attribution.defaults import DEFAULTS
@@ -75,38 +75,16 @@ def test_the_component_adds_event_creation_and_nothing_on_pods(rendered):
             assert rule["verbs"] == ["create"], rule
 
 
-class EventPolicy:
-    """The component's ValidatingAdmissionPolicy run the way the API server runs it."""
+class EventPolicy(CelPolicy):
+    """The component's policy on the Events the agent writes."""
 
     def __init__(self, docs: list[dict]):
-        spec = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"
-                    and d["metadata"]["name"] == "nodehealth-events-own-node-only")["spec"]
-        self.spec = spec
-        env = celpy.Environment()
-        compile_ = lambda text: env.program(env.compile(text))  # noqa: E731
-        self.match = [compile_(m["expression"]) for m in spec["matchConditions"]]
-        self.variables = [(v["name"], compile_(v["expression"])) for v in spec["variables"]]
-        self.validations = [(v.get("message") or compile_(v["messageExpression"]), compile_(v["expression"]))
-                            for v in spec["validations"]]
+        super().__init__(docs, "nodehealth-events-own-node-only")
 
     def admit(self, event: dict, node_name: str | None = "gpu-1", group: str = "", user: str = AGENT) -> str:
-        user_info: dict = {"username": user}
-        if node_name is not None:
-            user_info["extra"] = {"authentication.kubernetes.io/node-name": [node_name]}
-        request = {"operation": "CREATE", "userInfo": user_info,
+        request = {"operation": "CREATE", "userInfo": user_info(user, node_name),
                    "resource": {"group": group, "version": "v1", "resource": "events"}}
-        activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(event)}
-        if not all(bool(p.evaluate(activation)) for p in self.match):
-            return "not matched"
-        variables = celpy.celtypes.MapType({})
-        for name, program in self.variables:
-            variables[celpy.celtypes.StringType(name)] = program.evaluate(dict(activation, variables=variables))
-        activation["variables"] = variables
-        for message, program in self.validations:
-            result = program.evaluate(activation)
-            if isinstance(result, Exception) or not bool(result):
-                return message if isinstance(message, str) else str(message.evaluate(activation))
-        return "allowed"
+        return self.evaluate(request, event)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import shutil
 import subprocess
 import tempfile
 
-import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from cel_policy import CelPolicy, user_info
 from conftest import require_tool
 from fake_kube_apiserver import FakeApiServer
 
@@ -23,7 +23,6 @@ from nodehealth.model import Action, Finding, Report, Severity, Status
 DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
 AGENT = "system:serviceaccount:nodehealth:nodehealth"
 CONTROLLER = "system:serviceaccount:nodehealth:nodehealth-controller"
-NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 COMPONENTS = ("monitoring", "grafana-dashboards", "pingmesh", "hang", "hang-exit-codes", "kernel-log-privileged",
               "metrics-network-policy")
 KUBERNETES_VERSIONS = ("1.30.0", "1.32.0", "1.35.0")
@@ -90,41 +89,18 @@ def merged_config(docs: list[dict], tmp_path) -> dict:
 
 # -- the ValidatingAdmissionPolicy, evaluated ------------------------------------------------------
 
-class Policy:
-    """The policy's CEL run the way the API server runs it: match conditions, variables, validations."""
+class Policy(CelPolicy):
+    """The shipped admission policy named `name`."""
 
     def __init__(self, name: str = "nodehealth-own-node-only") -> None:
-        spec = next(d for d in load("admission-policy.yaml")
-                    if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name)["spec"]
-        env = celpy.Environment()
-        self.match = [env.program(env.compile(m["expression"])) for m in spec["matchConditions"]]
-        self.variables = [(v["name"], env.program(env.compile(v["expression"]))) for v in spec["variables"]]
-        self.validations = [(v.get("message") or env.program(env.compile(v["messageExpression"])),
-                             env.program(env.compile(v["expression"]))) for v in spec["validations"]]
+        super().__init__(load("admission-policy.yaml"), name)
 
     def admit(self, old: dict | None, new: dict, user: str = AGENT, node_name: str | None = "gpu-1",
               subresource: str = "", operation: str = "UPDATE") -> str:
         """"not matched", "allowed", or the first failing validation's message."""
-        # The API server leaves `extra` out of userInfo when a token carries none (a token that is not
-        # node-bound), so the policy must not assume the key exists.
-        user_info = {"username": user}
-        if node_name is not None:
-            user_info["extra"] = {NODE_NAME_EXTRA: [node_name]}
         request = {"operation": operation, "subResource": subresource, "name": new["metadata"]["name"],
-                   "userInfo": user_info}
-        activation = {"request": celpy.json_to_cel(request), "object": celpy.json_to_cel(new),
-                      "oldObject": celpy.json_to_cel(old)}
-        if not all(bool(p.evaluate(activation)) for p in self.match):
-            return "not matched"
-        variables = celpy.celtypes.MapType({})
-        for name, program in self.variables:  # in order: a variable may use the ones before it
-            variables[celpy.celtypes.StringType(name)] = program.evaluate(dict(activation, variables=variables))
-        activation["variables"] = variables
-        for message, program in self.validations:
-            result = program.evaluate(activation)
-            if isinstance(result, Exception) or not bool(result):
-                return message if isinstance(message, str) else str(message.evaluate(activation))
-        return "allowed"
+                   "userInfo": user_info(user, node_name)}
+        return self.evaluate(request, new, old)
 
 
 @pytest.fixture(scope="module")
