@@ -292,3 +292,18 @@ def test_daemon_kube_without_any_credentials_says_so_and_exits_2(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("nodehealth: --kube: ") and done.stderr.count("\n") == 1
     assert "kubeconfig" in done.stderr and "in-cluster" in done.stderr
+
+
+def test_controller_without_any_credentials_says_so_and_exits_2(tmp_path):
+    """The pingmesh controller needs the API server for its Lease and ConfigMaps: no credentials is said at
+    start, not retried every 2 s for ever."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST",
+                                                             "KUBERNETES_SERVICE_PORT")}
+    env["HOME"] = str(tmp_path)
+    (tmp_path / "config.json").write_text('{"pingmesh": {"enabled": true}}')
+    done = subprocess.run([sys.executable, "-m", "nodehealth.cli", "controller", "--config",
+                           str(tmp_path / "config.json"), "--listen", "127.0.0.1:0"],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("nodehealth: controller: no usable Kubernetes credentials") \
+        and done.stderr.count("\n") == 1, done.stderr

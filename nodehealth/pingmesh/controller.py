@@ -492,4 +492,11 @@ def cmd_controller(args: argparse.Namespace) -> int:
         cfg["pingmesh"]["controller_listen"] = args.listen
     logs.setup(args.log_format, args.log_level, os.environ.get("NODE_NAME"))  # the node the replica runs on
     identity = args.identity or os.environ.get("POD_NAME") or socket.gethostname()
+    if cfg["pingmesh"]["enabled"]:  # its Lease and ConfigMaps: without credentials it would retry for ever
+        from nodehealth.kube.api import KubeError, require_config
+
+        try:
+            require_config(cfg["kube"]["kubeconfig"])
+        except KubeError as e:
+            raise config.ConfigError(f"controller: {e}") from None
     return Controller(cfg, identity).serve()
