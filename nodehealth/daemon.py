@@ -478,14 +478,12 @@ class Daemon:
 
             publisher = Publisher(self.node, self.cfg["kube"], on_clear=self.clear, on_silences=self.on_silences)
             self.faces.append(publisher)
-        drainer = None
         if self.cfg["slurm"]["enabled"]:
             from nodehealth.slurm.drainer import Drainer
             from nodehealth.slurm.scontrol import slurm_node_name
 
-            drainer = Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"])
-            self.faces.append(drainer)
-        self.attributor = node_pass.attributor(self.cfg, self.host, drainer.ctl.run if drainer else None)
+            self.faces.append(Drainer(slurm_node_name(self.cfg["slurm"]["node_name"]), self.cfg["slurm"]))
+        self.attributor = node_pass.attributor(self.cfg, self.host)
         if self.cfg["hooks"]["enabled"]:
             from nodehealth.hooks.hook import Hook
 

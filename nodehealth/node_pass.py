@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -137,16 +137,17 @@ def run(engine: Engine, cfg: dict[str, Any], node: str, state_dir: str | None = 
     return attribute(attributor(cfg, host), report)
 
 
-def attributor(cfg: dict[str, Any], host: HostPaths, scontrol: Callable[..., str] | None = None) -> Any:
-    """The Attributor of a daemon or of one pass when attribution.enabled, else None. `scontrol` is the
-    Slurm face's runner in the daemon; one pass gets a plain one when the Slurm source is on."""
+def attributor(cfg: dict[str, Any], host: HostPaths) -> Any:
+    """The Attributor of a daemon or of one pass when attribution.enabled, else None. Its scontrol tries
+    once: a drain may wait out a restarting slurmctld (slurm.attempts), a pass must not."""
     if not cfg["attribution"]["enabled"]:
         return None
     from nodehealth.attribution.attributor import Attributor
     from nodehealth.slurm.scontrol import Scontrol, slurm_node_name
 
-    if scontrol is None and "slurm" in cfg["attribution"]["sources"]:
-        scontrol = Scontrol(cfg["slurm"]).run
+    scontrol = None
+    if "slurm" in cfg["attribution"]["sources"]:
+        scontrol = Scontrol(dict(cfg["slurm"], attempts=1)).run
     return Attributor(cfg["attribution"], host, slurm_node_name(cfg["slurm"]["node_name"]), scontrol)
 
 

@@ -360,3 +360,28 @@ def test_the_parsers_take_any_text(text):
     job = job_of_cgroup(text)
     assert job is None or job.isdigit()
     assert in_hostlist("nh1", text) in (True, False)
+
+
+def test_attribution_asks_an_unreachable_slurmctld_once_per_lookup_not_with_the_drains_retries(tmp_path):
+    """The drain retries an unreachable slurmctld (slurm.attempts, 3, with 2 s between); attribution is
+    decoration inside a pass and must not hold it that long: one try, then AttributionUnavailable."""
+    from nodehealth import config, node_pass
+
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\n"
+                        "echo 'slurm_load_jobs error: Unable to contact slurm controller (connect failure)' >&2\n"
+                        "exit 1\n")
+    scontrol.chmod(0o755)
+    cfg = config.defaults()
+    cfg["attribution"].update(enabled=True, sources=["slurm"])
+    cfg["slurm"].update(scontrol=str(scontrol), node_name="gpu-1")
+    a = node_pass.attributor(cfg, HostPaths("/"))
+    xid = Finding("xid", Severity.FATAL, "Xid79FallenOffBus", "m", device="0000:1b:00.0",
+                  evidence={"pids": [os.getpid()]}, last_seen=time.time())
+    facts = NvmlFacts("fake:slurm", "565.57.01", "12.7", 1, (Gpu(0, uuid="GPU-a", pci_bus_id="0000:1b:00.0"),))
+    started = time.monotonic()
+    out = a.annotate([xid], facts, time.time())
+    assert time.monotonic() - started < cfg["slurm"]["retry_delay_seconds"]  # no retry's wait
+    assert calls.read_text().splitlines() == ["listpids"]
+    assert [f.reason for f in out if f.check != "xid"] == ["AttributionUnavailable"]
