@@ -168,7 +168,8 @@ def metrics(facts: KernelLog) -> list[Metric]:
                      "Kernel log records read from the ring buffer, the systemd journal or the saved logs.", "counter")
     records.add((), facts.records)
     overwritten = Metric("nodehealth_kernel_log_overwritten_records_total",
-                         "Kernel log records the ring buffer overwrote before they could be read (by us or journald).",
+                         "Kernel log records the ring buffer overwrote before they could be read "
+                         "(by us, or by journald).",
                          "counter")
     overwritten.add((), facts.overwritten)
     malformed = Metric("nodehealth_kernel_log_malformed_lines_total",
