@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import resource
 import shutil
@@ -188,3 +189,16 @@ def daemon_factory():
         if d.proc.poll() is None:
             d.proc.kill()
             d.proc.wait()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A test that runs a command in-process (logs.setup) leaves a root handler on a stream pytest then
+    closes; the next test's log lines would fail on it. Each test gets the root logger as it found it."""
+    root = logging.getLogger()
+    before, level = set(root.handlers), root.level
+    yield
+    for h in root.handlers[:]:
+        if type(h) is logging.StreamHandler and h not in before:  # logs.setup's, not pytest's own
+            root.removeHandler(h)
+    root.setLevel(level)
