@@ -116,7 +116,7 @@ def daemon_with_caps(caps: list[str], tmp_path, name: str) -> dict:
 
 def test_the_units_capabilities_are_enough_and_cap_syslog_is_needed(tmp_path):
     """Where kernel.dmesg_restrict=1, the daemon with the unit's capabilities follows the kernel log;
-    without CAP_SYSLOG it cannot, and its kernel checks say unknown."""
+    without CAP_SYSLOG it cannot, and says so in one unknown KernelLogUnreadable finding."""
     if os.geteuid() != 0:
         pytest.skip("drops root's capabilities through setpriv, which needs root")
     with open("/proc/sys/kernel/dmesg_restrict") as f:
@@ -129,7 +129,8 @@ def test_the_units_capabilities_are_enough_and_cap_syslog_is_needed(tmp_path):
     assert full["follower_up"] == "1", full
     assert not [f for f in full["report"]["findings"] if f["check"] == "kernel" and f["severity"] == "unknown"]
     less = daemon_with_caps([c for c in caps if c != "CAP_SYSLOG"], tmp_path, "less")
-    assert {(f["check"], f["severity"]) for f in less["report"]["findings"]} >= {("kernel", "unknown")}, less
+    assert {(f["reason"], f["severity"]) for f in less["report"]["findings"]} >= {("KernelLogUnreadable", "unknown")}, \
+        less
 
 
 def test_cap_sys_ptrace_and_dac_read_search_let_the_memlock_scan_see_another_users_processes(tmp_path):
