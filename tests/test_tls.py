@@ -1,0 +1,253 @@
+"""The mesh's identity (issue 21) and the guard on :9456 (issue 22), on real sockets: certificates
+made by the shipped script (deploy/tls/make-certs.sh, openssl), the Ping service over real gRPC,
+the bounded HTTP server, the controller's fetch, all on loopback."""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+
+import pytest
+from conftest import HERE, free_port, wait_for
+
+from nodehealth import server as httpbound
+from nodehealth.pingmesh.fetch import FetchError, fetch
+from nodehealth.tls.access import http_options
+from nodehealth.tls.defaults import DEFAULTS as TLS_DEFAULTS
+from nodehealth.tls.identity import Identity
+
+SCRIPT = os.path.join(HERE, "..", "deploy", "tls", "make-certs.sh")
+CONTROLLER = "nodehealth-controller"
+TOKEN = "s3cret-token-for-prometheus"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """The cluster's CA with nodes a, b, c (c not in the inventory) and the controller; and another CA
+    whose node a is a stranger with the right name."""
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is needed to make the test certificates")
+    root = tmp_path_factory.mktemp("certs")
+    nodes = root / "nodes.txt"
+    nodes.write_text("a\nb\nc\n")
+    for ca in ("cluster", "other"):
+        subprocess.run(["sh", SCRIPT, str(root / ca), str(nodes), CONTROLLER], check=True, capture_output=True)
+    return root
+
+
+def identity(certs, name: str, ca: str = "cluster") -> Identity:
+    d = certs / ca / name
+    return Identity(dict(TLS_DEFAULTS, enabled=True, ca_file=str(d / "ca.crt"), cert_file=str(d / "tls.crt"),
+                         key_file=str(d / "tls.key")))
+
+
+def client_context(certs, name: str | None, ca: str = "cluster") -> ssl.SSLContext:
+    """A client that checks the server against the cluster CA, presenting `name`'s certificate (None: none)."""
+    ctx = ssl.create_default_context(cafile=str(certs / "cluster" / "ca.crt"))
+    if name is not None:
+        ctx.load_cert_chain(str(certs / ca / name / "tls.crt"), str(certs / ca / name / "tls.key"))
+    return ctx
+
+
+# -- the daemon's HTTP: TLS, the controller's path, the token ------------------------------------------
+
+def routes():
+    ok = lambda _: (200, b"ok\n", "text/plain")  # noqa: E731
+    return {"/metrics": ok, "/healthz": ok, "/v1/report": ok, "/v1/pingmesh": ok}
+
+
+def http_server(tls: Identity | None, token_file: str = ""):
+    cfg = {"daemon": {"token_file": token_file}}
+    srv = httpbound.make_server(f"127.0.0.1:{free_port()}", routes, "test", **http_options(cfg, tls))
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return srv
+
+
+@pytest.fixture
+def stop_after():
+    servers = []
+    yield servers.append
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def status(srv, path: str, ctx: ssl.SSLContext | None = None, server_name: str = "a",
+           token: str | None = None) -> int | str:
+    """The answer's status code, or "refused" when the connection ends without an answer (a failed handshake)."""
+    host, port = srv.server_address[:2]
+    try:
+        with socket.create_connection((host, port), timeout=5) as raw:
+            sock = ctx.wrap_socket(raw, server_hostname=server_name) if ctx is not None else raw
+            headers = f"Authorization: Bearer {token}\r\n" if token is not None else ""
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n{headers}Connection: close\r\n\r\n".encode())
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            return response.status
+    except (ssl.SSLError, ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
+        return "refused"
+
+
+def test_with_tls_only_the_controller_reads_summaries_and_healthz_stays_open(certs, stop_after):
+    srv = http_server(identity(certs, "a"))
+    stop_after(srv)
+    assert status(srv, "/healthz", client_context(certs, None)) == 200  # the kubelet presents nothing
+    assert status(srv, "/v1/pingmesh", client_context(certs, CONTROLLER)) == 200
+    assert status(srv, "/v1/pingmesh", client_context(certs, None)) == 401  # a stranger without a certificate
+    assert status(srv, "/v1/pingmesh", client_context(certs, "b")) == 403  # a member, but not the controller
+    assert status(srv, "/v1/pingmesh", client_context(certs, CONTROLLER, ca="other")) == "refused"  # wrong CA
+    assert status(srv, "/v1/pingmesh") == "refused"  # plain HTTP to a TLS port
+    assert wait_for(lambda: srv.dropped["handshake"] >= 2)
+    assert srv.refused == {401: 1, 403: 1}
+
+
+def test_the_token_guards_metrics_and_report_while_healthz_stays_open(tmp_path, stop_after):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    srv = http_server(None, str(token_file))
+    stop_after(srv)
+    assert status(srv, "/metrics") == 401
+    assert status(srv, "/metrics", token="wrong") == 401
+    assert status(srv, "/v1/report") == 401
+    assert status(srv, "/metrics", token=TOKEN) == 200
+    assert status(srv, "/v1/report", token=TOKEN) == 200
+    assert status(srv, "/healthz") == 200
+    token_file.write_text("rotated-token\n")  # a rotated Secret: the next request sees it
+    assert status(srv, "/metrics", token=TOKEN) == 401
+    assert status(srv, "/metrics", token="rotated-token") == 200
+    token_file.unlink()  # an unreadable token file opens nothing
+    assert status(srv, "/metrics", token="rotated-token") == 401
+
+
+def test_with_tls_a_client_certificate_of_the_ca_reads_metrics_without_the_token(certs, tmp_path, stop_after):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    srv = http_server(identity(certs, "a"), str(token_file))
+    stop_after(srv)
+    assert status(srv, "/metrics", client_context(certs, None)) == 401
+    assert status(srv, "/metrics", client_context(certs, None), token=TOKEN) == 200
+    assert status(srv, "/metrics", client_context(certs, "b")) == 200
+
+
+def test_with_tls_off_and_no_token_everything_answers_as_before(stop_after):
+    srv = http_server(None)
+    stop_after(srv)
+    assert [status(srv, p) for p in routes()] == [200] * 4
+
+
+# -- the controller's fetch --------------------------------------------------------------------------
+
+def test_the_controller_takes_a_summary_only_from_the_node_it_asked(certs, stop_after):
+    srv = http_server(identity(certs, "b"))  # node b's agent, at the address the controller has for a
+    stop_after(srv)
+    url = "http://{}:{}/v1/pingmesh".format(*srv.server_address[:2])
+    controller = identity(certs, CONTROLLER)
+    assert fetch(url, 5.0, controller, "b") == b"ok\n"
+    with pytest.raises(FetchError) as e:
+        fetch(url, 5.0, controller, "a")
+    assert e.value.reason == "tls"
+    with pytest.raises(FetchError) as e:  # a node's certificate is not the controller's
+        fetch(url, 5.0, identity(certs, "a"), "b")
+    assert e.value.reason == "http_error"
+
+
+def test_a_rotated_certificate_reaches_new_connections(certs, tmp_path, stop_after):
+    live = tmp_path / "tls"
+    shutil.copytree(certs / "cluster" / "a", live)
+    srv = http_server(Identity(dict(TLS_DEFAULTS, enabled=True, ca_file=str(live / "ca.crt"),
+                                    cert_file=str(live / "tls.crt"), key_file=str(live / "tls.key"))))
+    stop_after(srv)
+    assert status(srv, "/healthz", client_context(certs, None), server_name="a") == 200
+    for f in ("tls.crt", "tls.key"):  # as the kubelet swaps a Secret's files
+        shutil.copy(certs / "cluster" / "b" / f, live / (f + ".new"))
+        os.replace(live / (f + ".new"), live / f)
+    assert status(srv, "/healthz", client_context(certs, None), server_name="b") == 200
+    assert status(srv, "/healthz", client_context(certs, None), server_name="a") == "refused"
+
+
+# -- the Ping service ----------------------------------------------------------------------------------
+
+grpc = pytest.importorskip("grpc")
+
+from nodehealth.pingmesh import agent  # noqa: E402 (grpc checked above)
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS  # noqa: E402
+from nodehealth.pingmesh.pinglist import Target  # noqa: E402
+from nodehealth.pingmesh.prober import Prober  # noqa: E402
+
+INVENTORY = {"a", "b"}
+
+
+def pings(port: int, prober_tls: Identity | None, count: int = 4) -> list[float | None]:
+    """Round trips of `count` Pings from node b to node a at 127.0.0.1:port (None: lost)."""
+    results: list[float | None] = []
+    prober = Prober("b", dict(PINGMESH_DEFAULTS, port=port, probe_interval_seconds=0.1, timeout_seconds=1.0,
+                              tcp_probe=False), lambda t, probe, sent, rtt, r: results.append(rtt), prober_tls)
+    prober.set_targets([Target(node="a", address="127.0.0.1", rail=0, leaf="leaf0", group="same-leaf")])
+    stop = threading.Event()
+    thread = threading.Thread(target=prober.run, args=(stop,))
+    thread.start()
+    try:
+        assert wait_for(lambda: len(results) >= count, timeout=20), "the prober made no Pings"
+    finally:
+        stop.set()
+        thread.join(5)
+    return results[:count]
+
+
+@pytest.fixture
+def ping_agent(certs):
+    """Node a's Ping service with mutual TLS, answering members of the inventory; returns its port."""
+    agents = []
+
+    def start(cert_name: str = "a") -> tuple[int, agent.Agent]:
+        port = free_port()
+        a = agent.Agent(f"127.0.0.1:{port}", "a", tls=identity(certs, cert_name),
+                        admit=lambda names: bool(INVENTORY & set(names)))
+        a.start()
+        agents.append(a)
+        return port, a
+
+    yield start
+    for a in agents:
+        a.stop(0)
+
+
+def test_a_member_pings_and_strangers_do_not(certs, ping_agent):
+    port, a = ping_agent()
+    assert all(r is not None for r in pings(port, identity(certs, "b")))
+    assert all(r is None for r in pings(port, None))  # no certificate: no handshake
+    assert all(r is None for r in pings(port, identity(certs, "b", ca="other")))  # a wrong CA
+    assert all(r is None for r in pings(port, identity(certs, "c")))  # the CA's, but not in the inventory
+    assert a.refused["stranger"] >= 1
+
+
+def test_a_member_cannot_answer_for_another_node(certs, ping_agent):
+    port, _ = ping_agent("c")  # node c's certificate, answering as "a" at a's address
+    assert all(r is None for r in pings(port, identity(certs, "b")))
+
+
+def test_with_tls_off_pings_work_as_before():
+    port = free_port()
+    a = agent.Agent(f"127.0.0.1:{port}", "a")
+    a.start()
+    try:
+        assert all(r is not None for r in pings(port, None))
+    finally:
+        a.stop(0)
+
+
+def test_the_script_names_each_node_and_the_controller(certs):
+    names = {}
+    for name in ("a", "b", "c", CONTROLLER):
+        text = subprocess.run(["openssl", "x509", "-in", str(certs / "cluster" / name / "tls.crt"), "-noout",
+                               "-ext", "subjectAltName,extendedKeyUsage"], check=True, capture_output=True,
+                              text=True).stdout
+        names[name] = text
+    for name, text in names.items():
+        assert f"DNS:{name}" in text and "Client Authentication" in text and "Server Authentication" in text
+    assert json.dumps(sorted(os.listdir(certs / "cluster" / "a"))) == '["ca.crt", "tls.crt", "tls.key"]'
