@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from nodehealth.model import Metric
+from nodehealth.tls.nonblocking import handshake_step, receive
 
 log = logging.getLogger("nodehealth.server")
 
@@ -183,15 +184,23 @@ class BoundedHTTPServer(HTTPServer):
                 if sock is self._wake_r:
                     self._take_incoming(selector, pending, handshaking)
                     continue
-                if sock in handshaking and not self._handshake(selector, sock, handshaking):
-                    if sock in handshaking:
+                failed = False
+                if sock in handshaking:
+                    try:
+                        wait = handshake_step(sock)
+                    except OSError:
+                        wait, failed = None, True
+                    if wait is not None:
+                        selector.modify(sock, wait)
                         continue
-                    data = b""  # failed: dropped below
-                    self._drop("handshake")
-                else:
-                    data = _receive(sock)
-                    if data is None:
-                        continue
+                    handshaking.discard(sock)
+                    if failed:  # dropped below
+                        self._drop("handshake")
+                    else:
+                        selector.modify(sock, selectors.EVENT_READ)
+                data = b"" if failed else receive(sock, MAX_HEAD_BYTES)
+                if data is None:
+                    continue
                 client, deadline, head = pending[sock]
                 head += data
                 done = b"\r\n\r\n" in head or b"\n\n" in head
@@ -215,24 +224,6 @@ class BoundedHTTPServer(HTTPServer):
         for sock in pending:
             self.shutdown_request(sock)
         selector.close()
-
-    def _handshake(self, selector, sock, handshaking: set) -> bool:
-        """One step of a TLS handshake: True when done; False while it goes on (`sock` stays in
-        `handshaking`) or when it failed (taken out of it)."""
-        try:
-            sock.do_handshake()
-        except ssl.SSLWantReadError:
-            selector.modify(sock, selectors.EVENT_READ)
-            return False
-        except ssl.SSLWantWriteError:
-            selector.modify(sock, selectors.EVENT_WRITE)
-            return False
-        except (OSError, ValueError):  # ssl.SSLError is an OSError: no certificate of ours, a wrong CA, not TLS
-            handshaking.discard(sock)
-            return False
-        handshaking.discard(sock)
-        selector.modify(sock, selectors.EVENT_READ)
-        return True
 
     def _take_incoming(self, selector, pending: dict, handshaking: set) -> None:
         try:
@@ -373,24 +364,6 @@ class BoundedHandler(BaseHTTPRequestHandler):
         self.connection.settimeout(max(0.05, deadline - time.monotonic()))
         self.rfile = io.BytesIO(head)
         self.wfile = _Writer(self.connection)
-
-
-def _receive(sock: socket.socket) -> bytes | None:
-    """What a non-blocking socket has now (b"" at its end, an error included), None when nothing yet.
-    A TLS socket is read until it wants more: what it decrypted sits in its buffer, unseen by select."""
-    data = bytearray()
-    while True:
-        try:
-            chunk = sock.recv(4096)
-        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-            return bytes(data) if data else None
-        except OSError:
-            return bytes(data)
-        if not chunk:
-            return bytes(data)
-        data += chunk
-        if len(data) > MAX_HEAD_BYTES or not isinstance(sock, ssl.SSLSocket):
-            return bytes(data)
 
 
 def request_path(head: bytes) -> str:
