@@ -251,3 +251,74 @@ def test_the_script_names_each_node_and_the_controller(certs):
     for name, text in names.items():
         assert f"DNS:{name}" in text and "Client Authentication" in text and "Server Authentication" in text
     assert json.dumps(sorted(os.listdir(certs / "cluster" / "a"))) == '["ca.crt", "tls.crt", "tls.key"]'
+
+
+# -- netcheck ------------------------------------------------------------------------------------------
+
+from nodehealth.netcheck import agent as nc_agent  # noqa: E402
+from nodehealth.netcheck import coordinator as nc_coordinator  # noqa: E402
+from nodehealth.netcheck.admission import Admission  # noqa: E402
+from nodehealth.netcheck.wire import StreamError, request  # noqa: E402
+
+COORDINATOR_ADDRESS = "127.0.0.60"
+
+
+@pytest.fixture
+def netcheck_agents(certs):
+    """Agents of nodes a (127.0.0.61) and b (127.0.0.62) under mutual TLS, taking jobs from 127.0.0.60."""
+    port = free_port()
+    agents = {}
+    for name, address in (("a", "127.0.0.61"), ("b", "127.0.0.62")):
+        agents[name] = nc_agent.Agent((address, port), nc_agent.AgentConfig(name, f"{address}:{port}"),
+                                      admission=Admission(coordinators=[COORDINATOR_ADDRESS]),
+                                      tls=identity(certs, name))
+        agents[name].start()
+    yield {name: f"{a.server_address[0]}:{port}" for name, a in agents.items()}
+    for a in agents.values():
+        a.close()
+
+
+def test_netcheck_under_tls_tests_a_pair_and_strangers_are_not_heard(certs, netcheck_agents):
+    a, b = netcheck_agents["a"], netcheck_agents["b"]
+    for stranger in (None, identity(certs, "c", ca="other")):  # no certificate; one of another CA
+        with pytest.raises(StreamError):
+            request(a, {"op": "hello"}, 5, source=COORDINATOR_ADDRESS, tls=stranger)
+    coordinator = identity(certs, "c")
+    hosts, problems = nc_coordinator.hello([a, b], 5, COORDINATOR_ADDRESS, coordinator)
+    assert problems == [] and sorted(h.name for h in hosts) == ["a", "b"]
+    job = nc_coordinator.Job.new(COORDINATOR_ADDRESS, coordinator)
+    assert nc_coordinator.claim(hosts, job, 60) == []
+    by_name = {h.name: h for h in hosts}
+    result = nc_coordinator.run_pair(by_name["a"], by_name["b"], 0.3, nc_agent.TCP, job)
+    assert result.ok and result.bandwidth_gbps > 0, result  # the request under TLS, the stream in the clear
+    # a's stream goes only to the agent whose certificate names the node the coordinator named
+    asked = job.ask(by_name["a"], {"op": "send", "job": job.id, "to": b, "name": "c", "seconds": 0.3}, 10)
+    assert "is not c" in asked["error"], asked
+    # an agent that answers hello as another node is not taken: its certificate does not name it
+    impostor = nc_coordinator.Host(b, "a", b)
+    assert "is not a" in nc_coordinator.claim([impostor], job, 60)[0][1]
+
+
+def test_a_member_cannot_join_a_job_under_another_nodes_name(certs):
+    rendezvous = nc_agent.Rendezvous(2, answer_timeout=10)
+    port = free_port()
+    coordinator = nc_agent.Agent(("127.0.0.63", port), nc_agent.AgentConfig("a", f"127.0.0.63:{port}"), rendezvous,
+                                 Admission(coordinators=["127.0.0.63"]), tls=identity(certs, "a"))
+    coordinator.start()
+    try:
+        endpoint = f"127.0.0.63:{port}"
+        with pytest.raises(StreamError, match="certificate of c"):  # c's certificate, b's name
+            nc_agent.join(endpoint, {"op": "join", "name": "b", "agent": "127.0.0.64:1"}, 0, 5,
+                          tls=identity(certs, "c"))
+        with pytest.raises(StreamError):  # no certificate: not heard at all
+            nc_agent.join(endpoint, {"op": "join", "name": "b", "agent": "127.0.0.64:1"}, 0, 5)
+        assert rendezvous.members == {}
+        joined = threading.Thread(target=nc_agent.join, args=(endpoint, {"op": "join", "name": "b",
+                                                                         "agent": "127.0.0.64:1"}, 0, 10),
+                                  kwargs={"tls": identity(certs, "b")})
+        joined.start()
+        assert wait_for(lambda: "b" in rendezvous.members, timeout=10)
+        rendezvous.finish({"verdict": {}, "code": 0}, linger=5)
+        joined.join(10)
+    finally:
+        coordinator.close()

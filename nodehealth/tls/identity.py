@@ -53,8 +53,7 @@ class Identity:
                 return True
             try:
                 pem = tuple(_read(f) for f in (self.ca_file, self.cert_file, self.key_file))
-                contexts = {"server": _context(ssl.PROTOCOL_TLS_SERVER, *self._files()),
-                            "client": _context(ssl.PROTOCOL_TLS_CLIENT, *self._files())}
+                contexts = {kind: _context(kind, *self._files()) for kind in _KINDS}
             except (OSError, ssl.SSLError, ValueError) as e:
                 return self._failed(f"the TLS files do not make a context: {e}")
             self._stamp, self._contexts, self._pem = stamp, contexts, pem  # type: ignore[assignment]
@@ -71,17 +70,17 @@ class Identity:
         return self.ca_file, self.cert_file, self.key_file
 
     # -- what it makes -------------------------------------------------------------------------
-    def server_context(self) -> ssl.SSLContext:
-        """For a listener: its certificate, and a client's verified when it presents one (CERT_OPTIONAL:
-        a kubelet's probe presents none; what a path needs is the route's to decide, peer_names())."""
+    def server_context(self, require_client: bool = False) -> ssl.SSLContext:
+        """For a listener: its certificate, and a client's verified. By default the client may present
+        none (a kubelet's probe): what a path needs is the route's to decide, by peer_names()."""
         self._refresh()
-        return self._contexts["server"]
+        return self._contexts["server-required" if require_client else "server"]
 
-    def client_context(self) -> ssl.SSLContext:
-        """For a connection: its certificate presented, the server's verified against the CA and the
-        name given as server_hostname."""
+    def client_context(self, check_name: bool = True) -> ssl.SSLContext:
+        """For a connection: its certificate presented, the server's verified against the CA and, by
+        default, the name given as server_hostname; without, the caller checks peer_names()."""
         self._refresh()
-        return self._contexts["client"]
+        return self._contexts["client" if check_name else "client-any-name"]
 
     def grpc_server_credentials(self) -> Any:
         """gRPC server credentials that require a client certificate from the CA, re-read per handshake."""
@@ -115,12 +114,17 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _context(protocol: int, ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(protocol)
+_KINDS = ("server", "server-required", "client", "client-any-name")
+
+
+def _context(kind: str, ca_file: str, cert_file: str, key_file: str) -> ssl.SSLContext:
+    client = kind.startswith("client")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT if client else ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert_file, key_file)
     ctx.load_verify_locations(cafile=ca_file)
-    ctx.verify_mode = ssl.CERT_REQUIRED if protocol == ssl.PROTOCOL_TLS_CLIENT else ssl.CERT_OPTIONAL
+    ctx.check_hostname = kind == "client"
+    ctx.verify_mode = ssl.CERT_OPTIONAL if kind == "server" else ssl.CERT_REQUIRED
     return ctx
 
 
