@@ -322,3 +322,47 @@ def test_a_member_cannot_join_a_job_under_another_nodes_name(certs):
         joined.join(10)
     finally:
         coordinator.close()
+
+
+# -- the daemon, end to end --------------------------------------------------------------------------
+
+def test_two_daemons_with_tls_ping_each_other_and_only_the_controller_reads_them(certs, tmp_path, daemon_factory):
+    from conftest import machine
+
+    from nodehealth.pingmesh.fetch import fetch_summary
+
+    port = free_port()
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"nodes": [{"name": "a", "leaf": "l0", "address": "127.0.0.66"},
+                                               {"name": "b", "leaf": "l0", "address": "127.0.0.67"}]}))
+    daemons = {}
+    for name, address in (("a", "127.0.0.66"), ("b", "127.0.0.67")):
+        d = certs / "cluster" / name
+        config = tmp_path / f"{name}.json"
+        config.write_text(json.dumps({
+            "pingmesh": {"port": port, "tcp_port": free_port(), "probe_interval_seconds": 0.2, "window_seconds": 2.0,
+                         "timeout_seconds": 1.0},
+            "tls": {"enabled": True, "ca_file": str(d / "ca.crt"), "cert_file": str(d / "tls.crt"),
+                    "key_file": str(d / "tls.key")}}))
+        daemons[name] = daemon_factory(machine("plain-host"), str(tmp_path / name), "--only", "modules,pingmesh",
+                                       "--config", str(config), "--node-name", name,
+                                       "--probe-listen", f"{address}:{port}", "--probe-inventory", str(inventory),
+                                       interval=5.0)
+    a = daemons["a"]
+
+    class Listening:  # what status() needs of a server
+        server_address = ("127.0.0.1", a.port)
+    assert wait_for(lambda: status(Listening, "/healthz", client_context(certs, None)) == 200, timeout=20), \
+        a.output() if a.proc.poll() is not None else "no answer over HTTPS"
+    assert status(Listening, "/v1/pingmesh", client_context(certs, "b")) == 403
+    controller = identity(certs, CONTROLLER)
+
+    def newest_closed():  # the first window may hold pings sent before b listened
+        closed = [w for w in fetch_summary("127.0.0.1", a.port, 10, 5.0, None, controller, "a").windows if w.closed]
+        return closed[-1] if len(closed) >= 2 else None
+    window = wait_for(newest_closed, timeout=30, step=0.5)
+    assert window is not None, "no closed windows"
+    [ping] = [p for p in window.peers if p.node == "b" and p.probe == "ping"]
+    assert ping.sent >= 3 and ping.lost == 0, (ping.sent, ping.lost)
+    with pytest.raises(FetchError):  # a's summary is not b's
+        fetch_summary("127.0.0.1", a.port, 10, 5.0, None, controller, "b")
