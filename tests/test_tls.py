@@ -124,6 +124,18 @@ def test_the_token_guards_metrics_and_report_while_healthz_stays_open(tmp_path, 
     assert status(srv, "/metrics", token="rotated-token") == 401
 
 
+def test_without_tls_the_token_also_guards_summaries_and_the_controller_carries_it(tmp_path, stop_after):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    srv = http_server(None, str(token_file))
+    stop_after(srv)
+    url = "http://{}:{}/v1/pingmesh".format(*srv.server_address[:2])
+    with pytest.raises(FetchError) as e:
+        fetch(url, 5.0)
+    assert e.value.reason == "http_error" and "401" in str(e.value)
+    assert fetch(url, 5.0, token=TOKEN.encode()) == b"ok\n"
+
+
 def test_with_tls_a_client_certificate_of_the_ca_reads_metrics_without_the_token(certs, tmp_path, stop_after):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)

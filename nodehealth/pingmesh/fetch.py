@@ -55,9 +55,10 @@ class FetchError(Exception):
         self.reason = reason
 
 
-def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "") -> bytes:
+def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "", token: bytes | None = None) -> bytes:
     """The body of `GET url` (http or https): at most stats.MAX_SUMMARY_BYTES, all of it within
-    `timeout` seconds; with `tls`, over mutual TLS to a server whose certificate names `name`.
+    `timeout` seconds; with `tls`, over mutual TLS to a server whose certificate names `name`; with
+    `token`, carrying it as a bearer token (`daemon.token_file`, when the agents want one).
     Raises FetchError: http_error, too_large, timeout, unreachable or tls."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
@@ -74,7 +75,10 @@ def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "")
             conn.sock.settimeout(left)
             if tls is not None:
                 conn.sock = tls.client_context().wrap_socket(conn.sock, server_hostname=name)
-            conn.request("GET", path, headers={"Accept": "application/json"})
+            headers = {"Accept": "application/json"}
+            if token:
+                headers["Authorization"] = "Bearer " + token.decode("latin-1")
+            conn.request("GET", path, headers=headers)
             response = http.client.HTTPResponse(_DeadlineSocket(conn.sock, deadline), method="GET")
             response.begin()
             if response.status != 200:
@@ -113,11 +117,11 @@ def summary_url(address: str, port: int, windows: int, since: float | None = Non
 
 
 def fetch_summary(address: str, port: int, windows: int, timeout: float, since: float | None = None,
-                  tls: Identity | None = None, name: str = "") -> stats.Summary:
+                  tls: Identity | None = None, name: str = "", token: bytes | None = None) -> stats.Summary:
     """One agent's summary, validated by stats.loads_summary (FetchError "invalid" when it is not one).
     With `since`, the windows up to that start may come without their peers (see Pingmesh.summary);
     with `tls`, only from the agent whose certificate names `name`."""
-    data = fetch(summary_url(address, port, windows, since), timeout, tls, name)
+    data = fetch(summary_url(address, port, windows, since), timeout, tls, name, token)
     try:
         return stats.loads_summary(data, stubs=since is not None)
     except stats.SummaryError as e:

@@ -45,14 +45,15 @@ class Access:
             return 403 if peer_names else 401
         if not self.token_file or (peer_names and self.controller_name is not None):
             return None
-        token = self._current_token()
+        token = self.token()
         given = (authorization or "").encode("latin-1", "replace")
         scheme, _, credentials = given.partition(b" ")
         if token and scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), token):
             return None
         return 401
 
-    def _current_token(self) -> bytes | None:
+    def token(self) -> bytes | None:
+        """The token as the file holds it now (None: no file, or an empty one)."""
         try:
             s = os.stat(self.token_file)
             stamp = (s.st_ino, s.st_mtime_ns, s.st_size)
