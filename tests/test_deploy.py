@@ -491,13 +491,15 @@ def test_the_kernel_log_privileged_component_makes_only_the_agent_privileged():
     assert spec == base  # nothing else changes
 
 
-def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_port():
-    docs = build("metrics-network-policy")
-    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    labels = of_kind("DaemonSet", docs=docs)["spec"]["template"]["metadata"]["labels"]
-    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    [rule] = policy["spec"]["ingress"]
-    assert [p["port"] for p in rule["ports"]] == ["metrics"] and rule["from"]
+def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_and_the_controllers_port():
+    docs = build("metrics-network-policy", "pingmesh")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for kind in ("DaemonSet", "Deployment"):
+        labels = of_kind(kind, docs=docs)["spec"]["template"]["metadata"]["labels"]
+        [policy] = [p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert policy["spec"]["policyTypes"] == ["Ingress"], labels
+        [rule] = policy["spec"]["ingress"]
+        assert [p["port"] for p in rule["ports"]] == ["metrics"] and rule["from"]
 
 
 PINGMESH = config.defaults()["pingmesh"]
