@@ -71,7 +71,8 @@ class Prober:
         self.in_flight = 0
         self.skipped = 0  # probes not started: rate or concurrency cap
         self.started = 0
-        self.channels: dict[str, tuple[Any, Any, int]] = {}  # "addr:port" -> (channel, stub, TLS generation)
+        # "addr:port" -> (channel, stub, (TLS generation, the node its certificate must name))
+        self.channels: dict[str, tuple[Any, Any, tuple[int, str]]] = {}
         self.seq = 0
         self.tokens = self.rate
         self.refilled = time.monotonic()
@@ -208,7 +209,8 @@ class Prober:
         endpoint = _endpoint(target, self.cfg)
         entry = self.channels.get(endpoint)
         generation, credentials = self.tls.grpc_channel_credentials() if self.tls is not None else (0, None)
-        if entry is not None and entry[2] != generation:  # the certificates rotated: a channel with the new ones
+        made_for = (generation, target.node)
+        if entry is not None and entry[2] != made_for:  # rotated certificates, or another node at the address
             self.channels.pop(endpoint)[0].close()
             entry = None
         if entry is None:
@@ -221,7 +223,7 @@ class Prober:
                 # retry every second at most, so a repaired path stops counting as lossy within one.
                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 1000)])
-            entry = (channel, probe_pb2_grpc.ProbeStub(channel), generation)
+            entry = (channel, probe_pb2_grpc.ProbeStub(channel), made_for)
             self.channels[endpoint] = entry
         return entry[1]
 

@@ -37,6 +37,7 @@ class Identity:
         self._stamp: tuple | None = None
         self._contexts: dict[str, ssl.SSLContext] = {}
         self._pem: tuple[bytes, bytes, bytes] = (b"", b"", b"")
+        self._channel_credentials: tuple[int, Any] | None = None  # made once per generation: a probe asks each time
         self._trouble = RateLimitedLog(log)
         if not self._refresh():
             raise TLSError(self._why)
@@ -105,8 +106,11 @@ class Identity:
         import grpc
 
         self._refresh()
-        ca, cert, key = self._pem
-        return self.generation, grpc.ssl_channel_credentials(ca, key, cert)
+        with self._lock:
+            if self._channel_credentials is None or self._channel_credentials[0] != self.generation:
+                ca, cert, key = self._pem
+                self._channel_credentials = (self.generation, grpc.ssl_channel_credentials(ca, key, cert))
+            return self._channel_credentials
 
 
 def _read(path: str) -> bytes:
