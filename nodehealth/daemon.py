@@ -361,7 +361,7 @@ class Daemon:
         self._check_faces()
         self._fit_descriptors()
         listen = self.cfg["daemon"]["listen"]
-        self.tls = load_identity(self.cfg)  # a ConfigError names what is wrong with its files
+        self.tls = load_identity(self.cfg, self.node)  # a ConfigError names what is wrong with its files
         try:
             http = self.http = make_server(self, listen)
         except (OSError, ValueError, OverflowError) as e:  # port in use, no such address, not ADDR:PORT

@@ -54,6 +54,23 @@ def client_context(certs, name: str | None, ca: str = "cluster") -> ssl.SSLConte
     return ctx
 
 
+def test_a_certificate_that_does_not_name_this_node_or_chain_to_the_ca_stops_the_start_with_why(certs):
+    from nodehealth.config import ConfigError
+    from nodehealth.tls.identity import load_identity
+
+    d = certs / "cluster" / "a"
+    cfg = {"tls": dict(TLS_DEFAULTS, enabled=True, ca_file=str(d / "ca.crt"), cert_file=str(d / "tls.crt"),
+                       key_file=str(d / "tls.key"))}
+    assert load_identity(cfg, "a").names() == ["a"]
+    with pytest.raises(ConfigError, match="names a, not b"):  # its peers would refuse it without a word
+        load_identity(cfg, "b")
+    other = certs / "other" / "a"
+    cfg["tls"].update(cert_file=str(other / "tls.crt"), key_file=str(other / "tls.key"))
+    with pytest.raises(ConfigError, match="does not verify"):
+        load_identity(cfg, "a")
+    assert load_identity({"tls": dict(TLS_DEFAULTS)}, "a") is None  # off: nothing is read
+
+
 # -- the daemon's HTTP: TLS, the controller's path, the token ------------------------------------------
 
 def routes():

@@ -56,11 +56,11 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
-def mesh_identity(args: argparse.Namespace) -> Any:
+def mesh_identity(args: argparse.Namespace, name: str | None = None) -> Any:
     """The mesh's identity when tls.enabled (every agent and coordinator of the job then needs a
-    certificate of the cluster CA naming its node), else None."""
+    certificate of the cluster CA; an agent's must carry its `name`), else None."""
     try:
-        return load_identity(config.load(getattr(args, "config", None)))
+        return load_identity(config.load(getattr(args, "config", None)), name)
     except config.ConfigError as e:
         raise Usage(str(e)) from None
 
@@ -114,7 +114,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         split_endpoint(data)
         acfg = agent_config(args.name or socket.gethostname(), data, cfg, args.rdma_device, args.gid_index)
         agents = start_agent(args.listen, args.data, acfg, Admission(coordinators(args.coordinator)),
-                             tls=mesh_identity(args))
+                             tls=mesh_identity(args, acfg.name))
     except (Usage, ValueError, OSError) as e:
         print(f"nodehealth netcheck serve: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
@@ -318,7 +318,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         # a node; the coordinator hears every join, to tell a node that is not one of them why.
         admission = Admission(sorted(addresses(coordinator)),
                               set(job.by_address) if plan.hosts and not plan.is_coordinator else None)
-        tls = mesh_identity(args)
+        tls = mesh_identity(args, name)
         agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous, tls)
     except (Usage, ValueError, OSError, discovery.DiscoveryError) as e:
         print(f"nodehealth netcheck job: {getattr(e, 'strerror', None) or e}", file=sys.stderr)

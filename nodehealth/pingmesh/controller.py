@@ -109,7 +109,7 @@ class Controller:
         self.kube_cfg = dict(KUBE_DEFAULTS, **cfg["kube"])
         self.window = float(self.pm["window_seconds"])
         self.agent_port = server.listen_address(cfg["daemon"]["listen"])[1]
-        self.tls = load_identity(cfg)  # its certificate opens the agents' /v1/pingmesh
+        self.tls = load_identity(cfg, cfg["tls"]["controller_name"])  # it opens the agents' /v1/pingmesh
         self.access = Access(cfg["daemon"]["token_file"])  # without TLS, the agents' token opens it
         self.namespace = self.pm["controller_namespace"]
         self._api: KubeApi | None = None

@@ -83,6 +83,29 @@ class Identity:
         self._refresh()
         return self._contexts["client" if check_name else "client-any-name"]
 
+    def names(self) -> list[str]:
+        """The names this process's own certificate carries, as a peer would verify them: a handshake
+        with itself in memory (the ssl module reads no certificate file otherwise)."""
+        client_side, server_side = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client = self.client_context(check_name=False).wrap_bio(server_side, client_side)
+        server = self.server_context().wrap_bio(client_side, server_side, server_side=True)
+        for _ in range(8):  # a TLS 1.3 handshake takes two flights each way
+            for end in (client, server):
+                try:
+                    end.do_handshake()
+                except ssl.SSLWantReadError:
+                    pass
+        return peer_names(client)
+
+    def check_name(self, name: str) -> None:
+        """TLSError unless this process's certificate carries `name`: peers would refuse it, silently."""
+        try:
+            names = self.names()
+        except ssl.SSLError as e:
+            raise TLSError(f"the certificate does not verify against the CA: {e.reason or e}") from None
+        if name not in names:
+            raise TLSError(f"{self.cert_file} names {', '.join(names) or 'nobody'}, not {name}")
+
     def grpc_server_credentials(self) -> Any:
         """gRPC server credentials that require a client certificate from the CA, re-read per handshake."""
         import grpc
@@ -145,12 +168,17 @@ def grpc_peer_names(context: Any) -> list[str]:
     return [n.decode("utf-8", "replace") if isinstance(n, bytes) else str(n) for n in names]
 
 
-def load_identity(cfg: dict[str, Any]) -> Identity | None:
+def load_identity(cfg: dict[str, Any], name: str | None = None) -> Identity | None:
     """The identity of the whole configuration's `tls` section: None when TLS is off; ConfigError
-    naming what is wrong with its files."""
+    naming what is wrong with its files, or, with `name`, when the certificate does not carry it."""
     from nodehealth.config import ConfigError
 
+    if not cfg["tls"]["enabled"]:
+        return None
     try:
-        return Identity(cfg["tls"]) if cfg["tls"]["enabled"] else None
+        identity = Identity(cfg["tls"])
+        if name is not None:
+            identity.check_name(name)
     except TLSError as e:
         raise ConfigError(f"tls: {e}") from None
+    return identity
