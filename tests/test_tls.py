@@ -260,6 +260,24 @@ def test_a_member_cannot_answer_for_another_node(certs, ping_agent):
     assert all(r is None for r in pings(port, identity(certs, "b")))
 
 
+def test_the_ping_service_takes_a_rotated_certificate_without_a_restart(certs, tmp_path):
+    live = tmp_path / "tls"
+    shutil.copytree(certs / "cluster" / "a", live)
+    port = free_port()
+    a = agent.Agent(f"127.0.0.1:{port}", "a", tls=Identity(dict(TLS_DEFAULTS, enabled=True,
+                    ca_file=str(live / "ca.crt"), cert_file=str(live / "tls.crt"), key_file=str(live / "tls.key"))),
+                    admit=lambda names: bool(INVENTORY & set(names)))
+    a.start()
+    try:
+        assert all(r is not None for r in pings(port, identity(certs, "b")))
+        for f in ("tls.crt", "tls.key"):  # b's certificate now: a prober that means a must not take it
+            shutil.copy(certs / "cluster" / "b" / f, live / (f + ".new"))
+            os.replace(live / (f + ".new"), live / f)
+        assert all(r is None for r in pings(port, identity(certs, "b")))
+    finally:
+        a.stop(0)
+
+
 def test_with_tls_off_pings_work_as_before():
     port = free_port()
     a = agent.Agent(f"127.0.0.1:{port}", "a")
