@@ -51,7 +51,8 @@ DAEMON_MEANINGS = {  # what each key means, in docs/configuration.md
     "token_file": ("a file holding a bearer token: when set, `/metrics` and `/v1/report` (and the controller's "
                    "`/metrics`) answer only requests that carry it (`Authorization: Bearer`, Prometheus's "
                    "`authorization.credentials_file`), or, with `tls.enabled`, a client certificate of the "
-                   "cluster CA; `/healthz` stays open. Read again when it changes"),
+                   "cluster CA; so does `/v1/pingmesh` without `tls.enabled` (the controller sends it). "
+                   "`/healthz` stays open. Read again when it changes"),
 }
 
 
