@@ -37,6 +37,7 @@ DAEMON_DEFAULTS: dict[str, Any] = {
     "interval_seconds": 30.0,
     "state_dir": "/var/lib/nodehealth",
     "collector_timeout_seconds": 10.0,
+    "token_file": "",
 }
 
 DAEMON_MEANINGS = {  # what each key means, in docs/configuration.md
@@ -47,6 +48,11 @@ DAEMON_MEANINGS = {  # what each key means, in docs/configuration.md
                   "`$NODEHEALTH_STATE_DIR`)"),
     "collector_timeout_seconds": ("a collector still reading after this long is reported stuck (its checks say "
                                   "`unknown`), and is not started again while it stays stuck"),
+    "token_file": ("a file holding a bearer token: when set, `/metrics` and `/v1/report` (and the controller's "
+                   "`/metrics`) answer only requests that carry it (`Authorization: Bearer`, Prometheus's "
+                   "`authorization.credentials_file`), or, with `tls.enabled`, a client certificate of the "
+                   "cluster CA; so does `/v1/pingmesh` without `tls.enabled` (the controller sends it). "
+                   "`/healthz` stays open. Read again when it changes"),
 }
 
 
@@ -72,6 +78,7 @@ def parts() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
     from nodehealth.rdma import defaults as rdma_bw
     from nodehealth.silences import defaults as silences
     from nodehealth.slurm import defaults as slurm
+    from nodehealth.tls import defaults as tls
 
     # A collector or check without settings has an empty DEFAULTS and no MEANINGS.
     return [("daemon", DAEMON_DEFAULTS, DAEMON_MEANINGS), ("policy", POLICY_DEFAULTS, POLICY_MEANINGS),
@@ -82,7 +89,8 @@ def parts() -> list[tuple[str, dict[str, Any], dict[str, str]]]:
             ("hang", hang.DEFAULTS, hang.MEANINGS), ("pingmesh", pingmesh.DEFAULTS, pingmesh.MEANINGS),
             ("rdma_bw", rdma_bw.DEFAULTS, rdma_bw.MEANINGS), ("netcheck", netcheck.DEFAULTS, netcheck.MEANINGS),
             ("attribution", attribution.DEFAULTS, attribution.MEANINGS),
-            ("silences", silences.DEFAULTS, silences.MEANINGS), ("hooks", hooks.DEFAULTS, hooks.MEANINGS)]
+            ("silences", silences.DEFAULTS, silences.MEANINGS), ("hooks", hooks.DEFAULTS, hooks.MEANINGS),
+            ("tls", tls.DEFAULTS, tls.MEANINGS)]
 
 
 def defaults() -> dict[str, Any]:

@@ -39,6 +39,7 @@ from nodehealth.policy import Policy, StateFile, take_clear_request
 from nodehealth.process_metrics import process_metrics
 from nodehealth.silences.tracker import Silences
 from nodehealth.supervisor import Supervisor
+from nodehealth.tls.identity import load_identity
 
 log = logging.getLogger("nodehealth.daemon")
 
@@ -89,6 +90,7 @@ class Daemon:
         self.pass_duration = 0.0
         self.workers = Supervisor(self.stop)
         self.http: server.BoundedHTTPServer | None = None  # serve() makes it
+        self.tls: Any = None  # nodehealth.tls.identity.Identity when tls.enabled; serve() loads it
         # Connections each listener may hold: serve() fits them to the descriptor limit.
         self.caps = {"http": server.MAX_PENDING}
         self.save_errors = 0
@@ -359,6 +361,7 @@ class Daemon:
         self._check_faces()
         self._fit_descriptors()
         listen = self.cfg["daemon"]["listen"]
+        self.tls = load_identity(self.cfg, self.node)  # a ConfigError names what is wrong with its files
         try:
             http = self.http = make_server(self, listen)
         except (OSError, ValueError, OverflowError) as e:  # port in use, no such address, not ADDR:PORT
@@ -426,7 +429,8 @@ class Daemon:
 
         try:
             self.pingmesh = Pingmesh(self.node, self.cfg["pingmesh"], inventory_source(self.cfg["pingmesh"],
-                                                                                        self.cfg["kube"]))
+                                                                                        self.cfg["kube"]),
+                                     tls=self.tls)
             for name, run in self.pingmesh.start(self.stop, self.caps.get("pingmesh", MAX_CONNECTIONS)).items():
                 self.workers.add(name, run)
             self.workers.watch(self.pingmesh.agent.thread)
@@ -562,4 +566,7 @@ def _since_param(query: str) -> float | None:
 
 def make_server(daemon: Daemon, listen: str) -> server.BoundedHTTPServer:
     """/metrics, /healthz, /v1/report, and /v1/pingmesh when the probe agent runs."""
-    return server.make_server(listen, daemon.routes, "nodehealth", max_pending=daemon.caps["http"])
+    from nodehealth.tls.access import http_options
+
+    return server.make_server(listen, daemon.routes, "nodehealth", max_pending=daemon.caps["http"],
+                              **http_options(daemon.cfg, daemon.tls))

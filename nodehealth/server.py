@@ -14,9 +14,11 @@ others, never a scrape's or the kubelet's. A route that raises answers 500, and 
 is one counted log line per cause and minute, not a traceback per request. Closing the server drops
 every connection, so a stop never waits on a client.
 
-A client's identity (mutual TLS, a token) is not checked yet. Where it slots in: a connection is
-taken in process_request and its head read without blocking in _read_heads, so a TLS handshake
-belongs there, under the same deadline; a token in the head belongs in _dispatch, before a worker.
+With `tls` (a function giving the current server context: certificates rotate), a connection is
+wrapped as it is taken and its handshake is done by the same reader thread, without blocking and
+under the same deadline, so a client that stalls its handshake costs no more than one that stalls
+its head. `guard` decides from the path, the headers and the connection (its verified certificate)
+whether a request is answered or refused with 401/403 (nodehealth/tls/access.py), before a route runs.
 
 The daemon's own work (collectors, the state file, the kernel log, the prober's connections) needs
 descriptors whatever its clients do: raise_descriptor_limit() lifts the soft limit to the hard one,
@@ -36,6 +38,7 @@ import resource
 import selectors
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -45,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from nodehealth.model import Metric
+from nodehealth.tls.nonblocking import handshake_step, receive
 
 log = logging.getLogger("nodehealth.server")
 
@@ -69,6 +73,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 Answer = tuple[int, bytes, str]  # status, body, content type
 Routes = dict[str, Callable[[str], Answer]]  # path -> the answer to its query string
+Guard = Callable[[str, object, socket.socket], "int | None"]  # (path, headers, connection) -> status to refuse with
 
 
 class RateLimitedLog:
@@ -99,11 +104,14 @@ class BoundedHTTPServer(HTTPServer):
     `reserved` only for `priority` paths; bounded waiting connections (`max_pending`), and a total
     deadline of `request_seconds` per request."""
 
-    DROPPED = ("waiting", "deadline", "too_large", "busy", "descriptors")  # reasons a connection is dropped
+    DROPPED = ("waiting", "deadline", "too_large", "busy", "descriptors", "handshake")  # why a connection is dropped
 
     def __init__(self, address, handler, workers: int, request_seconds: float, max_pending: int = MAX_PENDING,
-                 priority: tuple[str, ...] = (), reserved: int = 0):
+                 priority: tuple[str, ...] = (), reserved: int = 0,
+                 tls: Callable[[], ssl.SSLContext] | None = None):
         self.request_seconds = request_seconds
+        self.tls = tls
+        self.refused: dict[int, int] = {401: 0, 403: 0}  # requests answered 401/403 by the guard
         self.max_pending = max_pending
         self.priority = priority
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="http")
@@ -135,6 +143,13 @@ class BoundedHTTPServer(HTTPServer):
 
     def process_request(self, request, client_address) -> None:
         request.setblocking(False)
+        if self.tls is not None:
+            try:
+                request = self.tls().wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+            except (OSError, ValueError):
+                self._drop("handshake")
+                self.shutdown_request(request)
+                return
         with self._lock:
             self._incoming.append((request, client_address, time.monotonic() + self.request_seconds))
             oldest = self._incoming.popleft()[0] if len(self._incoming) > self.max_pending else None
@@ -161,25 +176,38 @@ class BoundedHTTPServer(HTTPServer):
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
         pending: dict[socket.socket, tuple[object, float, bytearray]] = {}  # oldest first
+        handshaking: set[socket.socket] = set()  # TLS connections still in their handshake
         while not self._closing:
             timeout = min(d for _, d, _ in pending.values()) - time.monotonic() if pending else None
             for key, _ in selector.select(None if timeout is None else max(0.0, timeout)):
                 sock = key.fileobj
                 if sock is self._wake_r:
-                    self._take_incoming(selector, pending)
+                    self._take_incoming(selector, pending, handshaking)
                     continue
-                try:
-                    data = sock.recv(4096)
-                except BlockingIOError:
+                failed = False
+                if sock in handshaking:
+                    try:
+                        wait = handshake_step(sock)
+                    except OSError:
+                        wait, failed = None, True
+                    if wait is not None:
+                        selector.modify(sock, wait)
+                        continue
+                    handshaking.discard(sock)
+                    if failed:  # dropped below
+                        self._drop("handshake")
+                    else:
+                        selector.modify(sock, selectors.EVENT_READ)
+                data = b"" if failed else receive(sock, MAX_HEAD_BYTES)
+                if data is None:
                     continue
-                except OSError:
-                    data = b""
                 client, deadline, head = pending[sock]
                 head += data
                 done = b"\r\n\r\n" in head or b"\n\n" in head
                 if not data or done or len(head) > MAX_HEAD_BYTES:
                     selector.unregister(sock)
                     del pending[sock]
+                    handshaking.discard(sock)
                     if done:
                         self._dispatch(sock, client, bytes(head), deadline)
                     else:
@@ -190,13 +218,14 @@ class BoundedHTTPServer(HTTPServer):
             for sock in [s for s, (_, d, _) in pending.items() if d <= now]:
                 selector.unregister(sock)
                 del pending[sock]
+                handshaking.discard(sock)
                 self._drop("deadline")
                 self.shutdown_request(sock)
         for sock in pending:
             self.shutdown_request(sock)
         selector.close()
 
-    def _take_incoming(self, selector, pending: dict) -> None:
+    def _take_incoming(self, selector, pending: dict, handshaking: set) -> None:
         try:
             self._wake_r.recv(4096)
         except OSError:
@@ -211,10 +240,13 @@ class BoundedHTTPServer(HTTPServer):
                 self.shutdown_request(sock)
                 continue
             pending[sock] = (client, deadline, bytearray())
+            if isinstance(sock, ssl.SSLSocket):
+                handshaking.add(sock)
         while len(pending) > self.max_pending:
             oldest = next(iter(pending))
             selector.unregister(oldest)
             del pending[oldest]
+            handshaking.discard(oldest)
             self._drop("waiting")
             self.shutdown_request(oldest)
 
@@ -267,18 +299,29 @@ class BoundedHTTPServer(HTTPServer):
             self.errors += 1
         self.trouble.warning(cause, message)
 
+    def note_refused(self, code: int) -> None:
+        with self._lock:
+            self.refused[code] += 1
+
     def metrics(self) -> list[Metric]:
         dropped = Metric("nodehealth_http_connections_dropped_total",
                          "HTTP connections closed without an answer, by reason: waiting (past the cap of "
                          "connections waiting to send their request), deadline (the request not complete in "
                          "time), too_large (its head), busy (no worker free for its path), descriptors (none "
-                         "left to accept with).", "counter", ("reason",))
+                         "left to accept with), handshake (TLS: no valid client certificate, a wrong CA, not "
+                         "TLS).", "counter", ("reason",))
+        refused = Metric("nodehealth_http_requests_refused_total",
+                         "HTTP requests refused for their credentials, by code: 401 (none, or a wrong token), "
+                         "403 (a certificate of another identity than the path needs).", "counter", ("code",))
         with self._lock:
             for reason, n in self.dropped.items():
                 dropped.add((reason,), n)
+            for code, n in self.refused.items():
+                refused.add((str(code),), n)
             errors = self.errors
-        return [dropped, Metric.one("nodehealth_http_errors_total", "HTTP requests whose answer failed (a bug or a "
-                                    "client gone mid-answer); the log says why, once a minute.", errors, "counter")]
+        errors_metric = Metric.one("nodehealth_http_errors_total", "HTTP requests whose answer failed (a bug or a "
+                                   "client gone mid-answer); the log says why, once a minute.", errors, "counter")
+        return [dropped, refused, errors_metric]
 
     def server_close(self) -> None:
         self._closing = True
@@ -339,9 +382,11 @@ def listen_address(listen: str) -> tuple[str, int]:
 
 def make_server(listen: str, routes: Callable[[], Routes], version: str,
                 workers: int = MAX_CONCURRENT_REQUESTS, request_seconds: float = REQUEST_TIMEOUT_SECONDS,
-                max_pending: int = MAX_PENDING) -> BoundedHTTPServer:
+                max_pending: int = MAX_PENDING, tls: Callable[[], ssl.SSLContext] | None = None,
+                guard: Guard | None = None) -> BoundedHTTPServer:
     """GET and HEAD on the paths `routes()` lists now (read at each request: a route may come later);
     any other path is a 404 that lists them; PRIORITY_PATHS keep PRIORITY_WORKERS of the workers.
+    `tls`: HTTPS with the context it gives; `guard`: who may read what (see BoundedHTTPServer).
     Raises OSError or ValueError when it cannot listen."""
     host, port = listen_address(listen)
 
@@ -350,6 +395,12 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
 
         def do_GET(self) -> None:  # noqa: N802 (http.server naming)
             path, _, query = self.path.partition("?")
+            refuse = guard(path, self.headers, self.connection) if guard is not None else None
+            if refuse is not None:
+                self.server.note_refused(refuse)
+                self._send(refuse, b'{"error": "not allowed"}\n', "application/json",
+                           {"WWW-Authenticate": "Bearer"} if refuse == 401 else {})
+                return
             known = routes()
             route = known.get(path)
             if route is None:
@@ -363,8 +414,10 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
                 answer = (500, b'{"error": "internal error; the log says which"}\n', "application/json")
             self._send(*answer)
 
-        def _send(self, code: int, body: bytes, content_type: str) -> None:
+        def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
             self.send_response(code)
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -382,7 +435,7 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     return Server((host, port), Handler, workers, request_seconds, max_pending, PRIORITY_PATHS,
-                  min(PRIORITY_WORKERS, workers - 1))
+                  min(PRIORITY_WORKERS, workers - 1), tls)
 
 
 def raise_descriptor_limit() -> int:

@@ -24,7 +24,7 @@ DEPLOY = os.path.join(os.path.dirname(__file__), "..", "deploy")
 AGENT = "system:serviceaccount:nodehealth:nodehealth"
 CONTROLLER = "system:serviceaccount:nodehealth:nodehealth-controller"
 COMPONENTS = ("monitoring", "grafana-dashboards", "pingmesh", "hang", "hang-exit-codes", "kernel-log-privileged",
-              "metrics-network-policy")
+              "metrics-network-policy", "mesh-tls", "metrics-token")
 KUBERNETES_VERSIONS = ("1.30.0", "1.32.0", "1.35.0")
 
 
@@ -266,8 +266,8 @@ def test_the_base_needs_no_crd_and_validates_against_kubernetes_1_30_to_1_35():
 def test_every_component_builds_and_validates():
     docs = build(*COMPONENTS)
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
-            continue  # CRDs: test_the_monitoring_component_scrapes_what_the_workloads_serve
+        if doc["apiVersion"].startswith(("monitoring.coreos.com/", "cert-manager.io/")):
+            continue  # CRDs: test_the_monitoring_component_scrapes_what_the_workloads_serve, test_mesh_tls_...
         validate(doc)
     assert {d["metadata"].get("labels", {}).get("app.kubernetes.io/part-of") for d in docs} == {"nodehealth"}
 
@@ -283,6 +283,32 @@ def test_the_monitoring_component_scrapes_what_the_workloads_serve():
         assert {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]} <= ports
     [rule] = [d for d in docs if d["kind"] == "PrometheusRule"]
     assert rule["spec"]["groups"] and rule["metadata"]["namespace"] == "nodehealth"
+
+
+def test_mesh_tls_and_the_metrics_token_reach_both_workloads_as_their_config_names_them(tmp_path):
+    docs = build("monitoring", "pingmesh", "mesh-tls", "metrics-token")
+    cfg = merged_config(docs, tmp_path)
+    assert cfg["tls"]["enabled"] and cfg["daemon"]["token_file"] == "/etc/nodehealth/token/token"
+    tls_dir = os.path.dirname(cfg["tls"]["cert_file"])
+    assert {os.path.dirname(cfg["tls"][k]) for k in ("ca_file", "key_file")} == {tls_dir}
+    for kind in ("DaemonSet", "Deployment"):
+        spec = pod_spec(docs, kind)
+        container = spec["containers"][0]
+        mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes[mounts[tls_dir]].get("hostPath" if kind == "DaemonSet" else "secret")
+        assert volumes[mounts[os.path.dirname(cfg["daemon"]["token_file"])]]["secret"]["secretName"] == \
+            "nodehealth-metrics-token"
+        probes = [container[p] for p in ("livenessProbe", "readinessProbe") if p in container]
+        assert probes and all(p["httpGet"]["scheme"] == "HTTPS" for p in probes)
+    [cert] = [d for d in docs if d["kind"] == "Certificate" and not d["spec"].get("isCA")]
+    assert cert["spec"]["dnsNames"] == [cfg["tls"]["controller_name"]]
+    assert {"server auth", "client auth"} <= set(cert["spec"]["usages"])
+    assert cert["spec"]["secretName"] == volumes[mounts[tls_dir]]["secret"]["secretName"]
+    for monitor in (d for d in docs if d["kind"] == "PodMonitor"):
+        [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+        assert endpoint["scheme"] == "https"
+        assert endpoint["authorization"]["credentials"]["name"] == "nodehealth-metrics-token"
 
 
 def test_the_daemonset_carries_only_what_the_base_checks_need():
@@ -441,13 +467,15 @@ def test_the_kernel_log_privileged_component_makes_only_the_agent_privileged():
     assert spec == base  # nothing else changes
 
 
-def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_port():
-    docs = build("metrics-network-policy")
-    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    labels = of_kind("DaemonSet", docs=docs)["spec"]["template"]["metadata"]["labels"]
-    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
-    [rule] = policy["spec"]["ingress"]
-    assert [p["port"] for p in rule["ports"]] == ["metrics"] and rule["from"]
+def test_the_metrics_network_policy_admits_only_prometheus_to_the_agents_and_the_controllers_port():
+    docs = build("metrics-network-policy", "pingmesh")
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    for kind in ("DaemonSet", "Deployment"):
+        labels = of_kind(kind, docs=docs)["spec"]["template"]["metadata"]["labels"]
+        [policy] = [p for p in policies if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert policy["spec"]["policyTypes"] == ["Ingress"], labels
+        [rule] = policy["spec"]["ingress"]
+        assert [p["port"] for p in rule["ports"]] == ["metrics"] and rule["from"]
 
 
 PINGMESH = config.defaults()["pingmesh"]

@@ -13,6 +13,10 @@ The agent (`nodehealth netcheck serve`, or inside `netcheck job`) answers one JS
 Requests come from the network: the listener (nodehealth/netcheck/listener.py) bounds the
 connections and each request line; here each kind of request has its own bound of threads (past
 it the answer is busy), every exchange its deadline, and durations are capped.
+
+With the mesh's identity (`tls`), every connection is mutual TLS from the cluster CA: a node joins
+a job only under a name its certificate carries, and a `send` streams only to the agent whose
+certificate names the node the coordinator named (`name`).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nodehealth.netcheck import stream
 from nodehealth.netcheck.admission import Admission
@@ -71,10 +75,11 @@ ANSWER_SECONDS = CONNECT_TIMEOUT  # the longest an answer may take to go out
 
 class Agent:
     def __init__(self, listen: tuple[str, int], cfg: AgentConfig, rendezvous: Rendezvous | None = None,
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, tls: Any = None):
         """`admission` says who may ask what (by default: jobs from this host only); the agents of
-        one node (its control and its data address) share one."""
+        one node (its control and its data address) share one. `tls`: the mesh's identity, or None."""
         self.cfg = cfg
+        self.tls = tls
         self.rendezvous = rendezvous  # on the node that coordinates a `netcheck job`
         self.admission = admission or Admission()
         self._slots = {op: threading.BoundedSemaphore(n) for op, n in SLOTS.items()}
@@ -87,7 +92,7 @@ class Agent:
             self._rdma_server = pair.Server(cfg.rdma, split_endpoint(cfg.data_address)[0])
         self.listener = Listener(listen, self._dispatch, self.admission.admits,
                                  lambda source: self.admission.line_limit(source, MAX_LINE),
-                                 extra=rendezvous.capacity if rendezvous else 0)
+                                 extra=rendezvous.capacity if rendezvous else 0, tls=tls)
         self.server_address = self.listener.address
 
     def start(self) -> None:
@@ -154,7 +159,8 @@ class Agent:
             stream.sink(req.sock, float(seconds))
             return None
         assert self.rendezvous is not None  # join has a slot only then
-        self.rendezvous.deliver(req.sock, self.rendezvous.join(msg, req.source))
+        self.rendezvous.deliver(req.sock, self.rendezvous.join(msg, req.source,
+                                                               req.names if self.tls is not None else None))
         return None
 
     def send(self, msg: dict, source: str) -> dict:
@@ -171,11 +177,14 @@ class Agent:
             return {"error": str(e)}
         if why := self.admission.may_send(source, msg, to_host):
             return {"error": why}
+        name = msg.get("name")  # the node `to` is: with TLS its certificate must say so
+        if self.tls is not None and not isinstance(name, str):
+            return {"error": "with TLS a send names the node it streams to ('name')"}
         job = {"job": msg.get("job")}
         try:
             if method == RDMA:
-                return {"gbps": self._rdma_send(to, float(seconds), job), "method": RDMA}
-            measured = stream.stream_to(to, float(seconds), self._source(), job)
+                return {"gbps": self._rdma_send(to, float(seconds), job, name), "method": RDMA}
+            measured = stream.stream_to(to, float(seconds), self._source(), job, self.tls, name)
             return {"gbps": measured.gbps, "retransmitted": measured.retransmitted, "method": TCP}
         except _Own as e:
             return {"error": str(e), "own": True}
@@ -188,7 +197,7 @@ class Agent:
         """This agent's data address: its tests leave from it (peers admit them by it)."""
         return split_endpoint(self.cfg.data_address)[0]
 
-    def _rdma_send(self, to: str, seconds: float, job: dict) -> float:
+    def _rdma_send(self, to: str, seconds: float, job: dict, name: str | None) -> float:
         from nodehealth.rdma import bw, pair
 
         try:  # a fault of this node's own device is told before the peer waits for it
@@ -196,7 +205,7 @@ class Agent:
         except bw.RdmaError as e:
             raise _Own(f"{self.cfg.name}: {e}") from None
         answer = request(to, {**job, "op": "rdma-serve", "seconds": seconds}, CONNECT_TIMEOUT * 2,
-                         source=self._source())
+                         source=self._source(), tls=self.tls, expect=name)
         port = answer.get("port")
         if not isinstance(port, int) or not 0 < port < 65536:
             raise StreamError(f"the peer's rdma-bw server did not start: {str(answer.get('error'))[:200]}")
@@ -252,10 +261,13 @@ class Rendezvous:
                 self._cond.notify_all()
         return why
 
-    def join(self, msg: dict, source: str) -> dict:
+    def join(self, msg: dict, source: str, names: list[str] | None = None) -> dict:
+        """`names`: with TLS, what the joining connection's certificate proves; the name must be one."""
         name, address = msg.get("name"), msg.get("agent")
         if not isinstance(name, str) or not 0 < len(name) <= 200 or not isinstance(address, str):
             return {"error": "a join needs a name (at most 200 characters) and its agent's ADDR:PORT"}
+        if names is not None and name not in names:
+            return {"error": f"{name[:200]} joins with a certificate of {', '.join(names)[:200] or 'nobody'}"}
         try:
             port = split_endpoint(address)[1]
         except ValueError as e:
@@ -290,12 +302,13 @@ class Rendezvous:
             self._cond.wait_for(lambda: self.delivered >= len(self.members) - 1, linger)
 
 
-def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float, source: str | None = None) -> dict:
+def join(coordinator: str, msg: dict, deadline: float, answer_timeout: float, source: str | None = None,
+         tls: Any = None) -> dict:
     """Join the coordinator's rendezvous from the address `source` (the coordinator admits nodes by
     the address they come from), retrying while it is not up yet; its verdict."""
     while True:
         try:
-            s = connect(coordinator, CONNECT_TIMEOUT, source)
+            s = connect(coordinator, CONNECT_TIMEOUT, source, tls)
         except StreamError as e:
             if time.monotonic() > deadline:
                 raise StreamError(f"the coordinator {coordinator} never answered: {e}") from None

@@ -10,6 +10,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from nodehealth.host import addresses
 from nodehealth.netcheck.admission import CLAIM_LINE, MAX_LEASE
@@ -37,20 +38,27 @@ class Host:
 
 @dataclass(frozen=True)
 class Job:
+    """With `tls` (the mesh's identity), every request goes under mutual TLS, to the agent whose
+    certificate names the host asked (a hello's name is proved by the claim that follows it)."""
     id: str
     source: str | None = None  # the coordinator's address towards the agents (None: as routed)
+    tls: Any = None
 
     @classmethod
-    def new(cls, source: str | None = None) -> Job:
-        return cls(secrets.token_hex(8), source)
+    def new(cls, source: str | None = None, tls: Any = None) -> Job:
+        return cls(secrets.token_hex(8), source, tls)
+
+    def ask(self, host: Host, msg: dict, timeout: float, limit: int = MAX_LINE) -> dict | str:
+        """The answer of `host`'s agent, or why there is none."""
+        return _try(request, host.endpoint, msg, timeout, limit, self.source, self.tls, host.name)
 
 
-def hello(endpoints: Sequence[str], timeout: float, source: str | None = None
+def hello(endpoints: Sequence[str], timeout: float, source: str | None = None, tls: Any = None
           ) -> tuple[list[Host], list[tuple[str, str]]]:
     """Ask every agent who it is; the unreachable ones are returned with the reason."""
     hosts, problems = [], []
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(endpoints)))) as pool:
-        answers = pool.map(lambda e: _try(request, e, {"op": "hello"}, timeout, MAX_LINE, source), endpoints)
+        answers = pool.map(lambda e: _try(request, e, {"op": "hello"}, timeout, MAX_LINE, source, tls), endpoints)
         for ep, answer in zip(endpoints, answers):
             if isinstance(answer, str):
                 problems.append((ep, answer))
@@ -120,7 +128,7 @@ def claim(hosts: Sequence[Host], job: Job, seconds: float) -> list[tuple[str, st
                      | {a for h in hosts for a in _addresses(split_endpoint(h.endpoint)[0])})
     msg = {"op": "claim", "job": job.id, "members": members, "seconds": seconds}
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        answers = pool.map(lambda h: _try(request, h.endpoint, msg, CONNECT_TIMEOUT * 2, CLAIM_LINE, job.source), hosts)
+        answers = pool.map(lambda h: job.ask(h, msg, CONNECT_TIMEOUT * 2, CLAIM_LINE), hosts)
         return [(h.endpoint, f"its agent did not take the job: {a if isinstance(a, str) else a.get('error')}"[:300])
                 for h, a in zip(hosts, answers) if isinstance(a, str) or a.get("ok") is not True]
 
@@ -128,8 +136,7 @@ def claim(hosts: Sequence[Host], job: Job, seconds: float) -> list[tuple[str, st
 def release(hosts: Sequence[Host], job: Job) -> None:
     """Free the agents for the next job (an agent frees itself at the lease's end anyway)."""
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(hosts)))) as pool:
-        list(pool.map(lambda h: _try(request, h.endpoint, {"op": "release", "job": job.id}, CONNECT_TIMEOUT,
-                                     MAX_LINE, job.source), hosts))
+        list(pool.map(lambda h: job.ask(h, {"op": "release", "job": job.id}, CONNECT_TIMEOUT), hosts))
 
 
 def _addresses(host: str) -> set[str]:
@@ -139,8 +146,8 @@ def _addresses(host: str) -> set[str]:
 def run_pair(a: Host, b: Host, seconds: float, method: str, job: Job) -> PairResult:
     """`a` sends to `b`; a failure says what was measured between which nodes, or that the
     coordinator could not ask `a` at all."""
-    answer = _try(request, a.endpoint, {"op": "send", "job": job.id, "to": b.data, "seconds": seconds,
-                                        "method": method}, seconds + PAIR_SLACK[method], MAX_LINE, job.source)
+    answer = job.ask(a, {"op": "send", "job": job.id, "to": b.data, "name": b.name, "seconds": seconds,
+                         "method": method}, seconds + PAIR_SLACK[method])
     if isinstance(answer, str):
         return PairResult(0, a.name, b.name, False, None, f"the coordinator's request to {a.name}'s agent failed: "
                           f"{answer}"[:300], method=method)
@@ -164,7 +171,6 @@ def run_rounds(nc: Netcheck, hosts: dict[str, Host], seconds: float, method: str
             for wave in waves(pairs):
                 results += pool.map(lambda p: run_pair(hosts[p[0]], hosts[p[1]], seconds, method, job), wave)
             failed = sorted({n for t in results if not t.ok for n in (t.a, t.b)})
-            answers = pool.map(lambda n: _try(request, hosts[n].endpoint, {"op": "hello"}, CONNECT_TIMEOUT * 2,
-                                              MAX_LINE, job.source), failed)
+            answers = pool.map(lambda n: job.ask(hosts[n], {"op": "hello"}, CONNECT_TIMEOUT * 2), failed)
             nc.record(results, {n: f"its agent at {hosts[n].endpoint} does not answer: {a}"
                                 for n, a in zip(failed, answers) if isinstance(a, str)})

@@ -6,7 +6,9 @@ waiting connections the oldest is dropped to make room. A connection from an add
 does not admit is closed at once, unread. The connections held at once are capped below the
 process's descriptor limit, with RESERVE_FDS kept for the agent's own work (its tests' connections,
 the RDMA server, files). A complete request goes to `dispatch`, which starts its work on a thread
-it bounds per kind of request, or answers busy.
+it bounds per kind of request, or answers busy. With `tls` (the mesh's identity), a connection's
+handshake is stepped by the same thread under the same deadline, and one without a certificate of
+the cluster CA is closed; the request carries the names its certificate proves.
 """
 from __future__ import annotations
 
@@ -19,8 +21,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from nodehealth.netcheck.wire import MAX_LINE, StreamError, parse
+from nodehealth.tls.identity import peer_names
+from nodehealth.tls.nonblocking import handshake_step, receive
 
 log = logging.getLogger("nodehealth.netcheck")
 
@@ -38,6 +43,7 @@ class Request:
     source: str  # the address the connection came from
     msg: dict
     rest: bytes  # what arrived after the line (a sink's first data)
+    names: list[str] = field(default_factory=list)  # what its TLS certificate proves (none without TLS)
     _done: Callable[[socket.socket], None] = field(repr=False, default=lambda s: None)
 
     def close(self) -> None:
@@ -67,9 +73,11 @@ def descriptors(wanted: int) -> int:
 class Listener:
     def __init__(self, address: tuple[str, int], dispatch: Callable[[Request], None],
                  admit: Callable[[str], bool] = lambda source: True,
-                 line_limit: Callable[[str], int] = lambda source: MAX_LINE, extra: int = 0):
-        """`extra`: connections held beyond MAX_CONNECTIONS (a coordinator's joined nodes wait on theirs)."""
-        self.dispatch, self.admit, self.line_limit = dispatch, admit, line_limit
+                 line_limit: Callable[[str], int] = lambda source: MAX_LINE, extra: int = 0, tls: Any = None):
+        """`extra`: connections held beyond MAX_CONNECTIONS (a coordinator's joined nodes wait on theirs);
+        `tls`: the mesh's identity (nodehealth.tls.identity.Identity), or None for plain TCP."""
+        self.dispatch, self.admit, self.line_limit, self.tls = dispatch, admit, line_limit, tls
+        self._handshaking: set[socket.socket] = set()  # only the listener's thread uses it
         self.capacity = descriptors(MAX_CONNECTIONS + extra)
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.sock = socket.create_server(address, family=family, backlog=BACKLOG)
@@ -111,6 +119,13 @@ class Listener:
             self._held.discard(s)
         s.close()
 
+    def _drop(self, s: socket.socket, selector, pending: dict) -> None:
+        """Forget a waiting connection and close it (the listener's thread only)."""
+        selector.unregister(s)
+        del pending[s]
+        self._handshaking.discard(s)
+        self._release(s)
+
     def _run(self) -> None:
         selector = selectors.DefaultSelector()
         selector.register(self._wake_r, selectors.EVENT_READ)
@@ -144,9 +159,7 @@ class Listener:
                 self._read(key.fileobj, selector, pending)
         now = time.monotonic()
         for s in [s for s, (_, d, _) in pending.items() if d <= now]:
-            selector.unregister(s)
-            del pending[s]
-            self._release(s)
+            self._drop(s, selector, pending)
 
     def _accept(self, selector, pending: dict) -> bool:
         """Take what waits to be accepted (a turn's worth); False when out of descriptors."""
@@ -170,12 +183,18 @@ class Listener:
                     self.refused += 1
                     s.close()
                     continue
-                oldest = next(iter(pending))
-                selector.unregister(oldest)
-                del pending[oldest]
                 self.refused += 1
-                self._release(oldest)
+                self._drop(next(iter(pending)), selector, pending)
             s.setblocking(False)
+            if self.tls is not None:
+                try:
+                    s = self.tls.server_context(require_client=True).wrap_socket(
+                        s, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError):
+                    self.refused += 1
+                    s.close()
+                    continue
+                self._handshaking.add(s)
             with self._lock:
                 self._held.add(s)
             pending[s] = (source, time.monotonic() + LINE_SECONDS, bytearray())
@@ -185,14 +204,23 @@ class Listener:
 
     def _read(self, s: socket.socket, selector, pending: dict) -> None:
         source, deadline, buf = pending[s]
-        try:
-            chunk = s.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        buf += chunk
         limit = self.line_limit(source)
+        if s in self._handshaking:
+            try:
+                wait = handshake_step(s)
+            except OSError:  # no certificate of the CA, not TLS: closed unread
+                self.refused += 1
+                self._drop(s, selector, pending)
+                return
+            if wait is not None:
+                selector.modify(s, wait)
+                return
+            self._handshaking.discard(s)
+            selector.modify(s, selectors.EVENT_READ)
+        chunk = receive(s, limit)
+        if chunk is None:
+            return
+        buf += chunk
         newline = buf.find(b"\n")
         if chunk and newline < 0 and len(buf) <= limit:
             return
@@ -210,7 +238,7 @@ class Listener:
             self._release(s)
             return
         s.setblocking(True)
-        self.dispatch(Request(s, source, msg, bytes(buf[newline + 1:]), self._release))
+        self.dispatch(Request(s, source, msg, bytes(buf[newline + 1:]), peer_names(s), self._release))
 
 
 def _answer_nowait(s: socket.socket, line: bytes) -> None:

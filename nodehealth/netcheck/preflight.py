@@ -23,6 +23,7 @@ from nodehealth.netcheck import agent, discovery, rounds
 from nodehealth.netcheck import coordinator as coord
 from nodehealth.netcheck.admission import Admission
 from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, split_endpoint
+from nodehealth.tls.identity import load_identity
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
 TESTS = {agent.TCP: "TCP stream between the nodes' agents (the hosts' TCP path, not RDMA)",
@@ -55,6 +56,15 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
+def mesh_identity(args: argparse.Namespace, name: str | None = None) -> Any:
+    """The mesh's identity when tls.enabled (every agent and coordinator of the job then needs a
+    certificate of the cluster CA; an agent's must carry its `name`), else None."""
+    try:
+        return load_identity(config.load(getattr(args, "config", None)), name)
+    except config.ConfigError as e:
+        raise Usage(str(e)) from None
+
+
 # -- the agent ---------------------------------------------------------------------------------
 
 def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, gid_index: int | None
@@ -76,13 +86,13 @@ def agent_config(name: str, data: str, cfg: dict[str, Any], device: str | None, 
 
 
 def start_agent(listen: str, data: str | None, acfg: agent.AgentConfig, admission: Admission,
-                rendezvous: agent.Rendezvous | None = None) -> list[agent.Agent]:
+                rendezvous: agent.Rendezvous | None = None, tls: Any = None) -> list[agent.Agent]:
     """The agent on `listen` and, when the data address differs, a second one there (one job for
     both); serving in threads."""
-    agents = [agent.Agent(split_endpoint(listen), acfg, rendezvous, admission)]
+    agents = [agent.Agent(split_endpoint(listen), acfg, rendezvous, admission, tls)]
     try:
         if data and data != listen:
-            agents.append(agent.Agent(split_endpoint(data), acfg, admission=admission))
+            agents.append(agent.Agent(split_endpoint(data), acfg, admission=admission, tls=tls))
     except OSError:
         stop_agents(agents)
         raise
@@ -103,7 +113,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         data = args.data or args.listen
         split_endpoint(data)
         acfg = agent_config(args.name or socket.gethostname(), data, cfg, args.rdma_device, args.gid_index)
-        agents = start_agent(args.listen, args.data, acfg, Admission(coordinators(args.coordinator)))
+        agents = start_agent(args.listen, args.data, acfg, Admission(coordinators(args.coordinator)),
+                             tls=mesh_identity(args, acfg.name))
     except (Usage, ValueError, OSError) as e:
         print(f"nodehealth netcheck serve: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
@@ -138,10 +149,11 @@ def coordinators(given: str | None) -> list[str] | None:
 # -- the coordinator ---------------------------------------------------------------------------
 
 def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str],
-               missing: list[dict[str, str]] | None = None, source: str | None = None) -> tuple[dict, int]:
-    """Run the rounds over the agents at `endpoints` (asked from the address `source`, where given);
-    the JSON report and the exit code."""
-    hosts, unreachable = coord.hello(sorted(set(endpoints)), CONNECT_TIMEOUT * 2, source)
+               missing: list[dict[str, str]] | None = None, source: str | None = None,
+               tls: Any = None) -> tuple[dict, int]:
+    """Run the rounds over the agents at `endpoints` (asked from the address `source`, where given;
+    with `tls`, the mesh's identity); the JSON report and the exit code."""
+    hosts, unreachable = coord.hello(sorted(set(endpoints)), CONNECT_TIMEOUT * 2, source, tls)
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
         raise Usage("two agents answer with the same name: give each its own --name")
@@ -151,7 +163,7 @@ def coordinate(endpoints: list[str], cfg: dict[str, Any], leaves: dict[str, str]
         raise Usage(str(e)) from None
     result = None
     if len(hosts) >= 2:
-        job = coord.Job.new(source)
+        job = coord.Job.new(source, tls)
         refused = coord.claim(hosts, job, coord.lease(cfg["seconds"], cfg["max_rounds"], method))
         unreachable += refused
         taken = [h for h in hosts if h.endpoint not in dict(refused)]
@@ -203,7 +215,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             split_endpoint(e)
         if len(set(endpoints)) < 2:
             raise Usage("give at least two agents (--hosts A:P,B:P, --hosts-file or $NODEHEALTH_NETCHECK_HOSTS)")
-        doc, code = coordinate(endpoints, cfg, read_leaves(args.inventory))
+        doc, code = coordinate(endpoints, cfg, read_leaves(args.inventory), tls=mesh_identity(args))
     except (Usage, ValueError, discovery.DiscoveryError) as e:
         print(f"nodehealth netcheck: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -306,16 +318,17 @@ def cmd_job(args: argparse.Namespace) -> int:
         # a node; the coordinator hears every join, to tell a node that is not one of them why.
         admission = Admission(sorted(addresses(coordinator)),
                               set(job.by_address) if plan.hosts and not plan.is_coordinator else None)
-        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous)
+        tls = mesh_identity(args, name)
+        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous, tls)
     except (Usage, ValueError, OSError, discovery.DiscoveryError) as e:
         print(f"nodehealth netcheck job: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
     try:
         if rendezvous is not None:
-            doc, code = _coordinate_job(job, cfg, rendezvous, args, control)
+            doc, code = _coordinate_job(job, cfg, rendezvous, args, control, tls)
         else:
             answer = agent.join(_endpoint(coordinator, port), {"op": "join", "name": me.name, "agent": me.agent},
-                                 time.monotonic() + cfg["wait_seconds"], budget, source=control)
+                                 time.monotonic() + cfg["wait_seconds"], budget, source=control, tls=tls)
             doc, code = answer.get("verdict"), answer.get("code")
             if not isinstance(doc, dict) or code not in (EXIT_OK, EXIT_FAULT, EXIT_ERROR):
                 raise StreamError(f"the coordinator's answer is no verdict: {str(answer)[:200]}")
@@ -330,11 +343,11 @@ def cmd_job(args: argparse.Namespace) -> int:
 
 
 def _coordinate_job(job: JobNodes, cfg: dict[str, Any], rendezvous: agent.Rendezvous, args: argparse.Namespace,
-                    source: str) -> tuple[dict, int]:
+                    source: str, tls: Any = None) -> tuple[dict, int]:
     members = rendezvous.wait(job.plan.count, time.monotonic() + cfg["wait_seconds"])
     missing = job.missing(members, cfg["wait_seconds"])
     try:
-        doc, code = coordinate([m.agent for m in members], cfg, read_leaves(args.inventory), missing, source)
+        doc, code = coordinate([m.agent for m in members], cfg, read_leaves(args.inventory), missing, source, tls)
     except Usage as e:  # the others learn it too, rather than waiting for a verdict that never comes
         doc, code = {"method": "", "test": "", "error": str(e), "faulty": [], "slow": [], "unresolved": [],
                      "nodes": {}, "rounds": 0, "median_gbps": None, "unreachable": [], "missing": missing}, EXIT_ERROR

@@ -15,8 +15,9 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, connect, read_line, send_line
+from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, connect, plain, read_line, send_line
 
 CHUNK = 1 << 20
 SINK_SLACK = CONNECT_TIMEOUT  # a sink outlives its test this long, then drops a sender that did not stop
@@ -39,12 +40,16 @@ def tcp_counts(sock: socket.socket) -> tuple[int, int, int]:
             struct.unpack_from("=I", raw, _RETRANS)[0])
 
 
-def stream_to(peer: str, seconds: float, source: str | None = None, request: dict | None = None) -> Measured:
-    """Stream to the sink at `peer` for `seconds`; what its TCP acknowledged in that time."""
-    with connect(peer, CONNECT_TIMEOUT, source) as s:
+def stream_to(peer: str, seconds: float, source: str | None = None, request: dict | None = None,
+              tls: Any = None, expect: str | None = None) -> Measured:
+    """Stream to the sink at `peer` for `seconds`; what its TCP acknowledged in that time. With
+    `tls`, the request and the sink's answer go under mutual TLS (to the node `expect`), the data not."""
+    with connect(peer, CONNECT_TIMEOUT, source, tls, expect) as s:
         try:
             send_line(s, {**(request or {}), "op": "sink", "seconds": seconds})
             answer = read_line(s, time.monotonic() + CONNECT_TIMEOUT)[0]
+            if answer.get("ready") is True:
+                s = plain(s)
         except (StreamError, OSError) as e:
             raise StreamError(f"no sink at {peer}: {getattr(e, 'strerror', None) or e}") from None
         if answer.get("ready") is not True:
@@ -76,6 +81,8 @@ def sink(sock: socket.socket, seconds: float, buf: bytearray | None = None) -> i
     """Say ready, then count what arrives until the sender ends or `seconds` and the slack pass."""
     send_line(sock, {"ready": True})
     deadline = time.monotonic() + seconds + SINK_SLACK
+    sock.settimeout(CONNECT_TIMEOUT)
+    sock = plain(sock)
     buf = buf or bytearray(CHUNK)
     total = 0
     while (left := deadline - time.monotonic()) > 0:

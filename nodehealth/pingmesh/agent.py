@@ -14,8 +14,9 @@ gRPC answers RESOURCE_EXHAUSTED at once), messages at 64 KiB. A request that can
 never comes is refused, counted, and logged once a minute. A Ping does no work beyond echoing:
 nothing a peer sends can make this node do more.
 
-A peer's identity is not checked yet: where it slots in is _bind (server credentials in place of
-the insecure port) and the start of _answer (the call's auth context).
+With the mesh's identity (tls.enabled), the port speaks mutual TLS: a caller without a certificate
+of the cluster CA does not get past the handshake, and a call whose certificate names no member of
+the inventory (`admit`) is refused as a stranger.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from typing import Any
 
 from nodehealth.model import Metric
 from nodehealth.server import RateLimitedLog
+from nodehealth.tls.identity import grpc_peer_names
 
 log = logging.getLogger("nodehealth.probe")
 
@@ -39,7 +41,7 @@ IDLE_SECONDS = 120.0  # without a call; a prober calls each peer every 10 s
 MAX_CALLS_PER_CONNECTION = 8  # a prober has one Ping at a time on its channel
 MAX_CONCURRENT_CALLS = 256
 CALL_SECONDS = 5.0  # from a call's headers to its request message
-REFUSED = ("malformed", "deadline")  # reasons a call is refused
+REFUSED = ("malformed", "deadline", "stranger")  # reasons a call is refused
 METHOD = "/nodehealth.probe.v1.Probe/Ping"  # on the wire: probe.proto keeps its first package name
 
 
@@ -48,9 +50,11 @@ class ProbeError(Exception):
 
 
 async def start_server(listen: str, node: str, refuse: Callable[[str, str], None],
-                       max_connections: int = MAX_CONNECTIONS) -> Any:
+                       max_connections: int = MAX_CONNECTIONS, tls: Any = None,
+                       admit: Callable[[list[str]], bool] = lambda names: True) -> Any:
     """The Ping service, bound to `listen` (ADDR:PORT) and started on the running loop: a
-    grpc.aio.Server. `refuse(reason, why)` hears of each call refused. ProbeError when it cannot
+    grpc.aio.Server. `refuse(reason, why)` hears of each call refused. With `tls` (an Identity), only
+    calls whose certificate names someone `admit` admits are answered. ProbeError when it cannot
     listen."""
     import grpc
 
@@ -59,6 +63,10 @@ async def start_server(listen: str, node: str, refuse: Callable[[str, str], None
     async def ping(requests: Any, context: Any) -> bytes:
         """A unary call, read as a stream of its one message: so the wait for it has our deadline
         and the bytes are parsed here, where a bad message is counted instead of logged in full."""
+        if tls is not None and not admit(names := grpc_peer_names(context)):
+            refuse("stranger", f"a Ping from {context.peer()} ({', '.join(names) or 'no name'}) was refused: "
+                               "not a member of the inventory")
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "not a member of the inventory")
         try:
             raw = await asyncio.wait_for(context.read(), CALL_SECONDS)
         except asyncio.TimeoutError:
@@ -84,17 +92,20 @@ async def start_server(listen: str, node: str, refuse: Callable[[str, str], None
                ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS)
     server.add_generic_rpc_handlers((handler,))
-    _bind(server, listen)
+    _bind(server, listen, tls)
     await server.start()
     return server
 
 
-def _bind(server: Any, listen: str) -> None:
+def _bind(server: Any, listen: str, tls: Any) -> None:
     host, _, port = listen.rpartition(":")
     if not host or not port.isascii() or not port.isdigit():
         raise ProbeError(f"pingmesh listen address must be ADDR:PORT, not {listen!r}")
     try:
-        bound = server.add_insecure_port(listen)
+        if tls is None:
+            bound = server.add_insecure_port(listen)
+        else:
+            bound = server.add_secure_port(listen, tls.grpc_server_credentials())
     except RuntimeError as e:  # grpcio raises where older versions returned 0
         raise ProbeError(f"cannot listen on {listen} for pingmesh probes: {e}") from None
     if not bound:
@@ -104,10 +115,12 @@ def _bind(server: Any, listen: str) -> None:
 class Agent:
     """The Ping service on its own thread and asyncio loop; start() returns once it listens."""
 
-    def __init__(self, listen: str, node: str, max_connections: int = MAX_CONNECTIONS):
+    def __init__(self, listen: str, node: str, max_connections: int = MAX_CONNECTIONS, tls: Any = None,
+                 admit: Callable[[list[str]], bool] = lambda names: True):
         self.listen = listen
         self.node = node
         self.max_connections = max_connections
+        self.tls, self.admit = tls, admit
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: Any = None
@@ -125,7 +138,7 @@ class Agent:
         loop = asyncio.new_event_loop()
         try:
             self.server = loop.run_until_complete(start_server(self.listen, self.node, self._refuse,
-                                                               self.max_connections))
+                                                               self.max_connections, self.tls, self.admit))
         except BaseException as e:  # noqa: BLE001 (handed to start(), which raises it)
             loop.close()
             ready.set_exception(e)
@@ -155,8 +168,9 @@ class Agent:
 
     def metrics(self) -> list[Metric]:
         refused = Metric("nodehealth_pingmesh_agent_refused_total",
-                         "Pings this agent refused, by reason: malformed (not a PingRequest) or deadline (no "
-                         f"request within {CALL_SECONDS:g} s of the call's headers).", "counter", ("reason",))
+                         "Pings this agent refused, by reason: malformed (not a PingRequest), deadline (no "
+                         f"request within {CALL_SECONDS:g} s of the call's headers) or stranger (TLS: a "
+                         "certificate that names no member of the inventory).", "counter", ("reason",))
         for reason, n in self.refused.items():
             refused.add((reason,), n)
         return [refused]

@@ -34,6 +34,8 @@ from nodehealth.pingmesh import analysis as pingmesh
 from nodehealth.pingmesh import stats, verdicts
 from nodehealth.pingmesh.fetch import FetchError, fetch_summary
 from nodehealth.process_metrics import process_metrics
+from nodehealth.tls.access import Access, http_options
+from nodehealth.tls.identity import load_identity
 
 log = logging.getLogger("nodehealth.controller")
 
@@ -107,6 +109,8 @@ class Controller:
         self.kube_cfg = dict(KUBE_DEFAULTS, **cfg["kube"])
         self.window = float(self.pm["window_seconds"])
         self.agent_port = server.listen_address(cfg["daemon"]["listen"])[1]
+        self.tls = load_identity(cfg, cfg["tls"]["controller_name"])  # it opens the agents' /v1/pingmesh
+        self.access = Access(cfg["daemon"]["token_file"])  # without TLS, the agents' token opens it
         self.namespace = self.pm["controller_namespace"]
         self._api: KubeApi | None = None
         self.elector = LeaderElector(self._client, self.namespace, self.pm["controller_lease"], identity,
@@ -240,7 +244,8 @@ class Controller:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FetchError("deadline", "the analysis ran out of time before this agent")
-            summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since)
+            summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since, self.tls, name,
+                                    self.access.token() if self.tls is None else None)
             if summary.node != name:
                 raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
             return summary
@@ -478,7 +483,8 @@ def _failures(failed: dict[str, list[str]]) -> str:
 
 def make_server(controller: Controller, listen: str) -> server.BoundedHTTPServer:
     """/metrics and /healthz: one Prometheus and the kubelet call here."""
-    return server.make_server(listen, controller.routes, "nodehealth-controller")
+    return server.make_server(listen, controller.routes, "nodehealth-controller",
+                              **http_options(controller.cfg, controller.tls))
 
 
 # -- the command -----------------------------------------------------------------------------------

@@ -3,16 +3,20 @@
 A summary comes from another node: at most stats.MAX_SUMMARY_BYTES of it are read, and the whole
 exchange (connect, request, status line, headers, body) fits in `timeout` seconds: every read waits
 only for what is left of it, so an agent that drips its answer, its head included, is cut off too.
+With the mesh's identity (tls.enabled), the connection presents its certificate and the agent's must
+name the node asked for: an agent (or anything at its address) cannot answer for another node.
 """
 from __future__ import annotations
 
 import http.client
 import io
 import socket
+import ssl
 import time
 import urllib.parse
 
 from nodehealth.pingmesh import stats
+from nodehealth.tls.identity import Identity
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -51,9 +55,11 @@ class FetchError(Exception):
         self.reason = reason
 
 
-def fetch(url: str, timeout: float) -> bytes:
+def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "", token: bytes | None = None) -> bytes:
     """The body of `GET url` (http or https): at most stats.MAX_SUMMARY_BYTES, all of it within
-    `timeout` seconds. Raises FetchError: http_error, too_large, timeout or unreachable."""
+    `timeout` seconds; with `tls`, over mutual TLS to a server whose certificate names `name`; with
+    `token`, carrying it as a bearer token (`daemon.token_file`, when the agents want one).
+    Raises FetchError: http_error, too_large, timeout, unreachable or tls."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     deadline = time.monotonic() + timeout
@@ -67,7 +73,12 @@ def fetch(url: str, timeout: float) -> bytes:
             if left <= 0:
                 raise TimeoutError
             conn.sock.settimeout(left)
-            conn.request("GET", path, headers={"Accept": "application/json"})
+            if tls is not None:
+                conn.sock = tls.client_context().wrap_socket(conn.sock, server_hostname=name)
+            headers = {"Accept": "application/json"}
+            if token:
+                headers["Authorization"] = "Bearer " + token.decode("latin-1")
+            conn.request("GET", path, headers=headers)
             response = http.client.HTTPResponse(_DeadlineSocket(conn.sock, deadline), method="GET")
             response.begin()
             if response.status != 200:
@@ -90,6 +101,8 @@ def fetch(url: str, timeout: float) -> bytes:
             conn.close()
     except TimeoutError:
         raise FetchError("timeout", f"no complete answer within {timeout:g} s") from None
+    except ssl.SSLError as e:  # no certificate of the CA, or not the node's: its answer is not the node's
+        raise FetchError("tls", f"TLS: {e.reason or e}") from None
     except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: a port that is no number
         raise FetchError("unreachable", f"{type(e).__name__}: {e}") from None
     return b"".join(chunks)
@@ -103,10 +116,12 @@ def summary_url(address: str, port: int, windows: int, since: float | None = Non
     return f"http://{host}:{port}/v1/pingmesh?{query}"
 
 
-def fetch_summary(address: str, port: int, windows: int, timeout: float, since: float | None = None) -> stats.Summary:
+def fetch_summary(address: str, port: int, windows: int, timeout: float, since: float | None = None,
+                  tls: Identity | None = None, name: str = "", token: bytes | None = None) -> stats.Summary:
     """One agent's summary, validated by stats.loads_summary (FetchError "invalid" when it is not one).
-    With `since`, the windows up to that start may come without their peers (see Pingmesh.summary)."""
-    data = fetch(summary_url(address, port, windows, since), timeout)
+    With `since`, the windows up to that start may come without their peers (see Pingmesh.summary);
+    with `tls`, only from the agent whose certificate names `name`."""
+    data = fetch(summary_url(address, port, windows, since), timeout, tls, name, token)
     try:
         return stats.loads_summary(data, stubs=since is not None)
     except stats.SummaryError as e:

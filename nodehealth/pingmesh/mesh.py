@@ -29,14 +29,15 @@ CHECK = "pingmesh"
 
 class Pingmesh:
     def __init__(self, node: str, cfg: dict[str, Any], load_inventory: Callable[[], Inventory],
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, tls: Any = None):
         self.node = node
         self.cfg = cfg
         self.load_inventory = load_inventory
         self.clock = clock
         self.window = float(cfg["window_seconds"])
         self.lock = threading.Lock()
-        self.prober = Prober(node, cfg, self.record)
+        self.tls = tls  # the mesh identity when tls.enabled: Pings only between members of the inventory
+        self.prober = Prober(node, cfg, self.record, tls)
         self.agent: agent.Agent | None = None
         self.inventory: Inventory | None = None
         self.inventory_error: str | None = None
@@ -52,7 +53,7 @@ class Pingmesh:
               ) -> dict[str, Callable[[], None]]:
         """Serve Pings now (a port in use fails the daemon's start, loudly; the agent's thread is
         `self.agent.thread`) and return the workers to run until `stop`, by name."""
-        self.agent = agent.Agent(self.cfg["listen"], self.node, max_connections)
+        self.agent = agent.Agent(self.cfg["listen"], self.node, max_connections, self.tls, self.member)
         self.agent.start()
         host = self.cfg["listen"].rpartition(":")[0]
         try:
@@ -61,6 +62,12 @@ class Pingmesh:
             self.agent.stop(0)
             raise
         return {"pingmesh-prober": lambda: self.prober.run(stop), "pingmesh-pinglist": lambda: self._refresh_loop(stop)}
+
+    def member(self, names: list[str]) -> bool:
+        """Whether a verified peer certificate names a node of the inventory (who may Ping us)."""
+        with self.lock:
+            inv = self.inventory
+        return inv is not None and any(inv.get(name) is not None for name in names)
 
     def stop(self) -> None:
         if self.agent is not None:

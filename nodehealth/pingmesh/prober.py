@@ -53,8 +53,9 @@ Record = Callable[[Target, str, float, "float | None", bool], None]
 
 
 class Prober:
-    def __init__(self, node: str, cfg: dict[str, Any], record: Record):
+    def __init__(self, node: str, cfg: dict[str, Any], record: Record, tls: Any = None):
         self.node = node
+        self.tls = tls  # the mesh identity (nodehealth.tls.identity.Identity) when tls.enabled
         self.cfg = cfg
         self.record = record
         self.interval = float(cfg["probe_interval_seconds"])
@@ -70,7 +71,8 @@ class Prober:
         self.in_flight = 0
         self.skipped = 0  # probes not started: rate or concurrency cap
         self.started = 0
-        self.channels: dict[str, tuple[Any, Any]] = {}  # "addr:port" -> (channel, stub)
+        # "addr:port" -> (channel, stub, (TLS generation, the node its certificate must name))
+        self.channels: dict[str, tuple[Any, Any, tuple[int, str]]] = {}
         self.seq = 0
         self.tokens = self.rate
         self.refilled = time.monotonic()
@@ -206,15 +208,22 @@ class Prober:
 
         endpoint = _endpoint(target, self.cfg)
         entry = self.channels.get(endpoint)
+        generation, credentials = self.tls.grpc_channel_credentials() if self.tls is not None else (0, None)
+        made_for = (generation, target.node)
+        if entry is not None and entry[2] != made_for:  # rotated certificates, or another node at the address
+            self.channels.pop(endpoint)[0].close()
+            entry = None
         if entry is None:
-            channel = grpc.insecure_channel(endpoint, options=[
+            # With TLS the peer's certificate must name the node this target is (its address alone proves nothing).
+            secure = [("grpc.ssl_target_name_override", target.node)] if credentials is not None else []
+            channel = _channel(grpc, endpoint, credentials, secure + [
                 ("grpc.max_receive_message_length", 64 * 1024),
                 ("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0),  # a probe is never proxied nor retried
                 # A Ping to a peer whose connection is down fails at once (lost) until gRPC reconnects:
                 # retry every second at most, so a repaired path stops counting as lossy within one.
                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 1000)])
-            entry = (channel, probe_pb2_grpc.ProbeStub(channel))
+            entry = (channel, probe_pb2_grpc.ProbeStub(channel), made_for)
             self.channels[endpoint] = entry
         return entry[1]
 
@@ -321,6 +330,12 @@ def handshake(s: socket.socket) -> tuple[float | None, bool | None]:
     (rtt_us,) = struct.unpack_from("I", info, TCPI_RTT)
     (retrans,) = struct.unpack_from("I", info, TCPI_TOTAL_RETRANS)
     return (rtt_us / 1e6 if rtt_us else None), retrans > 0
+
+
+def _channel(grpc: Any, endpoint: str, credentials: Any, options: list) -> Any:
+    if credentials is None:
+        return grpc.insecure_channel(endpoint, options=options)
+    return grpc.secure_channel(endpoint, credentials, options=options)
 
 
 def _endpoint(target: Target, cfg: dict[str, Any]) -> str:
