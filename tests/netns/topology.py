@@ -131,10 +131,11 @@ class Topology:
 
     # -- faults --------------------------------------------------------------------------------
     def node_loss(self, name: str, percent: int) -> None:
-        """Random loss of what the node receives and of what it sends, dropped at the receivers."""
+        """Random loss of what the node receives and of what it sends on its data port (eth0), dropped at the
+        receivers; its management port stays sound, as a lossy NIC leaves the control network alone."""
         n = self.node(name)
         sh("nft", "-f", "-", ns=n.ns, stdin=_chain("inet nhfault", "input", "type filter hook input priority -10",
-                                                   _drop(percent)))
+                                                   f'iifname "eth0" {_drop(percent)}'))
         sh("nft", "-f", "-", ns=self.fabric,
            stdin=_chain(f"netdev nhfault_{n.name}", "ingress",
                         f'type filter hook ingress device "{n.port}" priority -10',
