@@ -6,7 +6,9 @@ Read through psutil, for this process only: `--root` is about the machine judged
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 from nodehealth.model import Metric
 
@@ -18,7 +20,7 @@ def process_metrics() -> list[Metric]:
     import psutil  # the daemon's and the controller's /metrics only
 
     try:
-        me = psutil.Process()
+        me = _process(os.getpid())
         with me.oneshot():
             cpu = me.cpu_times()
             memory = me.memory_info()
@@ -39,3 +41,12 @@ def process_metrics() -> list[Metric]:
         ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", "gauge", started),
     ]
     return [Metric.one(name, help_text, value, kind) for name, help_text, kind, value in families]
+
+
+@functools.lru_cache(maxsize=1)
+def _process(pid: int):
+    """This process, kept between scrapes (by pid, so a forked child gets its own): psutil.Process() reads
+    /proc/self/stat and /proc/stat's boot time each time, half the cost of these families."""
+    import psutil
+
+    return psutil.Process(pid)

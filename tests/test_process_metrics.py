@@ -70,3 +70,22 @@ def test_the_controller_has_them_too(tmp_path):
         assert set(FAMILIES) <= set(parsed(exporter.render(c.metrics()).decode()))
     finally:
         server.close()
+
+
+def test_a_forked_child_describes_itself_not_its_parent():
+    """The figures are read through a kept psutil.Process: a child forked after a scrape has its own."""
+    def cpu() -> float:
+        return next(m.samples[0][1] for m in process_metrics() if m.name == "process_cpu_seconds_total")
+
+    while cpu() < 0.3:  # the parent has spent CPU (the test run's imports, at least), a new child almost none
+        sum(range(10**6))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, repr(cpu()).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = float(os.read(read, 100))
+    os.close(read)
+    assert child < 0.2 < cpu()
