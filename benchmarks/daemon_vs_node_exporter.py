@@ -7,7 +7,9 @@ prometheus-node-exporter with collectors buddyinfo, infiniband, vmstat and memin
 (the order alternates each round); at each round's ends their CPU (utime + stime of the whole
 process, /proc/PID/stat) and resident set (VmRSS) are read, so every round sees both under the
 same machine load. `--before PYTHON` adds a third process, the daemon of another install (a venv
-with the old tree installed), to compare before and after in the same run.
+with the old tree installed), to compare before and after in the same run. Where py-spy is on PATH,
+each daemon's CPU is also split by thread (each thread's run time from /proc/PID/task/TID/schedstat,
+in nanoseconds, named by `py-spy dump`): the profile of the whole process, not of a pass.
 
 Target: the daemon's CPU at most 1.0x node_exporter's; its RSS at most 60 MiB, flat.
 Usage: python benchmarks/daemon_vs_node_exporter.py [--rounds 4] [--seconds 10] [--before OLD_VENV/bin/python]
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +41,25 @@ class Served:
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env)
         self.cpu: list[float] = []  # seconds per round
         self.rss: list[int] = []  # bytes at each round's end
+        self.threads: dict[str, str] = {}  # thread id -> name (the daemons, with py-spy)
+        self.thread_ns: dict[str, int] = {}  # thread id -> run time over the rounds
+
+    def name_threads(self) -> None:
+        """Each thread's name as Python knows it (the kernel's is the program's for all of them)."""
+        if not shutil.which("py-spy"):
+            return
+        dump = subprocess.run(["py-spy", "dump", "-p", str(self.proc.pid)], capture_output=True, text=True).stdout
+        self.threads = dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]*)"', dump, re.M))
+
+    def thread_times(self) -> dict[str, int]:
+        out = {}
+        for tid in self.threads:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat") as f:
+                    out[tid] = int(f.read().split()[0])
+            except FileNotFoundError:  # gone: its time since the last read is lost, and said so below
+                pass
+        return out
 
     def ready(self) -> None:
         wait_http(self.url)
@@ -77,14 +99,17 @@ def node_exporter(binary: str, root: str) -> Served:
 def run_round(served: list[Served], seconds: int) -> None:
     """`seconds` scrapes of each, one a second, every process's CPU read at both ends."""
     before = [process_cpu_seconds(s.proc.pid) for s in served]
+    threads_before = [s.thread_times() for s in served]
     start = time.monotonic()
     for tick in range(seconds):
         for s in served:
             s.scrape()
         time.sleep(max(0.0, start + tick + 1 - time.monotonic()))
-    for s, cpu in zip(served, before):
+    for s, cpu, ns in zip(served, before, threads_before):
         s.cpu.append(process_cpu_seconds(s.proc.pid) - cpu)
         s.rss.append(rss_bytes(s.proc.pid))
+        for tid, now in s.thread_times().items():
+            s.thread_ns[tid] = s.thread_ns.get(tid, 0) + now - ns.get(tid, now)
 
 
 def main() -> None:
@@ -108,6 +133,8 @@ def main() -> None:
             for s in served:
                 s.ready()
             run_round(served, args.warmup)
+            for s in served[1:]:
+                s.name_threads()  # after the warm-up: the pass, collector and request threads all exist
             for s in served:
                 s.cpu.clear()
                 s.rss.clear()
@@ -134,6 +161,12 @@ def main() -> None:
         print(f"{s.name} / node_exporter: {sum(s.cpu) / max(sum(theirs.cpu), 1e-9):.2f}x over {total} s "
               f"(median round {median(ratios):.2f}x; target <= 1.0x); RSS {max(s.rss) / 2**20:.1f} MiB max, "
               f"{growth:+.1f} MiB first to last round (target <= 60 MiB, flat)")
+    for s in served[1:]:
+        if s.threads:
+            named = ", ".join(f"{s.threads[tid]} {ns / 1e6 / total:.2f}" for tid, ns in
+                              sorted(s.thread_ns.items(), key=lambda kv: -kv[1]))
+            print(f"{s.name} by thread (ms/s, schedstat): {named}; together "
+                  f"{sum(s.thread_ns.values()) / 1e6 / total:.2f} (threads started later are not counted)")
 
 
 if __name__ == "__main__":
