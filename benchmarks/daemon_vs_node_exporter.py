@@ -8,8 +8,8 @@ prometheus-node-exporter with collectors buddyinfo, infiniband, vmstat and memin
 process, /proc/PID/stat) and resident set (VmRSS) are read, so every round sees both under the
 same machine load. `--before PYTHON` adds a third process, the daemon of another install (a venv
 with the old tree installed), to compare before and after in the same run. Where py-spy is on PATH,
-each daemon's CPU is also split by thread (each thread's run time from /proc/PID/task/TID/schedstat,
-in nanoseconds, named by `py-spy dump`): the profile of the whole process, not of a pass.
+each daemon's CPU is also split by thread (each thread's run time and times it was run from
+/proc/PID/task/TID/schedstat, named by `py-spy dump`): the profile of the whole process, not of a pass.
 `--moving` serves a copy of the tree whose busy-node figures move every second (Mover), so that
 nothing is measured on values that never change.
 
@@ -98,7 +98,7 @@ class Served:
         self.cpu: list[float] = []  # seconds per round
         self.rss: list[int] = []  # bytes at each round's end
         self.threads: dict[str, str] = {}  # thread id -> name (the daemons, with py-spy)
-        self.thread_ns: dict[str, int] = {}  # thread id -> run time over the rounds
+        self.thread_ns: dict[str, list[int]] = {}  # thread id -> [run time (ns), times run] over the rounds
 
     def name_threads(self) -> None:
         """Each thread's name as Python knows it (the kernel's is the program's for all of them)."""
@@ -107,12 +107,13 @@ class Served:
         dump = subprocess.run(["py-spy", "dump", "-p", str(self.proc.pid)], capture_output=True, text=True).stdout
         self.threads = dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]*)"', dump, re.M))
 
-    def thread_times(self) -> dict[str, int]:
+    def thread_times(self) -> dict[str, tuple[int, int]]:
         out = {}
         for tid in self.threads:
             try:
                 with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat") as f:
-                    out[tid] = int(f.read().split()[0])
+                    run_ns, _, runs = f.read().split()
+                    out[tid] = int(run_ns), int(runs)
             except FileNotFoundError:  # gone: its time since the last read is lost, and said so below
                 pass
         return out
@@ -168,7 +169,10 @@ def run_round(served: list[Served], seconds: int, mover: Mover | None = None) ->
         s.cpu.append(process_cpu_seconds(s.proc.pid) - cpu)
         s.rss.append(rss_bytes(s.proc.pid))
         for tid, now in s.thread_times().items():
-            s.thread_ns[tid] = s.thread_ns.get(tid, 0) + now - ns.get(tid, now)
+            then = ns.get(tid, now)
+            total = s.thread_ns.setdefault(tid, [0, 0])
+            total[0] += now[0] - then[0]
+            total[1] += now[1] - then[1]
 
 
 def main() -> None:
@@ -225,10 +229,11 @@ def main() -> None:
               f"{growth:+.1f} MiB first to last round (target <= 60 MiB, flat)")
     for s in served[1:]:
         if s.threads:
-            named = ", ".join(f"{s.threads[tid]} {ns / 1e6 / total:.2f}" for tid, ns in
-                              sorted(s.thread_ns.items(), key=lambda kv: -kv[1]))
-            print(f"{s.name} by thread (ms/s, schedstat): {named}; together "
-                  f"{sum(s.thread_ns.values()) / 1e6 / total:.2f} (threads started later are not counted)")
+            named = ", ".join(f"{s.threads[tid]} {ns / 1e6 / total:.2f} ({runs / total:.1f})" for tid, (ns, runs) in
+                              sorted(s.thread_ns.items(), key=lambda kv: -kv[1][0]))
+            print(f"{s.name} by thread, ms/s (runs/s) from schedstat: {named}; together "
+                  f"{sum(ns for ns, _ in s.thread_ns.values()) / 1e6 / total:.2f} ms/s (threads started later are "
+                  "not counted)")
 
 
 if __name__ == "__main__":

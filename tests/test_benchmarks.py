@@ -22,5 +22,5 @@ def test_daemon_vs_node_exporter_runs_both_side_by_side():
     assert int(re.search(r"^nodehealth +CPU .* passes (\d+)$", run.stdout, re.M).group(1)) >= 2, run.stdout
     assert re.search(r"^nodehealth / node_exporter: [\d.]+x over 2 s", run.stdout, re.M), run.stdout
     # the whole process by thread: the passes', the collectors' and the listener's
-    threads = re.search(r"^nodehealth by thread \(ms/s, schedstat\): (.*);", run.stdout, re.M).group(1)
-    assert {"passes", "collectors", "http"} <= {part.rsplit(" ", 1)[0] for part in threads.split(", ")}
+    threads = re.search(r"^nodehealth by thread, ms/s \(runs/s\) from schedstat: (.*);", run.stdout, re.M).group(1)
+    assert {"passes", "collectors", "http"} <= {part.rsplit(" ", 2)[0] for part in threads.split(", ")}
