@@ -248,19 +248,21 @@ def counters(facts: InfiniBand) -> dict[str, float]:
     """Monotonic counters for per-second rates; data counters in bytes, not words."""
     out: dict[str, float] = {}
     for port in facts.ports:
+        # each key is its port's prefix and a name: the prefixes built once a port, not once a key (~60 a port)
+        prefix, hw_prefix = counter_key(port, ""), hw_counter_key(port, "")
         for name, value in port.counters.items():
             if value is not None and name not in _TRAFFIC_NAMES:
-                out[counter_key(port, name)] = value
+                out[prefix + name] = value
         for _, name, legacy, mult, _ in TRAFFIC:
             value = port.traffic(name, legacy)
             if value is not None and mult == 1:  # data words are exported below, in bytes
-                out[counter_key(port, name)] = value
+                out[prefix + name] = value
         for name, value in port.hw_counters.items():
             if value is not None:
-                out[hw_counter_key(port, name)] = value
+                out[hw_prefix + name] = value
         for name, value in (("transmitted_bytes", port.transmitted_bytes), ("received_bytes", port.received_bytes)):
             if value is not None:
-                out[counter_key(port, name)] = value
+                out[prefix + name] = value
     return out
 
 
