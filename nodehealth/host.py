@@ -203,7 +203,7 @@ class KeptFiles:
     def __init__(self, limit: int | None = None):
         self._limit = limit  # None: set at the first read, from the open-file limit then (the daemon raises it)
         self._lock = threading.Lock()  # one collector's reads at a time, but a --root host may be shared
-        self._dirs: dict[str, tuple[tuple[int, int], dict[str, int]]] = {}  # path -> (identity, name -> fd)
+        self._dirs: dict[str, _KeptDir] = {}  # by path
         self._read: set[str] = set()  # directories read since the last sweep
         self.count = 0  # descriptors held
 
@@ -224,18 +224,23 @@ class KeptFiles:
 
     def _read_dir(self, directory: str, dir_fd: int, skip: frozenset) -> dict[str, int | None]:
         st = os.fstat(dir_fd)
-        identity = (st.st_dev, st.st_ino)
         kept = self._dirs.get(directory)
-        if kept is not None and kept[0] != identity:
+        if kept is not None and kept.identity != (st.st_dev, st.st_ino):
             self._close(directory)
             kept = None
-        files = kept[1] if kept is not None else {}
-        self._dirs[directory] = (identity, files)
+        if kept is None:
+            kept = self._dirs[directory] = _KeptDir((st.st_dev, st.st_ino))
         try:
             names = sorted(os.listdir(dir_fd))
         except OSError:
             self._close(directory)
             return {}
+        if names == kept.listed and kept.whole:  # every file kept, as at the last read: one tight loop
+            try:
+                return {name: int(os.pread(fd, 4096, 0)) for name, fd in kept.files.items()}
+            except (OSError, ValueError):
+                pass  # a read failed or a value is no number: file by file below
+        files = kept.files
         for name in set(files).difference(names):
             self._close_file(files, name)
         out: dict[str, int | None] = {}
@@ -268,6 +273,7 @@ class KeptFiles:
                 self.count += 1
             else:
                 os.close(fd)
+        kept.listed, kept.whole = names, len(files) == len(out) and None not in out.values()
         return out
 
     def sweep(self) -> None:
@@ -286,13 +292,26 @@ class KeptFiles:
         self.close()
 
     def _close(self, directory: str) -> None:
-        _, files = self._dirs.pop(directory, (None, {}))
-        for name in list(files):
-            self._close_file(files, name)
+        kept = self._dirs.pop(directory, None)
+        if kept is not None:
+            for name in list(kept.files):
+                self._close_file(kept.files, name)
 
     def _close_file(self, files: dict[str, int], name: str) -> None:
         os.close(files.pop(name))
         self.count -= 1
+
+
+class _KeptDir:
+    """One directory's kept files, and its listing when they were read."""
+
+    __slots__ = ("identity", "files", "listed", "whole")
+
+    def __init__(self, identity: tuple[int, int]):
+        self.identity = identity  # (st_dev, st_ino): another inode is another directory
+        self.files: dict[str, int] = {}  # name -> descriptor
+        self.listed: list[str] = []  # the names at the last read
+        self.whole = False  # every file kept and a number: the next read of the same names is one loop
 
 
 def _int_or_none(data: bytes) -> int | None:

@@ -76,6 +76,12 @@ def test_kept_files_read_what_is_there_now_through_descriptors_kept_between_read
     (counters / "a").write_text("5\n")
     assert kept.read_int_dir(str(counters)) == {"a": 5}
     assert kept.count == 1 and open_descriptors() == before + 1
+    (counters / "a").write_text("6\n")  # the same names again: read in one loop
+    assert kept.read_int_dir(str(counters)) == {"a": 6}
+    (counters / "a").write_text("N/A\n")
+    assert kept.read_int_dir(str(counters)) == {"a": None}
+    (counters / "a").write_text("7\n")
+    assert kept.read_int_dir(str(counters)) == kept.read_int_dir(str(counters)) == {"a": 7}
     kept.sweep()  # read since the last sweep: kept
     assert kept.count == 1
     kept.sweep()  # not read since: closed
