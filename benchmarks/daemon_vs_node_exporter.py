@@ -7,7 +7,11 @@ prometheus-node-exporter with collectors buddyinfo, infiniband, vmstat and memin
 (the order alternates each round); at each round's ends their CPU (utime + stime of the whole
 process, /proc/PID/stat) and resident set (VmRSS) are read, so every round sees both under the
 same machine load. `--before PYTHON` adds a third process, the daemon of another install (a venv
-with the old tree installed), to compare before and after in the same run.
+with the old tree installed), to compare before and after in the same run. Where py-spy is on PATH,
+each daemon's CPU is also split by thread (each thread's run time and times it was run from
+/proc/PID/task/TID/schedstat, named by `py-spy dump`): the profile of the whole process, not of a pass.
+`--moving` serves a copy of the tree whose busy-node figures move every second (Mover), so that
+nothing is measured on values that never change.
 
 Target: the daemon's CPU at most 1.0x node_exporter's; its RSS at most 60 MiB, flat.
 Usage: python benchmarks/daemon_vs_node_exporter.py [--rounds 4] [--seconds 10] [--before OLD_VENV/bin/python]
@@ -15,7 +19,9 @@ Usage: python benchmarks/daemon_vs_node_exporter.py [--rounds 4] [--seconds 10] 
 from __future__ import annotations
 
 import argparse
+import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +34,59 @@ SOURCES = ("buddyinfo", "vm", "infiniband")
 NODE_EXPORTER_COLLECTORS = ("buddyinfo", "infiniband", "vmstat", "meminfo")
 
 
+class Mover:
+    """A copy of the tree whose figures move as a busy node's do, written in place before each second's
+    scrapes: the ports' traffic counters and vmstat's page counters grow, meminfo's free and cached
+    figures and buddyinfo's free blocks wiggle. The error counters stay: no finding comes of it."""
+
+    TRAFFIC = ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "unicast_xmit_packets",
+               "unicast_rcv_packets", "multicast_xmit_packets", "multicast_rcv_packets", "rx_write_requests",
+               "rx_read_requests")
+    MEMINFO = ("MemFree:", "MemAvailable:", "Cached:", "Active(file):", "Inactive(file):")
+
+    def __init__(self, fixture: str, copy: str):
+        shutil.copytree(fixture, copy, symlinks=True)
+        self.root = copy
+        self.n = 0  # ticks so far
+        ports = os.path.join(copy, "sys", "class", "infiniband", "*", "ports", "*")
+        self.counters = sorted(path for part in ("counters", "hw_counters")
+                               for path in glob.glob(os.path.join(ports, part, "*"))
+                               if os.path.basename(path) in self.TRAFFIC)
+        self.texts = {path: _read(path) for path in self.counters}
+        for name in ("vmstat", "meminfo", "buddyinfo"):
+            path = os.path.join(copy, "proc", name)
+            self.texts[path] = _read(path)
+
+    def tick(self) -> None:
+        self.n += 1
+        n = self.n
+        for path, text in self.texts.items():
+            name = os.path.basename(path)
+            if path in self.counters:
+                moved = f"{int(text) + n * 1_000_003}\n"
+            elif name == "vmstat":
+                moved = "".join(f"{k} {int(v) + n * 997}\n" if k.startswith(("pg", "nr_")) else f"{k} {v}\n"
+                                for k, v in (line.split() for line in text.splitlines()))
+            elif name == "meminfo":
+                moved = "".join(_shift(line, n % 7 * 4) if line.startswith(self.MEMINFO) else line + "\n"
+                                for line in text.splitlines())
+            else:  # buddyinfo
+                moved = "".join(" ".join(f"{int(w) + n % 3}" if w.isdigit() and i > 3 else w
+                                         for i, w in enumerate(line.split())) + "\n" for line in text.splitlines())
+            with open(path, "w") as f:  # in place, as the kernel's files change
+                f.write(moved)
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _shift(line: str, by: int) -> str:
+    key, value, *unit = line.split()
+    return " ".join([key, str(int(value) + by), *unit]) + "\n"
+
+
 class Served:
     """One process serving /metrics, and what was read of it."""
 
@@ -38,6 +97,26 @@ class Served:
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env)
         self.cpu: list[float] = []  # seconds per round
         self.rss: list[int] = []  # bytes at each round's end
+        self.threads: dict[str, str] = {}  # thread id -> name (the daemons, with py-spy)
+        self.thread_ns: dict[str, list[int]] = {}  # thread id -> [run time (ns), times run] over the rounds
+
+    def name_threads(self) -> None:
+        """Each thread's name as Python knows it (the kernel's is the program's for all of them)."""
+        if not shutil.which("py-spy"):
+            return
+        dump = subprocess.run(["py-spy", "dump", "-p", str(self.proc.pid)], capture_output=True, text=True).stdout
+        self.threads = dict(re.findall(r'^Thread (\d+) \(\w+\): "([^"]*)"', dump, re.M))
+
+    def thread_times(self) -> dict[str, tuple[int, int]]:
+        out = {}
+        for tid in self.threads:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/schedstat") as f:
+                    run_ns, _, runs = f.read().split()
+                    out[tid] = int(run_ns), int(runs)
+            except FileNotFoundError:  # gone: its time since the last read is lost, and said so below
+                pass
+        return out
 
     def ready(self) -> None:
         wait_http(self.url)
@@ -74,17 +153,26 @@ def node_exporter(binary: str, root: str) -> Served:
     return Served("node_exporter", argv, port, "node_infiniband_")
 
 
-def run_round(served: list[Served], seconds: int) -> None:
-    """`seconds` scrapes of each, one a second, every process's CPU read at both ends."""
+def run_round(served: list[Served], seconds: int, mover: Mover | None = None) -> None:
+    """`seconds` scrapes of each, one a second, every process's CPU read at both ends; with a mover,
+    the tree moves before each second's scrapes."""
     before = [process_cpu_seconds(s.proc.pid) for s in served]
+    threads_before = [s.thread_times() for s in served]
     start = time.monotonic()
     for tick in range(seconds):
+        if mover is not None:
+            mover.tick()
         for s in served:
             s.scrape()
         time.sleep(max(0.0, start + tick + 1 - time.monotonic()))
-    for s, cpu in zip(served, before):
+    for s, cpu, ns in zip(served, before, threads_before):
         s.cpu.append(process_cpu_seconds(s.proc.pid) - cpu)
         s.rss.append(rss_bytes(s.proc.pid))
+        for tid, now in s.thread_times().items():
+            then = ns.get(tid, now)
+            total = s.thread_ns.setdefault(tid, [0, 0])
+            total[0] += now[0] - then[0]
+            total[1] += now[1] - then[1]
 
 
 def main() -> None:
@@ -93,13 +181,15 @@ def main() -> None:
     p.add_argument("--seconds", type=int, default=10, help="seconds (scrapes) per round")
     p.add_argument("--warmup", type=int, default=5, help="seconds of scrapes before the first round")
     p.add_argument("--before", help="the Python of a venv with the old tree, run as a third process")
+    p.add_argument("--moving", action="store_true", help="serve a copy of the tree whose figures move every second")
     args = p.parse_args()
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if not binary:
         sys.exit("install Debian's prometheus-node-exporter first")
-    root = machine("h100-8x-cx7")
     served: list[Served] = []
     with tempfile.TemporaryDirectory() as state:
+        mover = Mover(machine("h100-8x-cx7"), os.path.join(state, "machine")) if args.moving else None
+        root = mover.root if mover else machine("h100-8x-cx7")
         try:
             served.append(node_exporter(binary, root))
             served.append(daemon("nodehealth", sys.executable, root, os.path.join(state, "after")))
@@ -107,12 +197,14 @@ def main() -> None:
                 served.append(daemon("nodehealth before", args.before, root, os.path.join(state, "before")))
             for s in served:
                 s.ready()
-            run_round(served, args.warmup)
+            run_round(served, args.warmup, mover)
+            for s in served[1:]:
+                s.name_threads()  # after the warm-up: the pass, collector and request threads all exist
             for s in served:
                 s.cpu.clear()
                 s.rss.clear()
             for r in range(args.rounds):
-                run_round(served if r % 2 == 0 else served[::-1], args.seconds)
+                run_round(served if r % 2 == 0 else served[::-1], args.seconds, mover)
             passes = {s.name: metric_value(s.scrape().decode(), "nodehealth_daemon_passes_total")
                       for s in served[1:]}
         finally:
@@ -121,7 +213,8 @@ def main() -> None:
     theirs = served[0]
     total = args.rounds * args.seconds
     load = os.getloadavg()
-    print(f"rounds: {args.rounds} x {args.seconds} s, one scrape of each per second, side by side; "
+    print(f"rounds: {args.rounds} x {args.seconds} s, one scrape of each per second, side by side"
+          f"{', the tree moving every second' if mover else ''}; "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     for s in served:
         mib = [round(b / 2**20, 1) for b in s.rss]
@@ -134,6 +227,13 @@ def main() -> None:
         print(f"{s.name} / node_exporter: {sum(s.cpu) / max(sum(theirs.cpu), 1e-9):.2f}x over {total} s "
               f"(median round {median(ratios):.2f}x; target <= 1.0x); RSS {max(s.rss) / 2**20:.1f} MiB max, "
               f"{growth:+.1f} MiB first to last round (target <= 60 MiB, flat)")
+    for s in served[1:]:
+        if s.threads:
+            named = ", ".join(f"{s.threads[tid]} {ns / 1e6 / total:.2f} ({runs / total:.1f})" for tid, (ns, runs) in
+                              sorted(s.thread_ns.items(), key=lambda kv: -kv[1][0]))
+            print(f"{s.name} by thread, ms/s (runs/s) from schedstat: {named}; together "
+                  f"{sum(ns for ns, _ in s.thread_ns.values()) / 1e6 / total:.2f} ms/s (threads started later are "
+                  "not counted)")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from nodehealth.collectors import require_sysfs
 from nodehealth.collectors.pcie import PCI_ADDRESS
-from nodehealth.host import HostPaths, list_dir, read_attr, read_int_dir
+from nodehealth.host import HostPaths, KeptFiles, list_dir, read_attr
 from nodehealth.model import Metric
 
 NAME = "infiniband"
@@ -189,7 +189,7 @@ def parse_rate(text: str | None) -> tuple[float | None, str | None]:
     return gbps, detail or None
 
 
-def _read_port(device: str, number: int, directory: str) -> Port:
+def _read_port(device: str, number: int, directory: str, kept: KeptFiles) -> Port:
     prefix = directory + "/"
     state_id, state = parse_state(read_attr(prefix + "state"))
     phys_state_id, phys_state = parse_state(read_attr(prefix + "phys_state"))
@@ -198,15 +198,15 @@ def _read_port(device: str, number: int, directory: str) -> Port:
         device=device, port=number, state_id=state_id, state=state,
         phys_state_id=phys_state_id, phys_state=phys_state,
         rate_gbps=rate_gbps, rate_text=rate_text, link_layer=read_attr(prefix + "link_layer"),
-        counters=read_int_dir(prefix + "counters", NOT_COUNTERS),
-        counters_ext=read_int_dir(prefix + "counters_ext", NOT_COUNTERS),
-        hw_counters=read_int_dir(prefix + "hw_counters", NOT_COUNTERS),
+        counters=kept.read_int_dir(prefix + "counters", NOT_COUNTERS),
+        counters_ext=kept.read_int_dir(prefix + "counters_ext", NOT_COUNTERS),
+        hw_counters=kept.read_int_dir(prefix + "hw_counters", NOT_COUNTERS),
     )
 
 
-def _read_device(name: str, directory: str) -> Device:
+def _read_device(name: str, directory: str, kept: KeptFiles) -> Device:
     prefix = directory + "/"
-    ports = tuple(_read_port(name, int(p), prefix + "ports/" + p)
+    ports = tuple(_read_port(name, int(p), prefix + "ports/" + p, kept)
                   for p in list_dir(prefix + "ports") if p.isascii() and p.isdigit())
     return Device(
         name=name, fw_version=read_attr(prefix + "fw_ver"), board_id=read_attr(prefix + "board_id"),
@@ -225,10 +225,14 @@ def _pci_bus_id(link: str) -> str | None:
 
 
 def collect(host: HostPaths, cfg: dict) -> InfiniBand:
-    """A device that vanishes mid-walk reads as a device with no ports and None attributes."""
+    """A device that vanishes mid-walk reads as a device with no ports and None attributes. The
+    counter directories (~50 files a port) are read through descriptors kept between passes."""
     require_sysfs(host)
     root = host.sys("class", "infiniband") + "/"
-    return InfiniBand(tuple(_read_device(name, root + name) for name in list_dir(root)))
+    kept = host.kept(NAME)
+    facts = InfiniBand(tuple(_read_device(name, root + name, kept) for name in list_dir(root)))
+    kept.sweep()  # a device gone since the last pass: its descriptors closed
+    return facts
 
 
 def counter_key(port: Port, name: str) -> str:
@@ -248,19 +252,21 @@ def counters(facts: InfiniBand) -> dict[str, float]:
     """Monotonic counters for per-second rates; data counters in bytes, not words."""
     out: dict[str, float] = {}
     for port in facts.ports:
+        # each key is its port's prefix and a name: the prefixes built once a port, not once a key (~60 a port)
+        prefix, hw_prefix = counter_key(port, ""), hw_counter_key(port, "")
         for name, value in port.counters.items():
             if value is not None and name not in _TRAFFIC_NAMES:
-                out[counter_key(port, name)] = value
+                out[prefix + name] = value
         for _, name, legacy, mult, _ in TRAFFIC:
             value = port.traffic(name, legacy)
             if value is not None and mult == 1:  # data words are exported below, in bytes
-                out[counter_key(port, name)] = value
+                out[prefix + name] = value
         for name, value in port.hw_counters.items():
             if value is not None:
-                out[hw_counter_key(port, name)] = value
+                out[hw_prefix + name] = value
         for name, value in (("transmitted_bytes", port.transmitted_bytes), ("received_bytes", port.received_bytes)):
             if value is not None:
-                out[counter_key(port, name)] = value
+                out[prefix + name] = value
     return out
 
 

@@ -32,7 +32,7 @@ from nodehealth.collectors import rdma_bw as rdma_facts
 from nodehealth.config import ConfigError
 from nodehealth.engine import Engine, failed
 from nodehealth.faces import Face
-from nodehealth.host import boot_id
+from nodehealth.host import boot_id, kept_files_budget
 from nodehealth.kernel_stream import Batch, KernelEvents, KernelStream
 from nodehealth.model import CollectorResult, Finding, Metric, Report, Severity, Status, sort_findings, verdict
 from nodehealth.policy import Policy, StateFile, take_clear_request
@@ -388,7 +388,8 @@ class Daemon:
 
             wants["pingmesh"] = agent.MAX_CONNECTIONS
         limit = server.raise_descriptor_limit()
-        self.caps = server.share_descriptors(limit, wants)
+        # the infiniband collector's kept counter files (host.KeptFiles) come out of the listeners' share
+        self.caps = server.share_descriptors(limit - kept_files_budget(limit), wants)
         if self.caps != wants:
             log.warning("the open-file limit is %d: connections capped at %s to keep %d for the daemon's own "
                         "work (raise LimitNOFILE or the container's nofile limit)", limit,

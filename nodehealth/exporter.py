@@ -149,12 +149,14 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
     return out
 
 
-# Each family's series as the last render wrote them (`name{a="x",b="y"} `), by their label values:
-# passes change values, rarely which series exist, and writing the name and labels of every series
-# was a third of a render (benchmarks/RESULTS.md). A render keeps only the series it wrote, so a
-# family's entry never outgrows one exposition of it. Two renders at once each build their own and
-# the last one stays: both are right.
-_SERIES: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], str]] = {}
+# Each family as the last render wrote it: its samples, their lines, and each series' text up to its
+# value (`name{a="x",b="y"} `) by its label values. Passes change values, rarely which series exist,
+# and many families not even their values (identity, state, error counters): a family whose samples
+# are the last render's is written as its lines were, and another writes only the values; writing
+# the name and labels of every series was a third of a render (benchmarks/RESULTS.md). A render keeps
+# only the series it wrote, so a family's entry never outgrows one exposition of it. Two renders at
+# once each build their own and the last one stays: both are right.
+_RENDERED: dict[tuple[str, tuple[str, ...]], tuple[list, str, dict[tuple[str, ...], str]]] = {}
 
 
 def render(metrics: Iterable[Metric]) -> bytes:
@@ -179,18 +181,25 @@ def render(metrics: Iterable[Metric]) -> bytes:
             out.extend(_histogram_lines(m))
             continue
         family = (m.name, m.labels)
-        known = _SERIES.get(family, {})
+        last = _RENDERED.get(family)
+        if last is not None and last[0] == m.samples:
+            out.append(last[1])
+            continue
+        known = last[2] if last is not None else {}
         written = {}
+        lines = []
         for labels, value in sorted(m.samples):
             series = known.get(labels)
             if series is None:
                 series = _series(m.name, m.labels, labels)
             written[labels] = series
             if value.is_integer() and -1e15 < value < 1e15:
-                out.append(f"{series}{int(value)}\n")
+                lines.append(f"{series}{int(value)}\n")
             else:
-                out.append(f"{series}{_number(value)}\n")
-        _SERIES[family] = written
+                lines.append(f"{series}{_number(value)}\n")
+        text = "".join(lines)
+        _RENDERED[family] = (list(m.samples), text, written)
+        out.append(text)
     return "".join(out).encode("utf-8")
 
 

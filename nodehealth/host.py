@@ -7,11 +7,24 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
 DEFAULT_READ_LIMIT = 4 << 20  # no procfs/sysfs file we parse is anywhere near 4 MiB
+# Descriptors a KeptFiles holds at most: a quarter of the open-file limit, never more than this. Only
+# the infiniband collector keeps files (one KeptFiles a host), and the daemon leaves that budget out of
+# what its listeners share, so that the reserve for its own work stays whole (Daemon._fit_descriptors).
+KEPT_FILES_MAX = 1024
+
+
+def kept_files_budget(open_files_limit: int) -> int:
+    """Descriptors a KeptFiles may hold under this open-file limit."""
+    if open_files_limit == resource.RLIM_INFINITY:
+        return KEPT_FILES_MAX
+    return min(KEPT_FILES_MAX, open_files_limit // 4)
 
 
 class HostPaths:
@@ -28,6 +41,14 @@ class HostPaths:
         self.sysfs = sysfs or os.path.join(self.root, "sys")
         self.devfs = devfs or os.path.join(self.root, "dev")
         self._live: bool | None = None
+        self._kept: dict[str, KeptFiles] = {}
+
+    def kept(self, owner: str) -> KeptFiles:
+        """The files `owner` (a collector) reads pass after pass through descriptors kept open."""
+        kept = self._kept.get(owner)
+        if kept is None:
+            kept = self._kept.setdefault(owner, KeptFiles())
+        return kept
 
     @property
     def is_live(self) -> bool:
@@ -160,36 +181,144 @@ def read_attr(path: str) -> str | None:
     return data.decode("utf-8", "replace").strip()
 
 
-def read_int_dir(directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:
-    """Every file of a directory of integer attributes (e.g. IB counters/), one read each.
+class KeptFiles:
+    """Directories of integer attributes (IB counters/) read pass after pass through descriptors kept
+    open between passes: a read at offset 0 runs a sysfs attribute's show() again, and costs a quarter
+    to a third of open, read and close (benchmarks/RESULTS.md).
 
-    Files are opened relative to the directory's descriptor, which saves a path walk per file on
-    the hottest read path. A file that does not hold a decimal number (`N/A (no PMA)`) or cannot
-    be read is None; an absent or vanished directory is an empty dict.
+    read_int_dir gives every file of a directory, one read each: a file that does not hold a decimal
+    number (`N/A (no PMA)`) or cannot be read is None; an absent or vanished directory is an empty dict.
+    Files are opened relative to the directory's descriptor (no path walk per file), and:
+
+    - the directory is listed at each read: a file that went is no longer read (its descriptor is
+      closed), a new one is opened;
+    - a directory that is no longer the one its files were opened in (another inode: a device that
+      went and came back, a folder replaced) has its files opened again;
+    - a kept descriptor whose read fails (sysfs answers ENODEV once its device is gone) is closed and
+      the file opened again; a file that cannot be read is not kept;
+    - at most kept_files_budget() descriptors are kept; past it files are opened and closed at each
+      read (a limit of 0 keeps nothing). sweep() closes the directories not read since the last sweep.
     """
-    out: dict[str, int | None] = {}
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return out
-    try:
-        for name in sorted(os.listdir(dir_fd)):
+
+    def __init__(self, limit: int | None = None):
+        self._limit = limit  # None: set at the first read, from the open-file limit then (the daemon raises it)
+        self._lock = threading.Lock()  # one collector's reads at a time, but a --root host may be shared
+        self._dirs: dict[str, _KeptDir] = {}  # by path
+        self._read: set[str] = set()  # directories read since the last sweep
+        self.count = 0  # descriptors held
+
+    def read_int_dir(self, directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:
+        with self._lock:
+            if self._limit is None:
+                self._limit = kept_files_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            self._read.add(directory)
+            try:
+                dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                self._close(directory)
+                return {}
+            try:
+                return self._read_dir(directory, dir_fd, skip)
+            finally:
+                os.close(dir_fd)
+
+    def _read_dir(self, directory: str, dir_fd: int, skip: frozenset) -> dict[str, int | None]:
+        st = os.fstat(dir_fd)
+        kept = self._dirs.get(directory)
+        if kept is not None and kept.identity != (st.st_dev, st.st_ino):
+            self._close(directory)
+            kept = None
+        if kept is None:
+            kept = self._dirs[directory] = _KeptDir((st.st_dev, st.st_ino))
+        try:
+            names = sorted(os.listdir(dir_fd))
+        except OSError:
+            self._close(directory)
+            return {}
+        if names == kept.listed and kept.whole:  # every file kept, as at the last read: one tight loop
+            try:
+                return {name: int(os.pread(fd, 4096, 0)) for name, fd in kept.files.items()}
+            except (OSError, ValueError):
+                pass  # a read failed or a value is no number: file by file below
+        files = kept.files
+        for name in set(files).difference(names):
+            self._close_file(files, name)
+        out: dict[str, int | None] = {}
+        for name in names:
             if name in skip:
                 continue
+            fd = files.get(name)
+            if fd is not None:
+                try:
+                    data = os.pread(fd, 4096, 0)
+                except OSError:
+                    self._close_file(files, name)  # opened again below
+                else:
+                    out[name] = _int_or_none(data)
+                    continue
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
             except OSError:
                 out[name] = None
                 continue
             try:
-                out[name] = int(os.read(fd, 4096))
-            except (OSError, ValueError):
-                out[name] = None
-            finally:
+                data = os.read(fd, 4096)
+            except OSError:
                 os.close(fd)
-    finally:
-        os.close(dir_fd)
-    return out
+                out[name] = None
+                continue
+            out[name] = _int_or_none(data)
+            if self.count < self._limit:
+                files[name] = fd
+                self.count += 1
+            else:
+                os.close(fd)
+        kept.listed, kept.whole = names, len(files) == len(out) and None not in out.values()
+        return out
+
+    def sweep(self) -> None:
+        """Close the directories not read since the last sweep (a device that went)."""
+        with self._lock:
+            for directory in set(self._dirs).difference(self._read):
+                self._close(directory)
+            self._read.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            for directory in list(self._dirs):
+                self._close(directory)
+
+    def __del__(self) -> None:
+        self.close()
+
+    def _close(self, directory: str) -> None:
+        kept = self._dirs.pop(directory, None)
+        if kept is not None:
+            for name in list(kept.files):
+                self._close_file(kept.files, name)
+
+    def _close_file(self, files: dict[str, int], name: str) -> None:
+        os.close(files.pop(name))
+        self.count -= 1
+
+
+class _KeptDir:
+    """One directory's kept files, and its listing when they were read."""
+
+    __slots__ = ("identity", "files", "listed", "whole")
+
+    def __init__(self, identity: tuple[int, int]):
+        self.identity = identity  # (st_dev, st_ino): another inode is another directory
+        self.files: dict[str, int] = {}  # name -> descriptor
+        self.listed: list[str] = []  # the names at the last read
+        self.whole = False  # every file kept and a number: the next read of the same names is one loop
+
+
+def _int_or_none(data: bytes) -> int | None:
+    try:
+        return int(data)
+    except ValueError:
+        return None
 
 
 def list_dir(path: str) -> Iterator[str]:

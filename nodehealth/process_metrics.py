@@ -6,7 +6,9 @@ Read through psutil, for this process only: `--root` is about the machine judged
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 
 from nodehealth.model import Metric
 
@@ -18,11 +20,11 @@ def process_metrics() -> list[Metric]:
     import psutil  # the daemon's and the controller's /metrics only
 
     try:
-        me = psutil.Process()
+        me = _process(os.getpid())
         with me.oneshot():
             cpu = me.cpu_times()
             memory = me.memory_info()
-            fds = me.num_fds()
+            fds = _open_fds()
             started = me.create_time()
             max_fds = me.rlimit(psutil.RLIMIT_NOFILE)[0]
     except (psutil.Error, OSError) as e:
@@ -39,3 +41,20 @@ def process_metrics() -> list[Metric]:
         ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", "gauge", started),
     ]
     return [Metric.one(name, help_text, value, kind) for name, help_text, kind, value in families]
+
+
+def _open_fds() -> int:
+    """This process's open descriptors: /proc/self/fd's size where the kernel says it (6.2 and later),
+    else its entries as psutil counts them. Listing them costs ~0.3 ms a scrape with the ~500 counter
+    files the infiniband collector keeps open on an 8-rail node (host.KeptFiles); the size costs 3 us."""
+    count = os.stat("/proc/self/fd").st_size
+    return count if count > 0 else len(os.listdir("/proc/self/fd"))
+
+
+@functools.lru_cache(maxsize=1)
+def _process(pid: int):
+    """This process, kept between scrapes (by pid, so a forked child gets its own): psutil.Process() reads
+    /proc/self/stat and /proc/stat's boot time each time, half the cost of these families."""
+    import psutil
+
+    return psutil.Process(pid)

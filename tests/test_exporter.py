@@ -57,6 +57,16 @@ def test_each_render_writes_the_series_it_is_given_whatever_came_before():
     assert family(("device", "port"), (("b", "1"), 3)) == ['nodehealth_cache_probe{device="b",port="1"} 3']
     assert family(("device",), (('q"\\\n',), 5)) == ['nodehealth_cache_probe{device="q\\"\\\\\\n"} 5']
     assert family((), ((), 6)) == ["nodehealth_cache_probe 6"]
+    # a family rendered again as it was is written as before; then one value moves, or a label, or a NaN comes
+    same = ((("a",), 1), (("b",), 2))
+    assert family(("device",), *same) == family(("device",), *same) == [
+        'nodehealth_cache_probe{device="a"} 1', 'nodehealth_cache_probe{device="b"} 2']
+    assert family(("device",), (("a",), 1), (("b",), 7)) == [
+        'nodehealth_cache_probe{device="a"} 1', 'nodehealth_cache_probe{device="b"} 7']
+    assert family(("device",), (("a",), 1), (("c",), 7)) == [
+        'nodehealth_cache_probe{device="a"} 1', 'nodehealth_cache_probe{device="c"} 7']
+    assert family(("device",), (("a",), math.nan)) == family(("device",), (("a",), math.nan)) == [
+        'nodehealth_cache_probe{device="a"} NaN']
 
 
 def test_a_duplicate_family_is_dropped_not_fatal():

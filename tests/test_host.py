@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
 from conftest import live_root, machine
 
-from nodehealth.host import HostPaths, read_attr, read_int_dir
+from nodehealth.host import HostPaths, KeptFiles, read_attr
 
 
 def test_a_fixture_folder_is_not_live_and_keeps_its_own_clock():
@@ -47,5 +48,59 @@ def test_bounded_readers(tmp_path):
     (counters / "b").write_text("N/A (no PMA)")
     assert read_attr(str(tmp_path / "n")) == "42" and read_attr(str(tmp_path / "absent")) is None
     assert read_attr(str(tmp_path / "fifo")) == ""
-    assert read_int_dir(str(counters)) == {"a": 7, "b": None}
-    assert read_int_dir(str(tmp_path / "gone")) == {}
+    assert KeptFiles(0).read_int_dir(str(counters)) == {"a": 7, "b": None}
+    assert KeptFiles(0).read_int_dir(str(tmp_path / "gone")) == {}
+
+
+def open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_kept_files_read_what_is_there_now_through_descriptors_kept_between_reads(tmp_path):
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    for name, value in (("a", "1"), ("b", "2"), ("c", "N/A (no PMA)"), ("lifespan", "10")):
+        (counters / name).write_text(value + "\n")
+    kept = KeptFiles(100)
+    before = open_descriptors()
+    assert kept.read_int_dir(str(counters), frozenset({"lifespan"})) == {"a": 1, "b": 2, "c": None}
+    assert open_descriptors() == before + 3 == before + kept.count  # kept, the skipped one not opened
+    (counters / "a").write_text("11\n")  # in place, as the kernel's attributes change
+    (counters / "b").unlink()  # a file that went is not read, one that came is
+    (counters / "d").write_text("4\n")
+    os.mkfifo(counters / "e")  # read as None, never a wait
+    assert kept.read_int_dir(str(counters)) == {"a": 11, "c": None, "d": 4, "e": None, "lifespan": 10}
+    assert open_descriptors() == before + kept.count
+    shutil.rmtree(counters)  # the device went and came back: other files under the same names
+    counters.mkdir()
+    (counters / "a").write_text("5\n")
+    assert kept.read_int_dir(str(counters)) == {"a": 5}
+    assert kept.count == 1 and open_descriptors() == before + 1
+    (counters / "a").write_text("6\n")  # the same names again: read in one loop
+    assert kept.read_int_dir(str(counters)) == {"a": 6}
+    (counters / "a").write_text("N/A\n")
+    assert kept.read_int_dir(str(counters)) == {"a": None}
+    (counters / "a").write_text("7\n")
+    assert kept.read_int_dir(str(counters)) == kept.read_int_dir(str(counters)) == {"a": 7}
+    kept.sweep()  # read since the last sweep: kept
+    assert kept.count == 1
+    kept.sweep()  # not read since: closed
+    assert kept.count == 0 and open_descriptors() == before
+
+
+def test_kept_files_hold_at_most_their_limit_and_close_when_dropped(tmp_path):
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    for i in range(5):
+        (counters / f"c{i}").write_text(f"{i}\n")
+    before = open_descriptors()
+    kept = KeptFiles(2)
+    for value in (0, 100):
+        for i in range(5):
+            (counters / f"c{i}").write_text(f"{i + value}\n")
+        assert kept.read_int_dir(str(counters)) == {f"c{i}": i + value for i in range(5)}
+        assert kept.count == 2 and open_descriptors() == before + 2
+    del kept
+    assert open_descriptors() == before
+    host = HostPaths(str(tmp_path))  # one per collector and host, pass after pass
+    assert host.kept("infiniband") is host.kept("infiniband") is not host.kept("other")

@@ -55,6 +55,14 @@ def test_the_same_as_prometheus_clients_process_collector():
     assert abs(ours["process_start_time_seconds"][1] - theirs["process_start_time_seconds"][1]) < 1.0
     assert ours["process_max_fds"][1] == theirs["process_max_fds"][1] == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     assert abs(ours["process_virtual_memory_bytes"][1] - theirs["process_virtual_memory_bytes"][1]) < 64 << 20
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(300)]  # as the infiniband collector's kept files
+    try:
+        ours = parsed(exporter.render(process_metrics()).decode())
+        theirs = {m.name: m.samples[0].value for m in ProcessCollector(registry=None).collect()}
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert abs(ours["process_open_fds"][1] - theirs["process_open_fds"]) <= 1  # theirs counts its listing's own
 
 
 def test_the_controller_has_them_too(tmp_path):
@@ -70,3 +78,22 @@ def test_the_controller_has_them_too(tmp_path):
         assert set(FAMILIES) <= set(parsed(exporter.render(c.metrics()).decode()))
     finally:
         server.close()
+
+
+def test_a_forked_child_describes_itself_not_its_parent():
+    """The figures are read through a kept psutil.Process: a child forked after a scrape has its own."""
+    def cpu() -> float:
+        return next(m.samples[0][1] for m in process_metrics() if m.name == "process_cpu_seconds_total")
+
+    while cpu() < 0.3:  # the parent has spent CPU (the test run's imports, at least), a new child almost none
+        sum(range(10**6))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, repr(cpu()).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    child = float(os.read(read, 100))
+    os.close(read)
+    assert child < 0.2 < cpu()

@@ -1,0 +1,36 @@
+"""The benchmarks in CI, only as a smoke: tiny sizes, each script run to its end and its figures printed.
+Nothing here is timed: the figures go to benchmarks/RESULTS.md, measured side by side on purpose."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import require_tool
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_daemon_vs_node_exporter_runs_both_side_by_side():
+    """On the moving copy of the tree, which takes every path the fixture as recorded takes."""
+    require_tool("prometheus-node-exporter")
+    require_tool("py-spy")  # names the daemon's threads
+    run = subprocess.run([sys.executable, "benchmarks/daemon_vs_node_exporter.py", "--rounds", "2", "--seconds", "1",
+                          "--warmup", "1", "--moving"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^node_exporter +CPU +[\d.]+ ms/s", run.stdout, re.M), run.stdout
+    assert int(re.search(r"^nodehealth +CPU .* passes (\d+)$", run.stdout, re.M).group(1)) >= 2, run.stdout
+    assert re.search(r"^nodehealth / node_exporter: [\d.]+x over 2 s", run.stdout, re.M), run.stdout
+    # the whole process by thread: the passes', the collectors' and the listener's
+    threads = re.search(r"^nodehealth by thread, ms/s \(runs/s\) from schedstat: (.*);", run.stdout, re.M).group(1)
+    assert {"passes", "collectors", "http"} <= {part.rsplit(" ", 2)[0] for part in threads.split(", ")}
+
+
+def test_daemon_parts_times_every_part():
+    run = subprocess.run([sys.executable, "benchmarks/daemon_parts.py", "--rounds", "2", "--spacing", "0"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    parts = dict(re.findall(r"^  (.+?) +([\d.]+) ms$", run.stdout, re.M))
+    assert {"collect infiniband", "collect infiniband, nothing kept", "pass (the pass thread's own part)",
+            "scrape: render"} <= set(parts), run.stdout
