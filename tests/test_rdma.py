@@ -5,6 +5,7 @@ run in the VM tier (tests/test_vm_tier.py)."""
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import resource
@@ -115,7 +116,7 @@ def fake_verbs(link_gbps: float = VM_LINK_GBPS, **link):
 def fake_server(endpoint: bytes | None = None, drip: float | None = None):
     """The server's side of the out-of-band exchange on a loopback port, in a thread: it reads the
     client's endpoint and answers with its own, then takes the report and says OK. With `drip` it
-    sends its endpoint a byte every `drip` seconds instead, never ending the line. Returns (port,
+    sends bytes of its endpoint, one every `drip` seconds, and never the line's end. Returns (port,
     stop, lines): `stop` ends it; `lines` holds what it read."""
     endpoint = endpoint or rdma.Endpoint(0, 0x11, 0x1234, 0x99, 0x7F0000001000, GID_LO.replace(":", ""),
                                          1 << 20, 5).encode()
@@ -143,12 +144,10 @@ def fake_server(endpoint: bytes | None = None, drip: float | None = None):
             conn.settimeout(0.05)
             line(conn)
             if drip is not None:
-                for byte in endpoint[:-1]:
+                for byte in itertools.cycle(endpoint[:-1]):
                     if stop.wait(drip):
                         return
                     conn.sendall(bytes([byte]))
-                stop.wait()
-                return
             conn.sendall(endpoint)
             line(conn)
             conn.sendall(b"OK\n")
@@ -335,7 +334,7 @@ def test_the_daemons_server_rests_as_long_as_each_session_took(monkeypatch):
 
     starts: list[float] = []
 
-    def session(conn, verbs, opts, device, timeout):
+    def session(exchange, verbs, opts, device):
         starts.append(time.monotonic())
         time.sleep(0.4)  # a test in progress
         return rdma.RdmaError("done")
@@ -366,3 +365,134 @@ def test_the_daemons_server_rests_as_long_as_each_session_took(monkeypatch):
             c.close()
     assert len(starts) == 3 and len(outcomes) >= 3, (starts, outcomes)
     assert all(b - a >= 0.75 for a, b in zip(starts, starts[1:])), starts  # 0.4 s of test, 0.4 s of rest
+
+
+def run_in_thread(call):
+    """Run `call` in a thread; (thread, box): box gets ("ok", value) or ("error", exception)."""
+    box = []
+
+    def target():
+        try:
+            box.append(("ok", call()))
+        except Exception as err:  # noqa: BLE001 - the test reads it
+            box.append(("error", err))
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_for(condition, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def dripping_client(port: int, every: float, stop: threading.Event):
+    """A client that connects and sends bytes of an endpoint line, one every `every` seconds,
+    never the line's end (each read on the other side gets a byte well within its timeout)."""
+    def drip():
+        deadline = time.monotonic() + 20
+        while True:  # the server listens from its thread: until it does, the port refuses
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        with s:
+            while not stop.wait(every):
+                try:
+                    s.send(b"N")
+                except OSError:
+                    return
+    t = threading.Thread(target=drip, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    """This host as one with a device: the preflight passes, the verbs objects are FakeVerbs."""
+    verbs, links = fake_verbs()
+    monkeypatch.setattr(rdma, "preflight", lambda opts, host, need: "rxe0")
+    monkeypatch.setattr(rdma, "_Verbs", verbs)
+    return links
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_serving(opts, timeout):
+    stop, outcomes = threading.Event(), []
+    thread = threading.Thread(target=rdma.serve, args=(opts, stop, outcomes.append, "127.0.0.1"),
+                              kwargs={"timeout": timeout}, daemon=True)
+    thread.start()
+    return thread, stop, outcomes
+
+
+def test_a_client_dripping_its_endpoint_frees_the_rail_at_the_exchanges_deadline(fake_device):
+    """An admitted peer that sends a byte every 0.2 s (each read well within the 1 s timeout) held
+    the rail's server until 512 bytes had come (over an hour at a byte every 3 s)."""
+    opts = rdma.Options(gid_index=1, size=4096, duration=0.2, tx_depth=16, port=free_port())
+    thread, stop, outcomes = start_serving(opts, timeout=1.0)
+    drip_stop = threading.Event()
+    try:
+        dripping_client(opts.port, 0.2, drip_stop)
+        errors = lambda: [o for o in outcomes if isinstance(o, rdma.RdmaError)]  # noqa: E731
+        assert wait_for(lambda: errors(), 20), "the server still waits on the dripping client"
+        limit = rdma.exchange_seconds(opts, 1.0)
+        assert f"within the exchange's {limit:g} s" in str(errors()[0]) and "endpoint" in str(errors()[0])
+    finally:
+        drip_stop.set()
+        stop.set()
+        thread.join(10)
+
+
+def test_a_server_dripping_its_endpoint_ends_the_client_at_the_exchanges_deadline(fake_device):
+    port, stop, _ = fake_server(drip=0.2)
+    opts = rdma.Options(gid_index=1, size=4096, duration=0.2, tx_depth=16, port=port)
+    try:
+        thread, box = run_in_thread(lambda: rdma.client("127.0.0.1", opts, timeout=1.0))
+        thread.join(20)
+        assert box, "the client still waits on the dripping server"
+        kind, err = box[0]
+        assert kind == "error" and err.stage == "peer", box
+        assert f"the server's endpoint did not come within the exchange's {rdma.exchange_seconds(opts, 1.0):g} s" \
+            in str(err)
+    finally:
+        stop.set()
+
+
+def test_a_stop_ends_a_clients_exchange_at_once(fake_device):
+    port, stop, lines = fake_server(drip=0.2)
+    cancel = threading.Event()
+    opts = rdma.Options(gid_index=1, duration=1.0, port=port)
+    try:
+        thread, box = run_in_thread(lambda: rdma.client("127.0.0.1", opts, timeout=60.0, cancel=cancel))
+        assert wait_for(lambda: lines), "the client never sent its endpoint"
+        cancel.set()
+        thread.join(10)
+        assert box and box[0][0] == "error" and box[0][1].stage == "cancelled", box
+    finally:
+        stop.set()
+
+
+def test_a_stop_ends_a_servers_exchange_at_once(fake_device):
+    opts = rdma.Options(gid_index=1, duration=1.0, port=free_port())
+    thread, stop, outcomes = start_serving(opts, timeout=60.0)
+    drip_stop = threading.Event()
+    try:
+        dripping_client(opts.port, 0.2, drip_stop)
+        assert wait_for(lambda: fake_device), "no exchange started"
+        stop.set()
+        thread.join(10)
+        assert not thread.is_alive(), "the server still holds the exchange after a stop"
+    finally:
+        drip_stop.set()
+        stop.set()

@@ -21,6 +21,7 @@ import json
 import os
 import random
 import resource
+import select
 import socket
 import sys
 import threading
@@ -39,13 +40,18 @@ DEFAULT_CQ_MOD = 100  # forced to 1 above 8192-byte messages unless given, as pe
 DEFAULT_PORT = 18515
 DEFAULT_IB_PORT = 1
 QP_TIMEOUT, RETRY_CNT, RNR_RETRY, MIN_RNR_TIMER = 14, 7, 7, 12
-OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for the peer
+OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for each of the peer's answers
 OOB_MAX = 512  # an out-of-band message is one line this long at most
 REFUSED = b"refused:"  # the line a server answers a client it does not admit with
 # An RC write to a vanished peer errors after timeout x retries (~0.5 s); a soft device may never
 # complete it: no completion for this long ends the test.
 STALL_SECONDS = 10.0
-ACCEPT_POLL_SECONDS = 0.5  # how soon the daemon's server sees that it must stop
+STOP_POLL_SECONDS = 0.5  # how soon a wait for a client or a peer's bytes sees a stop request
+# What a test's writes may take, per message: 10 ms, or its size at 10 Mbit/s (the slowest link
+# a test waits for; the VM tier's tbf-limited cables run at 15 Mbit/s, rxe under QEMU at ~600)
+SECONDS_PER_MESSAGE = 0.01
+FLOOR_BITS_PER_SECOND = 10e6
+CANCELLED = "the test was cancelled (the daemon is stopping)"
 CAP_IPC_LOCK = 14
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -333,19 +339,78 @@ class Endpoint:
         return cls(lid, qpn, psn, rkey, addr, parts[6], size, mtu)
 
 
-def _recv_line(sock: socket.socket, what: str) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\n"):
+def exchange_seconds(opts: Options, timeout: float) -> float:
+    """The longest one test may take from connection to verdict, on either side: `timeout` for the
+    endpoints, the writes (the warm-up, the iterations or the duration and what is still in flight
+    at its end), and `timeout` for the report and its verification."""
+    messages = (opts.depth() if opts.warmup else 0) + (opts.iterations if opts.duration is None else opts.depth())
+    per_message = max(SECONDS_PER_MESSAGE, opts.size * 8 / FLOOR_BITS_PER_SECOND)
+    return 2 * timeout + (opts.duration or 0) + messages * per_message
+
+
+class _Exchange:
+    """One test's out-of-band connection under a deadline for the whole exchange, whose waits a
+    stop request ends within STOP_POLL_SECONDS: a peer that drips its bytes, or never answers, holds
+    this side no longer than the test may take, and never past a stop. RdmaError otherwise."""
+
+    def __init__(self, sock: socket.socket | None, seconds: float, stop: threading.Event | None):
+        self.sock, self.seconds, self.stop = sock, seconds, stop
+        self.deadline = time.monotonic() + seconds
+
+    @classmethod
+    def connect(cls, host: str, port: int, seconds: float, stop: threading.Event | None) -> _Exchange:
+        exchange = cls(None, seconds, stop)
+        where = f"cannot reach the rdma-bw server at {host}:{port}"
         try:
-            chunk = sock.recv(1)
-        except socket.timeout:
-            raise RdmaError(f"the peer sent no {what} within {sock.gettimeout():g} s") from None
-        if not chunk:
-            raise RdmaError(f"the peer closed the connection before its {what}")
-        buf += chunk
-        if len(buf) > OOB_MAX:
-            raise RdmaError(f"the peer's {what} is longer than {OOB_MAX} bytes")
-    return buf
+            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as err:  # UnicodeError: a name too long for DNS
+            raise RdmaError(f"{where}: {getattr(err, 'strerror', None) or err}") from None
+        code = errno.EHOSTUNREACH
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            code = sock.connect_ex(address)
+            try:
+                while code == errno.EINPROGRESS:
+                    if select.select((), (sock,), (), exchange.wait("answer to the connection"))[1]:
+                        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            except RdmaError as err:
+                sock.close()
+                raise err if err.stage == "cancelled" else RdmaError(f"{where}: no answer within {seconds:g} s")
+            if code == 0:
+                exchange.sock = sock
+                return exchange
+            sock.close()
+        raise RdmaError(f"{where}: {os.strerror(code)}")
+
+    def wait(self, what: str) -> float:
+        """How long the next wait for the peer's `what` may be; RdmaError at the deadline or a stop."""
+        if self.stop is not None and self.stop.is_set():
+            raise RdmaError(CANCELLED, "cancelled")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RdmaError(f"the {what} did not come within the exchange's {self.seconds:g} s")
+        return min(left, STOP_POLL_SECONDS)
+
+    def recv_line(self, what: str) -> bytes:
+        buf = b""
+        while not buf.endswith(b"\n"):
+            self.sock.settimeout(self.wait(what))
+            try:
+                chunk = self.sock.recv(1)
+            except socket.timeout:
+                continue
+            if not chunk:
+                raise RdmaError(f"the peer closed the connection before the {what}")
+            buf += chunk
+            if len(buf) > OOB_MAX:
+                raise RdmaError(f"the {what} is longer than {OOB_MAX} bytes")
+        return buf
+
+    def send(self, line: bytes) -> None:
+        """A line of at most OOB_MAX bytes, which the socket's buffer takes at once."""
+        self.sock.settimeout(self.wait("peer's room for a line"))
+        self.sock.sendall(line)
 
 
 # -- the test ------------------------------------------------------------------------------------
@@ -483,7 +548,7 @@ class _Verbs:
             if n:
                 meter.completed(now, completed)
             if cancel is not None and cancel.is_set():
-                raise RdmaError("the test was cancelled (the daemon is stopping)")
+                raise RdmaError(CANCELLED, "cancelled")
             if n:
                 stalled_since = time.monotonic()
             elif time.monotonic() - stalled_since > STALL_SECONDS or time.monotonic() > deadline:
@@ -535,7 +600,8 @@ def server(opts: Options, listen: str = "0.0.0.0", host: HostPaths | None = None
             conn, _ = lsock.accept()
         except socket.timeout:
             raise RdmaError(f"no client connected to port {opts.port} within {timeout:g} s") from None
-        return _session(stack.enter_context(conn), verbs, opts, device, timeout)
+        exchange = _Exchange(stack.enter_context(conn), exchange_seconds(opts, timeout), None)
+        return _session(exchange, verbs, opts, device)
 
 
 def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | RdmaError], None],
@@ -545,8 +611,9 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
     outcome handed to `on_result`. The preflight and the bind fail at once (RdmaError).
 
     A client whose address `admit` refuses is closed before any verbs object exists (outcome stage
-    "refused"). After each session the server rests as long as the session took, so admitted peers
-    hold the rail and a core at most half the time."""
+    "refused"). A session ends at its deadline (exchange_seconds) or at `stop`, whatever the client
+    sends. After each session the server rests as long as the session took, so admitted peers hold
+    the rail and a core at most half the time."""
     _check_opts(opts)
     host = host or HostPaths("/")
     device = preflight(opts, host, max(opts.size, PAGE))
@@ -555,7 +622,7 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
     except OSError as err:
         raise RdmaError(f"cannot listen on {listen}:{opts.port}: {err.strerror or err}") from None
     with lsock:
-        lsock.settimeout(ACCEPT_POLL_SECONDS)  # so that `stop` is seen
+        lsock.settimeout(STOP_POLL_SECONDS)  # so that `stop` is seen
         while not stop.is_set():
             try:
                 conn, client = lsock.accept()
@@ -568,14 +635,16 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
             started = time.monotonic()
             try:
                 with contextlib.ExitStack() as stack:
-                    stack.enter_context(conn)
-                    outcome: Result | RdmaError = _session(conn, _Verbs(stack, opts, device), opts, device, timeout)
+                    exchange = _Exchange(stack.enter_context(conn), exchange_seconds(opts, timeout), stop)
+                    outcome: Result | RdmaError = _session(exchange, _Verbs(stack, opts, device), opts, device)
             except RdmaError as err:
                 outcome = err
             except OSError as err:  # the client reset the connection
                 outcome = RdmaError(f"the client's connection failed: {err.strerror or err}")
             except Exception as err:  # one client's session, whatever went wrong, must not stop the server
                 outcome = RdmaError(f"the test failed: {type(err).__name__}: {err}")
+            if isinstance(outcome, RdmaError) and outcome.stage == "cancelled":
+                return  # stopped: nothing was served
             on_result(outcome)
             stop.wait(time.monotonic() - started)  # the next client waits in the backlog meanwhile
 
@@ -591,16 +660,14 @@ def _refuse(conn: socket.socket) -> None:
             conn.send(REFUSED + b" this node is not one of the server's peers (rdma_bw.serve_to)\n")
 
 
-def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, timeout: float) -> Result:
+def _session(exchange: _Exchange, verbs: _Verbs, opts: Options, device: str) -> Result:
     """One client on an accepted connection: exchange endpoints, take its report, verify the bytes."""
-    conn.settimeout(timeout)
-    remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+    remote = Endpoint.decode(exchange.recv_line("client's endpoint"))
     if remote.size != opts.size:
         raise RdmaError(f"the client writes {remote.size}-byte messages, this server expects {opts.size}")
-    conn.sendall(verbs.local.encode())
+    exchange.send(verbs.local.encode())
     verbs.connect(remote)
-    conn.settimeout(timeout + (opts.duration or 0) + opts.iterations * 0.01)
-    report = _recv_line(conn, "report")
+    report = exchange.recv_line("client's report")
     try:
         doc = json.loads(report)
         result = Result(**{k: doc[k] for k in Result.__dataclass_fields__ if k in doc})
@@ -608,7 +675,7 @@ def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, tim
         raise RdmaError(f"the client's report is not a result: {report[:80]!r}") from None
     result.verified = verbs.mr.read(opts.size, 0) == pattern(opts.size)
     result.device = device
-    conn.sendall(b"OK\n" if result.verified else b"BAD\n")
+    exchange.send(b"OK\n" if result.verified else b"BAD\n")
     if not result.verified:
         raise RdmaError("the bytes written into this server's buffer are not the client's")
     return result
@@ -617,7 +684,8 @@ def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, tim
 def client(server_host: str, opts: Options, host: HostPaths | None = None, timeout: float = OOB_TIMEOUT,
            cancel: threading.Event | None = None) -> Result:
     """Write to the server at `server_host` and return the result it verified; `cancel` ends the test
-    early (the daemon's shutdown). An RdmaError carries the stage it failed in."""
+    early (the daemon's shutdown). The whole exchange has a deadline (exchange_seconds), whatever the
+    server sends. An RdmaError carries the stage it failed in."""
     stage = "preflight"
     try:
         _check_opts(opts)
@@ -628,13 +696,10 @@ def client(server_host: str, opts: Options, host: HostPaths | None = None, timeo
             verbs = _Verbs(stack, opts, device)
             verbs.mr.write(pattern(opts.size), opts.size)
             stage = "peer"
-            try:
-                conn = stack.enter_context(socket.create_connection((server_host, opts.port), timeout=timeout))
-            except (OSError, UnicodeError) as err:  # UnicodeError: a name too long for DNS
-                raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: "
-                                f"{getattr(err, 'strerror', None) or err}") from None
-            conn.sendall(verbs.local.encode())
-            line = _recv_line(conn, "endpoint")
+            exchange = _Exchange.connect(server_host, opts.port, exchange_seconds(opts, timeout), cancel)
+            stack.enter_context(exchange.sock)
+            exchange.send(verbs.local.encode())
+            line = exchange.recv_line("server's endpoint")
             if line.startswith(REFUSED):
                 raise RdmaError(f"the rdma-bw server at {server_host}:{opts.port} refused the test: "
                                 f"{line[len(REFUSED):].decode(errors='replace').strip()[:200]}")
@@ -643,12 +708,11 @@ def client(server_host: str, opts: Options, host: HostPaths | None = None, timeo
                 raise RdmaError(f"the server's buffer ({remote.size} B) is smaller than a message")
             stage = "transfer"
             verbs.connect(remote)
-            limit = (opts.duration or 0) + timeout + opts.iterations * 0.01
-            meter = verbs.write_all(remote, time.monotonic() + limit, cancel)
+            meter = verbs.write_all(remote, exchange.deadline, cancel)
             seconds, avg, peak, rate = meter.result(opts.size)
             result = Result(opts.size, meter.last[1], seconds, avg, peak, rate, device)
-            conn.sendall(json.dumps(asdict(result)).encode() + b"\n")
-            answer = _recv_line(conn, "verification")
+            exchange.send(json.dumps(asdict(result)).encode() + b"\n")
+            answer = exchange.recv_line("server's verification")
             result.verified = answer.strip() == b"OK"
             if not result.verified:
                 raise RdmaError("the server found other bytes in its buffer than this client wrote")
