@@ -376,7 +376,9 @@ class _Exchange:
                         code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             except RdmaError as err:
                 sock.close()
-                raise err if err.stage == "cancelled" else RdmaError(f"{where}: no answer within {seconds:g} s")
+                if err.stage == "cancelled":
+                    raise
+                raise RdmaError(f"{where}: no answer within {seconds:g} s") from None
             if code == 0:
                 exchange.sock = sock
                 return exchange
