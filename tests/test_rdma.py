@@ -43,7 +43,7 @@ class FakeLink:
         self.done: collections.deque = collections.deque()  # (time off the wire, wr_id) of signalled WRs
         self.run_seconds, self.pause_seconds = run_seconds, pause_seconds
         self.pause_at: float | None = None
-        self.posts = self.wrs = 0
+        self.posts = self.wrs = self.signalled = 0
 
     def post_send(self, wr) -> None:
         now = time.perf_counter()
@@ -52,6 +52,7 @@ class FakeLink:
             self.wrs += 1
             self.free = max(self.free, now) + self.tx
             if wr.send_flags & SIGNALED:
+                self.signalled += 1
                 self.done.append((self.free, wr.wr_id))
             wr = wr.next_wr
 
@@ -239,6 +240,25 @@ def test_bandwidth_without_progress_is_an_error(polls):
         meter([(0.0, 0)], polls).result(8)
 
 
+@pytest.mark.parametrize("size, iterations, cq_mod, calls", [
+    (4096, 400, None, 4 + 13),  # 32 writes a call (a quarter of the tx depth): 128 to warm up, 400 = 12 x 32 + 16
+    (65536, 384, None, 4 + 12),
+    (65536, 100, 30, 4 + 4),  # the depth is 100 (the iterations): 100 = 3 x 30 + 10, twice
+])
+def test_writes_go_out_in_lists_one_call_and_one_completion_each(fake_device, size, iterations, cq_mod, calls):
+    """A post call and a completion cost Python far more than the write itself at 4 KiB: the writes
+    go out as linked lists of `cq_mod`, only the last signalled."""
+    port, stop, _ = fake_server()
+    try:
+        opts = rdma.Options(gid_index=1, size=size, iterations=iterations, cq_mod=cq_mod, port=port)
+        result = rdma.client("127.0.0.1", opts, timeout=20)
+    finally:
+        stop.set()
+    link = fake_device[0]
+    assert result.verified and result.iterations == iterations
+    assert (link.posts, link.wrs, link.signalled) == (calls, min(128, iterations) + iterations, calls)
+
+
 def test_endpoint_round_trip_and_bogus_messages():
     e = rdma.Endpoint(0, 0x26, 0x81A18A, 0x177D, 0x7F195CB6D000, GID_LO.replace(":", ""), 65536, 5)
     assert rdma.Endpoint.decode(e.encode()) == e
@@ -304,11 +324,10 @@ def test_missing_pyverbs_is_one_line(monkeypatch):
     assert "pyverbs is not importable" in text and "python3-pyverbs" in text and "\n" not in text
 
 
-def test_cq_moderation_as_perftest():
-    assert rdma.Options().moderation() == 1  # 64 KiB > 8 KiB: every write signalled
-    assert rdma.Options(size=4096).moderation() == 100
+def test_writes_per_post_call():
+    assert rdma.Options().moderation() == rdma.Options(size=4096).moderation() == 32  # a quarter of the depth
     assert rdma.Options(size=4096, cq_mod=8).moderation() == 8
-    assert rdma.Options(iterations=50).depth() == 50
+    assert rdma.Options(iterations=50).depth() == 50 and rdma.Options(iterations=50).moderation() == 12
 
 
 def test_cli_without_device_says_so_and_check_does_not_pay_for_it(tmp_path):

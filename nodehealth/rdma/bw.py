@@ -6,10 +6,10 @@ teardown on every path) in the one module that imports pyverbs.
 The only module that imports pyverbs, and only when a test runs. The method is perftest's: the two
 sides exchange LID, GID, QPN, PSN, rkey and buffer address over TCP, connect an RC queue pair, and
 the client writes `size`-byte messages into the server's registered buffer, at most `tx_depth`
-outstanding, every `cq_mod`-th one signalled. Average Gb/s = size x iterations / (last completion -
-first post); peak = the best rate from a post to a later completion (Meter); MsgRate = iterations /
-that time. A preflight runs before any verbs call, and every verbs object is closed on
-every path (ExitStack), including a timeout and a peer that vanishes.
+outstanding, posted in linked lists of `cq_mod`, the last of each signalled. Average Gb/s = size x
+iterations / (last completion - first post); peak = the best rate from a post to a later
+completion (Meter); MsgRate = iterations / that time. A preflight runs before any verbs call, and
+every verbs object is closed on every path (ExitStack), including a timeout and a peer that vanishes.
 """
 from __future__ import annotations
 
@@ -36,7 +36,6 @@ from nodehealth.host import HostPaths, read_attr
 DEFAULT_SIZE = 65536
 DEFAULT_ITERATIONS = 5000
 DEFAULT_TX_DEPTH = 128
-DEFAULT_CQ_MOD = 100  # forced to 1 above 8192-byte messages unless given, as perftest does
 DEFAULT_PORT = 18515
 DEFAULT_IB_PORT = 1
 QP_TIMEOUT, RETRY_CNT, RNR_RETRY, MIN_RNR_TIMER = 14, 7, 7, 12
@@ -81,9 +80,12 @@ class Options:
     warmup: bool = True
 
     def moderation(self) -> int:
+        """Writes per post call, the last one signalled: a quarter of the depth unless given, so
+        that three lists stay in flight while one completes (perftest posts one at a time and
+        signals every 100th, every one above 8 KiB: each call and completion costs Python more)."""
         if self.cq_mod is not None:
             return max(1, self.cq_mod)
-        return 1 if self.size > 8192 else DEFAULT_CQ_MOD
+        return max(1, self.depth() // 4)
 
     def depth(self) -> int:
         return max(1, min(self.tx_depth, self.iterations)) if self.duration is None else max(1, self.tx_depth)
@@ -491,63 +493,69 @@ class _Verbs:
             raise RdmaError(f"cannot connect the queue pair: {err}") from None
 
     def write_all(self, remote: Endpoint, deadline: float, cancel: threading.Event | None = None) -> Meter:
-        """Post the timed writes; returns the timed run's Meter."""
-        opts, e, wrm = self.opts, self.e, self.wr
-        mod, depth = opts.moderation(), opts.depth()
-        sge = wrm.SGE(self.mr.buf, opts.size, self.mr.lkey)
+        """Post the warm-up, then the timed writes; returns the timed run's Meter."""
+        opts = self.opts
+        chains: dict[int, list] = {}  # length -> the WRs of one list; they stay alive while it is posted
 
-        def make(signaled: bool):
-            w = wrm.SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge],
-                           send_flags=e.IBV_SEND_SIGNALED if signaled else 0)
-            w.set_wr_rdma(remote.rkey, remote.addr)
-            return w
+        def chain(length: int):
+            if length not in chains:
+                chains[length] = self._chain(remote, length)
+            return chains[length][0]
 
-        plain, signaled = make(False), make(True)
         try:
             if opts.warmup:
-                self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline, cancel)
+                self._run(min(opts.depth(), opts.iterations), chain, None, deadline, cancel)
             end = time.monotonic() + opts.duration if opts.duration else None
-            return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline, cancel)
+            return self._run(opts.iterations, chain, end, deadline, cancel)
         except self.Err as err:  # a post or poll refused: the queue pair went to the error state
             raise RdmaError(f"an RDMA WRITE failed: {err}") from None
 
-    def _run(self, iterations: int, plain, signaled, mod: int, depth: int, end: float | None, deadline: float,
-             cancel: threading.Event | None):
-        posted = completed = 0
+    def _chain(self, remote: Endpoint, length: int) -> list:
+        """`length` RDMA WRITEs of the buffer, linked into one list that one post call hands to the
+        device; only the last is signalled, and its wr_id says how many messages its completion ends."""
+        e, opts = self.e, self.opts
+        sge = self.wr.SGE(self.mr.buf, opts.size, self.mr.lkey)
+        wrs = [self.wr.SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=0) for _ in range(length)]
+        for w in wrs:
+            w.set_wr_rdma(remote.rkey, remote.addr)
+        for w, after in zip(wrs, wrs[1:]):
+            w.next_wr = after
+        wrs[-1].send_flags = e.IBV_SEND_SIGNALED
+        wrs[-1].wr_id = length
+        return wrs
+
+    def _run(self, iterations: int, chain: Callable[[int], object], end: float | None, deadline: float,
+             cancel: threading.Event | None) -> Meter:
+        """Keep up to `depth` writes outstanding, posted in lists of `moderation`, until `iterations`
+        were written (or `end`, a time) and all completed. The per-list work is all there is in
+        Python: a post call, a clock read, and one completion to take."""
+        opts, success = self.opts, self.e.IBV_WC_SUCCESS
+        depth = opts.depth()
+        length = min(opts.moderation(), depth)
+        post, poll, clock = self.qp.post_send, self.cq.poll, time.perf_counter
         meter = Meter()
-        pending: list[int] = []  # messages covered by each outstanding signalled WR
-        unsignaled = 0
+        posted = completed = 0
         stalled_since = time.monotonic()
         while True:
-            stop_posting = (end is not None and time.monotonic() >= end) or (end is None and posted >= iterations)
-            while not stop_posting and posted - completed < depth:
-                last = end is None and posted + 1 == iterations
-                sig = last or (posted + 1) % mod == 0 or posted - completed + 1 == depth
-                meter.posted(time.perf_counter(), posted)
-                self.qp.post_send(signaled if sig else plain)
-                posted += 1
-                unsignaled += 1
-                if sig:
-                    pending.append(unsignaled)
-                    unsignaled = 0
-                stop_posting = end is None and posted >= iterations
-            if stop_posting and unsignaled:  # the duration ended between signals: signal the tail
-                if posted - completed < depth:
-                    meter.posted(time.perf_counter(), posted)
-                    self.qp.post_send(signaled)
-                    posted += 1
-                    pending.append(unsignaled + 1)
-                    unsignaled = 0
-            if stop_posting and not pending:
-                break
-            n, wcs = self.cq.poll(num_entries=16)
-            now = time.perf_counter()
-            for wc in wcs[:n]:
-                if wc.status != self.e.IBV_WC_SUCCESS:
-                    raise RdmaError(f"an RDMA WRITE failed: completion status {wc.status} "
-                                    f"({_wc_status(wc.status)}); the peer or the path is gone")
-                completed += pending.pop(0)
+            more = posted < iterations if end is None else time.monotonic() < end
+            while more:
+                n = length if end is not None else min(length, iterations - posted)
+                if posted + n > completed + depth:
+                    break
+                meter.posted(clock(), posted)
+                post(chain(n))
+                posted += n
+                more = end is not None or posted < iterations
+            if not more and completed == posted:
+                return meter
+            n, wcs = poll(num_entries=depth)
             if n:
+                now = clock()
+                for wc in wcs:
+                    if wc.status != success:
+                        raise RdmaError(f"an RDMA WRITE failed: completion status {wc.status} "
+                                        f"({_wc_status(wc.status)}); the peer or the path is gone")
+                    completed += wc.wr_id
                 meter.completed(now, completed)
             if cancel is not None and cancel.is_set():
                 raise RdmaError(CANCELLED, "cancelled")
@@ -556,7 +564,6 @@ class _Verbs:
             elif time.monotonic() - stalled_since > STALL_SECONDS or time.monotonic() > deadline:
                 raise RdmaError(f"no RDMA WRITE completed for {time.monotonic() - stalled_since:.0f} s: "
                                 "the peer or the path is gone")
-        return meter
 
 
 def _wc_status(status: int) -> str:
