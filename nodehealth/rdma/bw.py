@@ -6,13 +6,14 @@ teardown on every path) in the one module that imports pyverbs.
 The only module that imports pyverbs, and only when a test runs. The method is perftest's: the two
 sides exchange LID, GID, QPN, PSN, rkey and buffer address over TCP, connect an RC queue pair, and
 the client writes `size`-byte messages into the server's registered buffer, at most `tx_depth`
-outstanding, every `cq_mod`-th one signalled. Average Gb/s = size x iterations / (last completion -
-first post); peak = the best rate over any stretch between two signalled completions; MsgRate =
-iterations / that time. A preflight runs before any verbs call, and every verbs object is closed on
-every path (ExitStack), including a timeout and a peer that vanishes.
+outstanding, posted in linked lists of `cq_mod`, the last of each signalled. Average Gb/s = size x
+iterations / (last completion - first post); peak = the best rate from a post to a later
+completion (Meter); MsgRate = iterations / that time. A preflight runs before any verbs call, and
+every verbs object is closed on every path (ExitStack), including a timeout and a peer that vanishes.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import hashlib
@@ -20,6 +21,7 @@ import json
 import os
 import random
 import resource
+import select
 import socket
 import sys
 import threading
@@ -34,17 +36,21 @@ from nodehealth.host import HostPaths, read_attr
 DEFAULT_SIZE = 65536
 DEFAULT_ITERATIONS = 5000
 DEFAULT_TX_DEPTH = 128
-DEFAULT_CQ_MOD = 100  # forced to 1 above 8192-byte messages unless given, as perftest does
 DEFAULT_PORT = 18515
 DEFAULT_IB_PORT = 1
 QP_TIMEOUT, RETRY_CNT, RNR_RETRY, MIN_RNR_TIMER = 14, 7, 7, 12
-OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for the peer
+OOB_TIMEOUT = 30.0  # seconds the out-of-band exchange waits for each of the peer's answers
 OOB_MAX = 512  # an out-of-band message is one line this long at most
 REFUSED = b"refused:"  # the line a server answers a client it does not admit with
 # An RC write to a vanished peer errors after timeout x retries (~0.5 s); a soft device may never
 # complete it: no completion for this long ends the test.
 STALL_SECONDS = 10.0
-ACCEPT_POLL_SECONDS = 0.5  # how soon the daemon's server sees that it must stop
+STOP_POLL_SECONDS = 0.5  # how soon a wait for a client or a peer's bytes sees a stop request
+# What a test's writes may take, per message: 10 ms, or its size at 10 Mbit/s (the slowest link
+# a test waits for; the VM tier's tbf-limited cables run at 15 Mbit/s, rxe under QEMU at ~600)
+SECONDS_PER_MESSAGE = 0.01
+FLOOR_BITS_PER_SECOND = 10e6
+CANCELLED = "the test was cancelled (the daemon is stopping)"
 CAP_IPC_LOCK = 14
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -74,9 +80,12 @@ class Options:
     warmup: bool = True
 
     def moderation(self) -> int:
+        """Writes per post call, the last one signalled: a quarter of the depth unless given, so
+        that three lists stay in flight while one completes (perftest posts one at a time and
+        signals every 100th, every one above 8 KiB: each call and completion costs Python more)."""
         if self.cq_mod is not None:
             return max(1, self.cq_mod)
-        return 1 if self.size > 8192 else DEFAULT_CQ_MOD
+        return max(1, self.depth() // 4)
 
     def depth(self) -> int:
         return max(1, min(self.tx_depth, self.iterations)) if self.duration is None else max(1, self.tx_depth)
@@ -95,26 +104,68 @@ class Result:
     method: str = "rdma-write"
 
 
-def bandwidth(size: int, iterations: int, first_post: float, completions: list[tuple[float, int]],
-              window: int = 1) -> tuple:
-    """(avg Gb/s, peak Gb/s, Mmsg/s) from the first post time and (time, messages completed so far)
-    at each signalled completion, as ib_write_bw reports them with --report_gbits. The peak is the
-    best rate over any stretch of at least `window` messages: completions are stamped when polled,
-    and two polled back to back would otherwise make a peak no link can reach."""
-    if not completions or iterations <= 0:
-        raise RdmaError("no completion was seen, so there is no bandwidth to report")
-    total = completions[-1][0] - first_post
-    if total <= 0:
-        raise RdmaError("the clock did not advance during the test")
-    points = [(first_post, 0)] + completions
-    peak_rate, lo = 0.0, 0
-    for hi in range(1, len(points)):
-        while lo + 1 < hi and points[hi][1] - points[lo + 1][1] >= window:
-            lo += 1
-        (t0, n0), (t1, n1) = points[lo], points[hi]
-        if n1 - n0 >= window and t1 > t0:
-            peak_rate = max(peak_rate, (n1 - n0) / (t1 - t0))
-    return (size * iterations * 8 / total / 1e9, size * peak_rate * 8 / 1e9, iterations / total / 1e6)
+class Meter:
+    """The clock of one timed run, as ib_write_bw keeps it (tposted/tcompleted): the time of each
+    post, taken before the call, and of each poll that brought completions, taken after it returns.
+
+    Average = messages x size / (last completion - first post). Peak = the best rate from a post to a
+    later completion over the messages in between (perftest's peak, which it skips in duration mode
+    and above 20,000 iterations for its quadratic cost; here it is kept online in O(log n) per poll).
+    Both ends of every stretch are stamped on the safe side, so no stretch is shorter than the link
+    took to move its messages: the peak never exceeds the line rate, however late the poller comes
+    or however many completions one poll brings (a stretch between two completions stamped by polls
+    back to back did: ~600 Gb/s on a 0.6 Gb/s link).
+
+    The best stretch for a completion starts at a vertex of the lower convex hull of the posts
+    (time, messages posted before): the tangent from the completion's point, found by bisection."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: tuple[float, int] | None = None  # (seconds after the first post, messages completed)
+        self.best = 0.0  # messages per second
+        self._waiting: collections.deque = collections.deque()  # posts none of whose messages completed yet
+        self._hull: list[tuple[float, int]] = []
+
+    def posted(self, now: float, before: int) -> None:
+        """A post call about to be made at `now`, its first message numbered `before` (from 0)."""
+        if self.first is None:
+            self.first = now
+        self._waiting.append((now - self.first, before))
+
+    def completed(self, now: float, count: int) -> None:
+        """A poll returned at `now`, `count` messages completed so far."""
+        if self.first is None:
+            return
+        q = (now - self.first, count)
+        while self._waiting and self._waiting[0][1] < count:  # posts whose first message is done
+            p = self._waiting.popleft()
+            while len(self._hull) >= 2 and _cross(self._hull[-2], self._hull[-1], p) <= 0:
+                self._hull.pop()
+            self._hull.append(p)
+        hull, lo, hi = self._hull, 0, len(self._hull) - 1
+        while lo < hi:  # the rate from vertex i rises while q lies above the edge from i to i+1
+            mid = (lo + hi) // 2
+            if _cross(hull[mid], hull[mid + 1], q) > 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        if hull and q[0] > hull[lo][0]:
+            self.best = max(self.best, (count - hull[lo][1]) / (q[0] - hull[lo][0]))
+        self.last = q
+
+    def result(self, size: int) -> tuple[float, float, float, float]:
+        """(seconds, avg Gb/s, peak Gb/s, Mmsg/s) as ib_write_bw --report_gbits reports them."""
+        if self.last is None or self.last[1] <= 0:
+            raise RdmaError("no completion was seen, so there is no bandwidth to report")
+        seconds, count = self.last
+        if seconds <= 0:
+            raise RdmaError("the clock did not advance during the test")
+        return seconds, size * count * 8 / seconds / 1e9, size * self.best * 8 / 1e9, count / seconds / 1e6
+
+
+def _cross(o: tuple[float, int], a: tuple[float, int], b: tuple[float, int]) -> float:
+    """> 0 when b lies to the left of (above) the line from o through a."""
+    return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
 
 
 # -- preflight (no verbs call) ------------------------------------------------------------------
@@ -290,19 +341,80 @@ class Endpoint:
         return cls(lid, qpn, psn, rkey, addr, parts[6], size, mtu)
 
 
-def _recv_line(sock: socket.socket, what: str) -> bytes:
-    buf = b""
-    while not buf.endswith(b"\n"):
+def exchange_seconds(opts: Options, timeout: float) -> float:
+    """The longest one test may take from connection to verdict, on either side: `timeout` for the
+    endpoints, the writes (the warm-up, the iterations or the duration and what is still in flight
+    at its end), and `timeout` for the report and its verification."""
+    messages = (opts.depth() if opts.warmup else 0) + (opts.iterations if opts.duration is None else opts.depth())
+    per_message = max(SECONDS_PER_MESSAGE, opts.size * 8 / FLOOR_BITS_PER_SECOND)
+    return 2 * timeout + (opts.duration or 0) + messages * per_message
+
+
+class _Exchange:
+    """One test's out-of-band connection under a deadline for the whole exchange, whose waits a
+    stop request ends within STOP_POLL_SECONDS: a peer that drips its bytes, or never answers, holds
+    this side no longer than the test may take, and never past a stop. RdmaError otherwise."""
+
+    def __init__(self, sock: socket.socket | None, seconds: float, stop: threading.Event | None):
+        self.sock, self.seconds, self.stop = sock, seconds, stop
+        self.deadline = time.monotonic() + seconds
+
+    @classmethod
+    def connect(cls, host: str, port: int, seconds: float, stop: threading.Event | None) -> _Exchange:
+        exchange = cls(None, seconds, stop)
+        where = f"cannot reach the rdma-bw server at {host}:{port}"
         try:
-            chunk = sock.recv(1)
-        except socket.timeout:
-            raise RdmaError(f"the peer sent no {what} within {sock.gettimeout():g} s") from None
-        if not chunk:
-            raise RdmaError(f"the peer closed the connection before its {what}")
-        buf += chunk
-        if len(buf) > OOB_MAX:
-            raise RdmaError(f"the peer's {what} is longer than {OOB_MAX} bytes")
-    return buf
+            addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as err:  # UnicodeError: a name too long for DNS
+            raise RdmaError(f"{where}: {getattr(err, 'strerror', None) or err}") from None
+        code = errno.EHOSTUNREACH
+        for family, kind, proto, _, address in addresses:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
+            code = sock.connect_ex(address)
+            try:
+                while code == errno.EINPROGRESS:
+                    if select.select((), (sock,), (), exchange.wait("answer to the connection"))[1]:
+                        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            except RdmaError as err:
+                sock.close()
+                if err.stage == "cancelled":
+                    raise
+                raise RdmaError(f"{where}: no answer within {seconds:g} s") from None
+            if code == 0:
+                exchange.sock = sock
+                return exchange
+            sock.close()
+        raise RdmaError(f"{where}: {os.strerror(code)}")
+
+    def wait(self, what: str) -> float:
+        """How long the next wait for the peer's `what` may be; RdmaError at the deadline or a stop."""
+        if self.stop is not None and self.stop.is_set():
+            raise RdmaError(CANCELLED, "cancelled")
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise RdmaError(f"the {what} did not come within the exchange's {self.seconds:g} s")
+        return min(left, STOP_POLL_SECONDS)
+
+    def recv_line(self, what: str) -> bytes:
+        buf = b""
+        while not buf.endswith(b"\n"):
+            self.sock.settimeout(self.wait(what))
+            try:
+                chunk = self.sock.recv(1)
+            except socket.timeout:
+                continue
+            if not chunk:
+                raise RdmaError(f"the peer closed the connection before the {what}")
+            buf += chunk
+            if len(buf) > OOB_MAX:
+                raise RdmaError(f"the {what} is longer than {OOB_MAX} bytes")
+        return buf
+
+    def send(self, line: bytes) -> None:
+        """A line of at most OOB_MAX bytes, which the socket's buffer takes at once."""
+        self.sock.settimeout(self.wait("peer's room for a line"))
+        self.sock.sendall(line)
 
 
 # -- the test ------------------------------------------------------------------------------------
@@ -380,72 +492,78 @@ class _Verbs:
         except self.Err as err:
             raise RdmaError(f"cannot connect the queue pair: {err}") from None
 
-    def write_all(self, remote: Endpoint, deadline: float, cancel: threading.Event | None = None
-                  ) -> tuple[int, float, list[tuple[float, int]]]:
-        """Post the timed writes; returns (iterations, first post time, signalled completions)."""
-        opts, e, wrm = self.opts, self.e, self.wr
-        mod, depth = opts.moderation(), opts.depth()
-        sge = wrm.SGE(self.mr.buf, opts.size, self.mr.lkey)
+    def write_all(self, remote: Endpoint, deadline: float, cancel: threading.Event | None = None) -> Meter:
+        """Post the warm-up, then the timed writes; returns the timed run's Meter."""
+        opts = self.opts
+        chains: dict[int, list] = {}  # length -> the WRs of one list; they stay alive while it is posted
 
-        def make(signaled: bool):
-            w = wrm.SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge],
-                           send_flags=e.IBV_SEND_SIGNALED if signaled else 0)
-            w.set_wr_rdma(remote.rkey, remote.addr)
-            return w
+        def chain(length: int):
+            if length not in chains:
+                chains[length] = self._chain(remote, length)
+            return chains[length][0]
 
-        plain, signaled = make(False), make(True)
         try:
             if opts.warmup:
-                self._run(min(depth, opts.iterations), plain, signaled, mod, depth, None, deadline, cancel)
+                self._run(min(opts.depth(), opts.iterations), chain, None, deadline, cancel)
             end = time.monotonic() + opts.duration if opts.duration else None
-            return self._run(opts.iterations, plain, signaled, mod, depth, end, deadline, cancel)
+            return self._run(opts.iterations, chain, end, deadline, cancel)
         except self.Err as err:  # a post or poll refused: the queue pair went to the error state
             raise RdmaError(f"an RDMA WRITE failed: {err}") from None
 
-    def _run(self, iterations: int, plain, signaled, mod: int, depth: int, end: float | None, deadline: float,
-             cancel: threading.Event | None):
+    def _chain(self, remote: Endpoint, length: int) -> list:
+        """`length` RDMA WRITEs of the buffer, linked into one list that one post call hands to the
+        device; only the last is signalled, and its wr_id says how many messages its completion ends."""
+        e, opts = self.e, self.opts
+        sge = self.wr.SGE(self.mr.buf, opts.size, self.mr.lkey)
+        wrs = [self.wr.SendWR(opcode=e.IBV_WR_RDMA_WRITE, num_sge=1, sg=[sge], send_flags=0) for _ in range(length)]
+        for w in wrs:
+            w.set_wr_rdma(remote.rkey, remote.addr)
+        for w, after in zip(wrs, wrs[1:]):
+            w.next_wr = after
+        wrs[-1].send_flags = e.IBV_SEND_SIGNALED
+        wrs[-1].wr_id = length
+        return wrs
+
+    def _run(self, iterations: int, chain: Callable[[int], object], end: float | None, deadline: float,
+             cancel: threading.Event | None) -> Meter:
+        """Keep up to `depth` writes outstanding, posted in lists of `moderation`, until `iterations`
+        were written (or `end`, a time) and all completed. The per-list work is all there is in
+        Python: a post call, a clock read, and one completion to take."""
+        opts, success = self.opts, self.e.IBV_WC_SUCCESS
+        depth = opts.depth()
+        length = min(opts.moderation(), depth)
+        post, poll, clock = self.qp.post_send, self.cq.poll, time.perf_counter
+        meter = Meter()
         posted = completed = 0
-        completions: list[tuple[float, int]] = []
-        pending: list[int] = []  # messages covered by each outstanding signalled WR
-        unsignaled = 0
-        first = time.perf_counter()
         stalled_since = time.monotonic()
         while True:
-            stop_posting = (end is not None and time.monotonic() >= end) or (end is None and posted >= iterations)
-            while not stop_posting and posted - completed < depth:
-                last = end is None and posted + 1 == iterations
-                sig = last or (posted + 1) % mod == 0 or posted - completed + 1 == depth
-                self.qp.post_send(signaled if sig else plain)
-                posted += 1
-                unsignaled += 1
-                if sig:
-                    pending.append(unsignaled)
-                    unsignaled = 0
-                stop_posting = end is None and posted >= iterations
-            if stop_posting and unsignaled:  # the duration ended between signals: signal the tail
-                if posted - completed < depth:
-                    self.qp.post_send(signaled)
-                    posted += 1
-                    pending.append(unsignaled + 1)
-                    unsignaled = 0
-            if stop_posting and not pending:
-                break
-            n, wcs = self.cq.poll(num_entries=16)
-            now = time.perf_counter()
-            for wc in wcs[:n]:
-                if wc.status != self.e.IBV_WC_SUCCESS:
-                    raise RdmaError(f"an RDMA WRITE failed: completion status {wc.status} "
-                                    f"({_wc_status(wc.status)}); the peer or the path is gone")
-                completed += pending.pop(0)
-                completions.append((now, completed))
+            more = posted < iterations if end is None else time.monotonic() < end
+            while more:
+                n = length if end is not None else min(length, iterations - posted)
+                if posted + n > completed + depth:
+                    break
+                meter.posted(clock(), posted)
+                post(chain(n))
+                posted += n
+                more = end is not None or posted < iterations
+            if not more and completed == posted:
+                return meter
+            n, wcs = poll(num_entries=depth)
+            if n:
+                now = clock()
+                for wc in wcs:
+                    if wc.status != success:
+                        raise RdmaError(f"an RDMA WRITE failed: completion status {wc.status} "
+                                        f"({_wc_status(wc.status)}); the peer or the path is gone")
+                    completed += wc.wr_id
+                meter.completed(now, completed)
             if cancel is not None and cancel.is_set():
-                raise RdmaError("the test was cancelled (the daemon is stopping)")
+                raise RdmaError(CANCELLED, "cancelled")
             if n:
                 stalled_since = time.monotonic()
             elif time.monotonic() - stalled_since > STALL_SECONDS or time.monotonic() > deadline:
                 raise RdmaError(f"no RDMA WRITE completed for {time.monotonic() - stalled_since:.0f} s: "
                                 "the peer or the path is gone")
-        return completed, first, completions
 
 
 def _wc_status(status: int) -> str:
@@ -491,7 +609,8 @@ def server(opts: Options, listen: str = "0.0.0.0", host: HostPaths | None = None
             conn, _ = lsock.accept()
         except socket.timeout:
             raise RdmaError(f"no client connected to port {opts.port} within {timeout:g} s") from None
-        return _session(stack.enter_context(conn), verbs, opts, device, timeout)
+        exchange = _Exchange(stack.enter_context(conn), exchange_seconds(opts, timeout), None)
+        return _session(exchange, verbs, opts, device)
 
 
 def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | RdmaError], None],
@@ -501,8 +620,9 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
     outcome handed to `on_result`. The preflight and the bind fail at once (RdmaError).
 
     A client whose address `admit` refuses is closed before any verbs object exists (outcome stage
-    "refused"). After each session the server rests as long as the session took, so admitted peers
-    hold the rail and a core at most half the time."""
+    "refused"). A session ends at its deadline (exchange_seconds) or at `stop`, whatever the client
+    sends. After each session the server rests as long as the session took, so admitted peers hold
+    the rail and a core at most half the time."""
     _check_opts(opts)
     host = host or HostPaths("/")
     device = preflight(opts, host, max(opts.size, PAGE))
@@ -511,7 +631,7 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
     except OSError as err:
         raise RdmaError(f"cannot listen on {listen}:{opts.port}: {err.strerror or err}") from None
     with lsock:
-        lsock.settimeout(ACCEPT_POLL_SECONDS)  # so that `stop` is seen
+        lsock.settimeout(STOP_POLL_SECONDS)  # so that `stop` is seen
         while not stop.is_set():
             try:
                 conn, client = lsock.accept()
@@ -524,14 +644,16 @@ def serve(opts: Options, stop: threading.Event, on_result: Callable[[Result | Rd
             started = time.monotonic()
             try:
                 with contextlib.ExitStack() as stack:
-                    stack.enter_context(conn)
-                    outcome: Result | RdmaError = _session(conn, _Verbs(stack, opts, device), opts, device, timeout)
+                    exchange = _Exchange(stack.enter_context(conn), exchange_seconds(opts, timeout), stop)
+                    outcome: Result | RdmaError = _session(exchange, _Verbs(stack, opts, device), opts, device)
             except RdmaError as err:
                 outcome = err
             except OSError as err:  # the client reset the connection
                 outcome = RdmaError(f"the client's connection failed: {err.strerror or err}")
             except Exception as err:  # one client's session, whatever went wrong, must not stop the server
                 outcome = RdmaError(f"the test failed: {type(err).__name__}: {err}")
+            if isinstance(outcome, RdmaError) and outcome.stage == "cancelled":
+                return  # stopped: nothing was served
             on_result(outcome)
             stop.wait(time.monotonic() - started)  # the next client waits in the backlog meanwhile
 
@@ -547,16 +669,14 @@ def _refuse(conn: socket.socket) -> None:
             conn.send(REFUSED + b" this node is not one of the server's peers (rdma_bw.serve_to)\n")
 
 
-def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, timeout: float) -> Result:
+def _session(exchange: _Exchange, verbs: _Verbs, opts: Options, device: str) -> Result:
     """One client on an accepted connection: exchange endpoints, take its report, verify the bytes."""
-    conn.settimeout(timeout)
-    remote = Endpoint.decode(_recv_line(conn, "endpoint"))
+    remote = Endpoint.decode(exchange.recv_line("client's endpoint"))
     if remote.size != opts.size:
         raise RdmaError(f"the client writes {remote.size}-byte messages, this server expects {opts.size}")
-    conn.sendall(verbs.local.encode())
+    exchange.send(verbs.local.encode())
     verbs.connect(remote)
-    conn.settimeout(timeout + (opts.duration or 0) + opts.iterations * 0.01)
-    report = _recv_line(conn, "report")
+    report = exchange.recv_line("client's report")
     try:
         doc = json.loads(report)
         result = Result(**{k: doc[k] for k in Result.__dataclass_fields__ if k in doc})
@@ -564,7 +684,7 @@ def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, tim
         raise RdmaError(f"the client's report is not a result: {report[:80]!r}") from None
     result.verified = verbs.mr.read(opts.size, 0) == pattern(opts.size)
     result.device = device
-    conn.sendall(b"OK\n" if result.verified else b"BAD\n")
+    exchange.send(b"OK\n" if result.verified else b"BAD\n")
     if not result.verified:
         raise RdmaError("the bytes written into this server's buffer are not the client's")
     return result
@@ -573,7 +693,8 @@ def _session(conn: socket.socket, verbs: _Verbs, opts: Options, device: str, tim
 def client(server_host: str, opts: Options, host: HostPaths | None = None, timeout: float = OOB_TIMEOUT,
            cancel: threading.Event | None = None) -> Result:
     """Write to the server at `server_host` and return the result it verified; `cancel` ends the test
-    early (the daemon's shutdown). An RdmaError carries the stage it failed in."""
+    early (the daemon's shutdown). The whole exchange has a deadline (exchange_seconds), whatever the
+    server sends. An RdmaError carries the stage it failed in."""
     stage = "preflight"
     try:
         _check_opts(opts)
@@ -584,13 +705,10 @@ def client(server_host: str, opts: Options, host: HostPaths | None = None, timeo
             verbs = _Verbs(stack, opts, device)
             verbs.mr.write(pattern(opts.size), opts.size)
             stage = "peer"
-            try:
-                conn = stack.enter_context(socket.create_connection((server_host, opts.port), timeout=timeout))
-            except (OSError, UnicodeError) as err:  # UnicodeError: a name too long for DNS
-                raise RdmaError(f"cannot reach the rdma-bw server at {server_host}:{opts.port}: "
-                                f"{getattr(err, 'strerror', None) or err}") from None
-            conn.sendall(verbs.local.encode())
-            line = _recv_line(conn, "endpoint")
+            exchange = _Exchange.connect(server_host, opts.port, exchange_seconds(opts, timeout), cancel)
+            stack.enter_context(exchange.sock)
+            exchange.send(verbs.local.encode())
+            line = exchange.recv_line("server's endpoint")
             if line.startswith(REFUSED):
                 raise RdmaError(f"the rdma-bw server at {server_host}:{opts.port} refused the test: "
                                 f"{line[len(REFUSED):].decode(errors='replace').strip()[:200]}")
@@ -599,12 +717,11 @@ def client(server_host: str, opts: Options, host: HostPaths | None = None, timeo
                 raise RdmaError(f"the server's buffer ({remote.size} B) is smaller than a message")
             stage = "transfer"
             verbs.connect(remote)
-            limit = (opts.duration or 0) + timeout + opts.iterations * 0.01
-            n, first, completions = verbs.write_all(remote, time.monotonic() + limit, cancel)
-            avg, peak, rate = bandwidth(opts.size, n, first, completions, window=max(1, min(opts.depth(), n // 2)))
-            result = Result(opts.size, n, completions[-1][0] - first, avg, peak, rate, device)
-            conn.sendall(json.dumps(asdict(result)).encode() + b"\n")
-            answer = _recv_line(conn, "verification")
+            meter = verbs.write_all(remote, exchange.deadline, cancel)
+            seconds, avg, peak, rate = meter.result(opts.size)
+            result = Result(opts.size, meter.last[1], seconds, avg, peak, rate, device)
+            exchange.send(json.dumps(asdict(result)).encode() + b"\n")
+            answer = exchange.recv_line("server's verification")
             result.verified = answer.strip() == b"OK"
             if not result.verified:
                 raise RdmaError("the server found other bytes in its buffer than this client wrote")

@@ -26,7 +26,8 @@ def add_subcommands(subparsers: Any) -> None:
     r.add_argument("-n", "--iters", dest="iterations", type=int, default=5000, help="messages (default 5000)")
     r.add_argument("-D", "--duration", type=float, help="run for S seconds instead of a number of messages")
     r.add_argument("-t", "--tx-depth", type=int, default=128, help="outstanding writes (default 128)")
-    r.add_argument("-Q", "--cq-mod", type=int, help="signal every Nth write (default 100, 1 above 8 KiB)")
+    r.add_argument("-Q", "--cq-mod", type=int, help="post writes N at a time, the last signalled (default: a quarter "
+                                                    "of the tx depth)")
     r.add_argument("-p", "--port", type=int, default=18515, help="TCP port of the out-of-band exchange (18515)")
     r.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up writes")
     r.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the peer (default 30)")

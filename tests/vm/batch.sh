@@ -6,56 +6,17 @@ set -u
 PY="$PWD/.venv/bin/python"
 NH="$PY -m nodehealth.cli"
 export PYTHONDONTWRITEBYTECODE=1
-log() { echo "== $*"; }
-wait_port() {
-  i=0
-  while ! ss -ltnH "sport = :$1" | grep -q .; do
-    i=$((i+1)); [ $i -gt 600 ] && { echo "port $1 never listened"; return 1; }; sleep 0.1
-  done
-}
 # the device's resource counts (the kernel's own QP1 and its PD/CQ are always there)
 counts() { rdma resource show | grep rxe0 | sed 's/^[0-9]*: //'; }
 
-ip link set lo up
-modprobe rdma_rxe || { echo "no rdma_rxe"; exit 3; }
-rdma link add rxe0 type rxe netdev lo || exit 3
-for i in $(seq 50); do grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state && break; sleep 0.1; done
-GID=""
-for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
-  n=${g##*/}
-  if [ "$(cat $g 2>/dev/null)" = "0000:0000:0000:0000:0000:ffff:7f00:0001" ] && \
-     [ "$(cat /sys/class/infiniband/rxe0/ports/1/gid_attrs/types/$n 2>/dev/null)" = "RoCE v2" ]; then GID=$n; fi
-done
-echo "$GID" > $OUT/gid
-log "rxe0 on lo, GID index $GID"; ibv_devinfo -d rxe0 | head -20
+. tests/vm/rxe.sh
 counts > $OUT/res_base.txt
 
-# 1. bandwidth: ib_write_bw and rdma-bw alternated, 64 KiB and 1 MiB, ${REPS} rounds each
-REPS=${REPS:-3}
-: > $OUT/bw.tsv
-port=18600
-for size in ${SIZES-65536 1048576}; do
-  n=$((65536000 / size))
-  for rep in $(seq $REPS); do
-    port=$((port+1))
-    ib_write_bw -d rxe0 -x $GID -s $size -n $n -F --report_gbits -p $port > $OUT/ibs.txt 2>&1 &
-    wait_port $port
-    ib_write_bw -d rxe0 -x $GID -s $size -n $n -F --report_gbits -p $port 127.0.0.1 > $OUT/ibc.txt 2>&1
-    wait
-    bw=$(awk -v s=$size '$1==s {print $4}' $OUT/ibc.txt | tail -1)
-    echo "ib_write_bw $size $rep ${bw:-nan}" >> $OUT/bw.tsv
-    port=$((port+1))
-    $NH rdma-bw -d rxe0 -x $GID -s $size -n $n -p $port --json > $OUT/nhs.json 2> $OUT/nhs.err &
-    wait_port $port
-    $NH rdma-bw -d rxe0 -x $GID -s $size -n $n -p $port --json 127.0.0.1 > $OUT/nhc.json 2> $OUT/nhc.err
-    echo "client rc $?"; wait
-    bw=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['bw_avg_gbps'])" $OUT/nhc.json 2>/dev/null)
-    echo "rdma-bw $size $rep ${bw:-nan}" >> $OUT/bw.tsv
-    cp $OUT/nhc.json $OUT/nhc-$size.json; cp $OUT/nhs.json $OUT/nhs-$size.json
-    cat $OUT/nhc.err $OUT/nhs.err
-  done
-done
-cat $OUT/bw.tsv
+# 1. bandwidth (benchmarks/rdma_bw.sh): ib_write_bw and rdma-bw interleaved at each size, ${REPS} rounds
+SIZES=${SIZES-4096 65536 1048576}
+REPS=${REPS:-2}
+. benchmarks/rdma_bw.sh
+port=$bw_port
 
 # 2. memlock: a non-root user with ulimit -l 64 (root ignores the limit)
 chmod 755 /root /root/.pyenv 2>/dev/null; chmod 666 /dev/infiniband/uverbs*

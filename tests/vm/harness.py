@@ -112,8 +112,12 @@ def build_module(release: str, source: str, dest: str) -> str:
 
 
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
-              memory_mb: int = 3072, env: dict[str, str] | None = None) -> tuple[int, str, float]:
-    """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds)."""
+              memory_mb: int = 3072, env: dict[str, str] | None = None, icount: bool = False
+              ) -> tuple[int, str, float]:
+    """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds).
+    With `icount` the guest's clock counts its instructions (one nanosecond each) instead of following
+    the host's: what it measures no longer depends on the host's load. It has one vCPU then (QEMU 7.2
+    hangs bringing up a second one under -icount)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise Unavailable("qemu-system-x86_64 is not installed (.ci/run installs qemu-system-x86)")
@@ -123,12 +127,13 @@ def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float
     with open(os.path.join(out_dir, "env.sh"), "w") as f:  # the guest starts with no environment of ours
         f.writelines(f"export {k}='{v}'\n" for k, v in (env or {}).items())
     build_initramfs(initrd, release, "/nh-out/batch.sh", cwd)
-    cmd = [qemu, "-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "2", "-m", str(memory_mb), "-nographic",
+    cmd = [qemu, "-M", "pc", "-accel", "tcg", "-cpu", "max", "-smp", "1" if icount else "2", "-m", str(memory_mb),
+           "-nographic",
            "-no-reboot", "-kernel", image, "-initrd", initrd,
            "-append", "console=ttyS0 panic=-1 quiet loglevel=4",
            "-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on",
            "-virtfs", f"local,path={out_dir},mount_tag=out,security_model=none",
-           "-net", "none"]
+           "-net", "none"] + (["-icount", "shift=0"] if icount else [])
     start = time.monotonic()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
