@@ -515,3 +515,24 @@ def test_a_stop_ends_a_servers_exchange_at_once(fake_device):
     finally:
         drip_stop.set()
         stop.set()
+
+
+def test_the_exchange_connects_from_a_process_holding_over_1024_descriptors():
+    """The daemon keeps counter files open and its listeners may hold hundreds of connections: a
+    descriptor number past select()'s 1,024 must not fail the RDMA test's connect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the open-file limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = []
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            while not held or held[-1] < 1100:
+                held.append(os.dup(server.fileno()))
+            exchange = rdma._Exchange.connect("127.0.0.1", server.getsockname()[1], 5.0, None)
+            assert exchange.sock.fileno() > 1024
+            exchange.sock.close()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -372,9 +372,11 @@ class _Exchange:
             sock = socket.socket(family, kind, proto)
             sock.setblocking(False)
             code = sock.connect_ex(address)
+            writable = select.poll()  # not select(): a daemon holding over 1,024 descriptors is no error
+            writable.register(sock, select.POLLOUT)
             try:
                 while code == errno.EINPROGRESS:
-                    if select.select((), (sock,), (), exchange.wait("answer to the connection"))[1]:
+                    if writable.poll(exchange.wait("answer to the connection") * 1000):
                         code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
             except RdmaError as err:
                 sock.close()
