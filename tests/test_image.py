@@ -58,6 +58,7 @@ def test_the_image_checks_a_machine_with_the_config_directory_the_daemonset_moun
     done = chroot(rootfs, "nodehealth", "check", "--root", "/machine", "--config", "/config.d",
                   "--state-dir", "/tmp/state", "--json")
     assert done.returncode == 1, done.stderr  # unhealthy: the fixture's kernel log has an Xid 79
+    assert done.stdout, done.stderr
     report = json.loads(done.stdout)
     assert "Xid79FallenOffBus" in {f["reason"] for f in report["findings"]}
     assert {c["name"] for c in report["collectors"] if c["success"]} >= {"kmsg", "infiniband", "pcie", "limits"}

@@ -152,3 +152,17 @@ def test_rdma_bw_and_check_load_only_what_they_use():
             "print(' '.join(m for m in sys.modules if m.startswith('nodehealth')))\n")
     out = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     assert not out & {"nodehealth.registry", "nodehealth.checks", "nodehealth.collectors"}
+
+
+def test_every_package_is_in_the_distribution():
+    """A package left out of pyproject's list imports in a checkout and is missing from an installed
+    wheel (nodehealth.tls was, and every command of the image failed)."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        listed = set(tomllib.load(f)["tool"]["setuptools"]["packages"])
+    found = {"nodehealth.collectors", "nodehealth.checks"}
+    for folder, _, files in os.walk(os.path.join(ROOT, "nodehealth")):
+        if "__init__.py" in files:
+            found.add(os.path.relpath(folder, ROOT).replace(os.sep, "."))
+    assert listed == found
