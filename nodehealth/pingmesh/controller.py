@@ -71,9 +71,9 @@ def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
     buckets = tuple(summary.buckets)
     out, keep, parsed = [], {}, 0
     for w in summary.windows:
-        if w.peers is None and not w.closed:
+        if w.peers is None and w.ready is None and not w.closed:
             ready = pingmesh.PreparedWindow(w.start, False, 0, 0, None)
-        elif w.peers is None:
+        elif w.peers is None and w.ready is None:
             ready = have.get(w.start)
             if ready is None:
                 raise FetchError("incomplete", f"window {w.start:.3f} came by its start alone, and is not kept")
