@@ -240,7 +240,7 @@ class Controller:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FetchError("deadline", "the analysis ran out of time before this agent")
-            summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since)
+            summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since, packed=True)
             if summary.node != name:
                 raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
             return summary
