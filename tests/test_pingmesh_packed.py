@@ -116,18 +116,21 @@ def _more_counts(head, a):  # more probes in the histogram than were answered: a
 
 
 @pytest.mark.parametrize("change,why", [
-    (_set("lost", 0, 999), "exceed"),
+    (_set("lost", 0, 999), "add up"),
     (_set("lost", 0, -1), "non-negative"),
     (_set("sent", 0, 10_000), "max_sent"),
+    (_set("sent", 0, 0), "sent a probe"),
     (_more_counts, "add up"),
     (_set("flat", 0, 99), "buckets"),
     (_set("offsets", 1, 3), "offsets"),
+    (_set("offsets", 1, 10 ** 6), "offsets"),
     (_set("offsets", 0, 2), "offsets"),
     (_set("idx", 1, 0), "distinct"),
     (_set("idx", 0, 10_000), "distinct"),
     (_set("top", 0, 40), "top"),
     (_set("p99", 0, -2), "p99"),
-    (_set("rails", 0, 0), "non-negative"),
+    (_set("rails", 0, 0), "rails"),
+    (_set("flat", 1, -5), "non-negative"),
     (_header("entries", 3), "entries"),
     (_header("entries", stats.MAX_PEERS_PER_WINDOW + 1), "at most"),
     (_header("edges", 1), "does not add up"),

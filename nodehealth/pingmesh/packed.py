@@ -112,20 +112,27 @@ def loads(data: bytes, stubs: bool = False) -> stats.Summary:
 
 
 def _names(head: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The peer names and each one's leaf (what its reporter says), interned: one string per name."""
+    """The peer names and each one's leaf (what its reporter says), interned: one string per name. Checked
+    a list at a time: a Python step per name would be a good part of a steady cycle's decoding."""
     names, leaves, leaf_of = head.get("names"), head.get("leaves"), head.get("leaf_of")
     if not (isinstance(names, list) and isinstance(leaves, list) and isinstance(leaf_of, list)
             and len(names) == len(leaf_of) and len(names) <= stats.MAX_WINDOWS * stats.MAX_PEERS_PER_WINDOW
             and len(leaves) <= len(names) + 1):
         raise stats.SummaryError("names, leaves and leaf_of must be lists, leaf_of as long as names")
-    if not all(type(n) is str and 0 < len(n) <= stats.MAX_NAME for n in names) or len(set(names)) != len(names):
-        raise stats.SummaryError(f"peer names must be distinct strings of 1 to {stats.MAX_NAME} characters")
-    if not all(type(n) is str and len(n) <= stats.MAX_NAME for n in leaves):
-        raise stats.SummaryError(f"leaves must be strings of at most {stats.MAX_NAME} characters")
-    if not all(type(j) is int and 0 <= j < len(leaves) for j in leaf_of):
-        raise stats.SummaryError("leaf_of must index leaves")
-    leaves = [sys.intern(x) for x in leaves]
-    return [sys.intern(n) for n in names], [leaves[j] for j in leaf_of]
+    try:
+        "".join(names), "".join(leaves)  # a TypeError where one is not a string
+        where = array("H", leaf_of)  # a TypeError or OverflowError where one is no index
+    except (TypeError, OverflowError):
+        raise stats.SummaryError("names and leaves must be strings, leaf_of indices") from None
+    names = list(map(sys.intern, names))
+    distinct = set(names)
+    if ("" in distinct or len(distinct) != len(names) or max(map(len, names), default=0) > stats.MAX_NAME
+            or max(map(len, leaves), default=0) > stats.MAX_NAME
+            or max(where, default=0) >= max(1, len(leaves))):
+        raise stats.SummaryError(f"peer names must be distinct, of 1 to {stats.MAX_NAME} characters, leaves of at "
+                                 f"most {stats.MAX_NAME}, and leaf_of must index leaves")
+    leaves = list(map(sys.intern, leaves))
+    return names, list(map(leaves.__getitem__, where))
 
 
 def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, names: list[str], leaves: list[str],
@@ -136,52 +143,65 @@ def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, nam
     if entries > stats.MAX_PEERS_PER_WINDOW or edges > entries or nflat > 2 * (nbuckets + 1) * edges:
         raise stats.SummaryError(f"a window of {entries} entries ({stats.MAX_PEERS_PER_WINDOW} at most), {edges} "
                                  f"edges and {nflat} histogram values does not add up")
+    # The 4-byte arrays (idx .. flat) come first, then the 1-byte ones (rails, top, p99). Their ranges are
+    # checked on the little-endian bytes, a C loop each: no Python object per value.
+    n_ints = 5 * edges + 1 + nflat
+    if 4 * n_ints + 3 * edges > len(view):
+        raise stats.SummaryError("the arrays run past the end")
+    raw, small = view[:4 * n_ints].tobytes(), view[4 * n_ints:4 * n_ints + 3 * edges].tobytes()
+    view = view[4 * n_ints + 3 * edges:]
+    flat_raw = raw[4 * (5 * edges + 1):]
+    if not _only(raw[3::4], _BELOW_128):
+        raise stats.SummaryError("counts, offsets and buckets must be non-negative")
+    if not (_only(small[:edges], _RAILS) and _only(small[edges:2 * edges], _TOP[nbuckets])
+            and _only(small[2 * edges:], _P99)):
+        raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in range")
+    if not (_only(flat_raw[0::8], _TOP[nbuckets][1:]) and _only(flat_raw[1::8] + flat_raw[2::8] + flat_raw[3::8], b"\0")
+            and _only(raw[16 * edges:20 * edges + 4:4], _EVEN)):
+        raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets}, offsets in bucket, count pairs")
+    ints, bytes_ = array("i", raw), array("b", small)
+    if _BIG_ENDIAN:
+        ints.byteswap()
     got: dict[str, array] = {}
+    at = 0
     for attr, code in ARRAYS:
         n = nflat if attr == "flat" else edges + 1 if attr == "offsets" else edges
-        size = n * array(code).itemsize
-        if size > len(view):
-            raise stats.SummaryError("the arrays run past the end")
-        a = got[attr] = array(code)
-        a.frombytes(view[:size])
-        view = view[size:]
-        if _BIG_ENDIAN:
-            a.byteswap()
-    _check_edges(got, len(names), nbuckets, entries, max_sent)
+        got[attr] = (ints if code == "i" else bytes_)[at:at + n]
+        at = 0 if attr == "flat" else at + n
+    _check_edges(got, len(names), entries, max_sent, sum(small[:edges]), max(small[:edges], default=0))
     f = analysis.Folded.of(tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"])),
                            *(got[attr] for attr, _ in ARRAYS[1:]))
     return analysis.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
 
 
-def _check_edges(a: dict[str, array], names: int, nbuckets: int, entries: int, max_sent: int) -> None:
-    """What makes an edge weigh what the JSON form's would: refused with the reason where it does not."""
-    idx, sent, lost, retrans, offsets, flat, rails = (a[k] for k in ("idx", "sent", "lost", "retrans", "offsets",
-                                                                      "flat", "rails"))
+def _only(raw: bytes, allowed: bytes) -> bool:
+    """Whether every byte of `raw` is one of `allowed`."""
+    return not raw.translate(None, allowed)
+
+
+_BELOW_128 = bytes(range(128))  # the high byte of a non-negative little-endian integer
+_EVEN = bytes(range(0, 256, 2))  # the low byte of an even one
+_RAILS = bytes(range(1, 128))
+_TOP = [bytes([255, *range(n + 1)]) for n in range(128)]  # -1 (no answer) or a bucket up to n
+_P99 = bytes(range(analysis.NONE + 1))
+
+
+def _check_edges(a: dict[str, array], names: int, entries: int, max_sent: int, rails: int, most_rails: int) -> None:
+    """What makes an edge weigh what the JSON form's would, beyond the ranges _window checked: refused with
+    the reason where it does not."""
+    idx, sent, lost, retrans, offsets, flat = (a[k] for k in ("idx", "sent", "lost", "retrans", "offsets", "flat"))
+    if offsets[0] != 0 or offsets[-1] != len(flat) or not all(map(operator.le, offsets, offsets[1:])):
+        raise stats.SummaryError("histogram offsets must rise from 0 to the end of the histograms")
     if not idx:
-        if len(offsets) != 1 or offsets[0] != 0:
-            raise stats.SummaryError("a window without edges has offsets [0]")
         return
-    if min(idx) < 0 or max(idx) >= names or len(set(idx)) != len(idx):
+    if max(idx) >= names or len(set(idx)) != len(idx):
         raise stats.SummaryError("each edge names a distinct peer of the names list")
-    if min(rails) < 1 or sum(rails) > entries or min(lost) < 0 or min(retrans) < 0 or min(sent) < 1:
-        raise stats.SummaryError("counts must be non-negative, each edge at least one entry with a probe sent, "
-                                 "and no more entries folded than the window lists")
-    if any(map(operator.gt, map(operator.add, lost, retrans), sent)) \
-            or any(map(operator.gt, sent, map(operator.mul, rails, itertools.repeat(max_sent)))):
-        raise stats.SummaryError("an edge's lost and retransmitted probes exceed its sent ones, or it sent more "
-                                 "than its entries' max_sent")
-    if min(a["top"]) < -1 or max(a["top"]) > nbuckets or min(a["p99"]) < 0 or max(a["p99"]) > analysis.NONE:
-        raise stats.SummaryError("a top or p99 bucket is out of range")
-    if (offsets[0] != 0 or offsets[-1] != len(flat) or any(map(operator.and_, offsets, itertools.repeat(1)))
-            or not all(map(operator.le, offsets, offsets[1:]))):
-        raise stats.SummaryError("histogram offsets must rise in steps of bucket, count pairs to the end")
-    buckets, counts = flat[0::2], flat[1::2]
-    if buckets and (min(buckets) < 0 or max(buckets) > nbuckets or min(counts) < 0):
-        raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets} and counts non-negative")
-    # Each edge's histogram holds exactly its answered probes: by the running total at its offsets.
-    total = array("q", itertools.accumulate(counts, initial=0))
-    halves = list(map(operator.rshift, offsets, itertools.repeat(1)))
-    answered = map(operator.sub, map(operator.sub, sent, lost), retrans)
-    if not all(map(operator.eq, map(operator.sub, map(total.__getitem__, halves[1:]), map(total.__getitem__, halves)),
-                   answered)):
+    if rails > entries or min(sent) < 1 or max(sent) > max_sent * most_rails:
+        raise stats.SummaryError("each edge must have sent a probe, no more than its entries' max_sent each, and "
+                                 "fold no more entries than the window lists")
+    # Each edge's histogram holds exactly its answered probes (sent - lost - retrans, so never fewer than 0,
+    # the offsets rising): the running totals of both agree at every edge.
+    total = list(itertools.accumulate(flat[1::2], initial=0))
+    at_edges = list(map(total.__getitem__, map(operator.rshift, offsets, itertools.repeat(1))))
+    if at_edges != list(itertools.accumulate(map(operator.sub, map(operator.sub, sent, lost), retrans), initial=0)):
         raise stats.SummaryError("an edge's histogram does not add up to its answered probes")

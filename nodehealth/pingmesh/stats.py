@@ -22,6 +22,7 @@ BUCKETS_SECONDS: tuple[float, ...] = (
     0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 )
 PROBES = ("ping", "tcp")
+_BUCKETS = list(BUCKETS_SECONDS)  # as a summary lists them: valid, no need to check them one by one
 
 MAX_SUMMARY_BYTES = 1 << 20
 MAX_WINDOWS = 64
@@ -148,7 +149,7 @@ def parse_summary(obj: Any, stubs: bool = False) -> Summary:
     if not 1 <= window_seconds <= 3600:
         raise SummaryError(f"window_seconds {window_seconds:g} is outside 1..3600")
     buckets = obj.get("buckets_seconds")
-    if (not isinstance(buckets, list) or not 1 <= len(buckets) <= 64
+    if buckets != _BUCKETS and (not isinstance(buckets, list) or not 1 <= len(buckets) <= 64
             or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) for b in buckets)
             or any(a >= b for a, b in zip(buckets, buckets[1:]))):
         raise SummaryError("buckets_seconds must be 1 to 64 increasing finite numbers")
