@@ -28,13 +28,24 @@ import time
 from array import array
 
 from common import ROOT, rss_bytes
-from pingmesh_analyze import DEAD, PROBE_INTERVAL, T0, WS, cluster, inventory, lose, mesh_arguments, peer_entries
+from pingmesh_analyze import (
+    DEAD,
+    PROBE_INTERVAL,
+    T0,
+    WS,
+    as_summary,
+    cluster,
+    inventory,
+    lose,
+    mesh_arguments,
+    peer_entries,
+)
 
 sys.path.insert(0, ROOT)
 
 from nodehealth.pingmesh import controller, packed  # noqa: E402
 from nodehealth.pingmesh.analysis import Analyzer  # noqa: E402
-from nodehealth.pingmesh.stats import BUCKETS_SECONDS, PeerStats, Summary, Window, loads_summary  # noqa: E402
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, loads_summary  # noqa: E402
 
 FETCH = 6  # pingmesh.fetch_windows
 
@@ -59,14 +70,6 @@ def answers(names, leaf, inter, leaf_size, rails, newest, since, form):
                "time": T0 + newest * WS + 3, "window_seconds": WS, "buckets_seconds": list(BUCKETS_SECONDS),
                "windows": ws}
         yield name, json.dumps(doc).encode() if form == "json" else packed.dumps(as_summary(doc))
-
-
-def as_summary(doc):
-    """What the agent holds (its PeerStats) for a generated answer: packed.dumps folds it as the agent does."""
-    return Summary(doc["node"], doc["leaf"], "", doc["time"], WS, BUCKETS_SECONDS, [
-        Window(w["start"], w["closed"], None if "peers" not in w else [
-            PeerStats(p["node"], p["leaf"], p["rail"], p["probe"], p["sent"], p["lost"], p.get("retrans", 0),
-                      dict(p["counts"])) for p in w["peers"]]) for w in doc["windows"]])
 
 
 def floor(data, form):

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 
 
@@ -26,9 +28,10 @@ def test_the_controller_benchmark_runs_both_forms_to_the_same_verdicts():
     assert "verdicts packed: [('leaf'" in out  # the injected faults were found, not an empty list twice
 
 
-def test_the_localization_benchmark_runs():
-    out = run("pingmesh_analyze.py", "--nodes", "96", "--leaf-size", "16", "--windows", "3")
-    assert "windows analysed: 3; rejected: 0" in out, out
+@pytest.mark.parametrize("form", ["json", "packed"])
+def test_the_localization_benchmark_runs(form):
+    out = run("pingmesh_analyze.py", "--nodes", "96", "--leaf-size", "16", "--windows", "3", "--input", form)
+    assert "windows analysed: 3; rejected: 0" in out and "node         gpu-00017" in out, out
 
 
 def test_the_agent_benchmark_runs_with_the_controllers_fetches():
