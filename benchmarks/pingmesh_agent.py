@@ -8,9 +8,12 @@ would serve in the mesh. CPU comes from /proc/PID/stat over the measurement, RSS
 /proc/PID/status at its end. Targets: at most 1 % of one core and +20 MiB over the daemon
 without probes. `--compare-python PY` runs a third daemon with probes, by another checkout's
 interpreter (its .venv/bin/python), as one more node the farm probes, in the same run: a change
-is measured against the code before it under the same load. Usage: python
+is measured against the code before it under the same load. `--fetch json|packed|both` also
+fetches each daemon's summary every window as the controller does (`?windows=6`, then `&since=`
+the newest closed window it has), in that form; with both, a second daemon with probes is asked for
+the packed form while the first is asked for JSON, side by side. Usage: python
 benchmarks/pingmesh_agent.py [--nodes 41] [--rails 8] [--seconds 120] [--ping-all-rails]
-[--compare-python PY]
+[--compare-python PY] [--fetch none|json|packed|both]
 """
 from __future__ import annotations
 
@@ -20,9 +23,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from common import free_port, get, machine, metric_value, process_cpu_seconds, rss_bytes, wait_http
+from common import ROOT, free_port, get, machine, metric_value, process_cpu_seconds, rss_bytes, wait_http
+
+sys.path.insert(0, ROOT)
+
+from nodehealth.pingmesh.fetch import FetchError, fetch_summary  # noqa: E402
 
 
 def peer_address(i: int) -> str:
@@ -78,6 +86,24 @@ def start_daemon(state: str, port: int, extra: list[str], python: str = sys.exec
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=state)
 
 
+def controller(ports: dict[str, tuple[int, bool]], window: float, stop: threading.Event,
+               served: dict[str, int]) -> None:
+    """The controller's fetches: every window, each daemon's newest 6 windows, those it has by their start
+    alone (`since`), in the form asked for; `served` counts the answers."""
+    since: dict[str, float] = {}
+    while not stop.wait(window - time.time() % window + 3.0):  # 3 s into each window, as the controller
+        for k, (port, packed) in ports.items():
+            try:
+                summary = fetch_summary("127.0.0.1", port, 6, 5.0, since.get(k), packed=packed)
+            except FetchError as e:
+                print(f"{k}: {e}", file=sys.stderr)
+                continue
+            closed = [w.start for w in summary.windows if w.closed]
+            if closed:
+                since[k] = max(closed)
+            served[k] += 1
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--nodes", type=int, default=41, help="peer nodes (x rails = peers)")
@@ -87,6 +113,8 @@ def main() -> None:
     p.add_argument("--interval", type=float, default=10.0, help="seconds between probes of one peer")
     p.add_argument("--compare-python", metavar="PY", help="also a daemon with probes run by this interpreter "
                                                             "(another checkout's venv), side by side")
+    p.add_argument("--fetch", choices=("none", "json", "packed", "both"), default="none",
+                   help="fetch the summaries every window as the controller does, in this form")
     p.add_argument("--farm", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--probe-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--targets", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -99,6 +127,8 @@ def main() -> None:
     measured = {"measured": [f"127.0.0.{r + 1}" for r in range(args.rails)]}
     if args.compare_python:
         measured["compared"] = [f"127.0.0.{args.rails + r + 1}" for r in range(args.rails)]
+    if args.fetch == "both":
+        measured["packed"] = [f"127.0.0.{2 * args.rails + r + 1}" for r in range(args.rails)]
     probe_port = free_port()  # and probe_port + 1 for the TCP probes
     with tempfile.TemporaryDirectory() as tmp:
         inventory = os.path.join(tmp, "inventory.json")
@@ -130,9 +160,14 @@ def main() -> None:
                  for k, a in measured.items()}
         procs["without"] = start_daemon(os.path.join(tmp, "without"), ports["without"],
                                         ["--config", config, "--node-name", "without"])
+        asked = {k: (ports[k], args.fetch == "packed" or k == "packed") for k in measured if args.fetch != "none"}
+        served = dict.fromkeys(asked, 0)
+        stop = threading.Event()
+        fetcher = threading.Thread(target=controller, args=(asked, 30.0, stop, served), daemon=True)
         try:
             for port in ports.values():
                 wait_http(f"http://127.0.0.1:{port}/v1/report")
+            fetcher.start()
             time.sleep(2 * args.interval)  # every peer probed once: channels open, steady state
             cpu0 = {k: process_cpu_seconds(p.pid) for k, p in procs.items()}
             t0 = time.monotonic()
@@ -142,6 +177,7 @@ def main() -> None:
             rss = {k: rss_bytes(p.pid) / 2**20 for k, p in procs.items()}
             text = get(f"http://127.0.0.1:{ports['measured']}/metrics").decode()
         finally:
+            stop.set()
             for proc in (*procs.values(), farm_proc):
                 proc.terminate()
                 proc.wait(10)
@@ -153,11 +189,14 @@ def main() -> None:
     pings = args.nodes * (args.rails if args.ping_all_rails else 1)
     print(f"peers {args.nodes} nodes x {args.rails} rails; every {args.interval:g}s a TCP connect to each peer "
           f"address and a gRPC Ping to {pings} of them (the same towards this node); {elapsed:.0f}s, side by side")
-    names = {"measured": "with probes", "compared": "compared", "without": "without probes"}
+    names = {"measured": "with probes", "compared": "compared", "packed": "packed", "without": "without probes"}
+    if asked:
+        print("the controller's fetches every 30 s: " + ", ".join(
+            f"{names[k]} {'packed' if packed else 'json'} {served[k]}" for k, (_, packed) in asked.items()))
     for k in procs:
         print(f"daemon {names[k]:14s} CPU {cpu[k] / elapsed * 100:5.2f} % of a core   RSS {rss[k]:6.1f} MiB")
     for k in measured:
-        print(f"probe agent{' (compared)' if k == 'compared' else ''}: "
+        print(f"probe agent{f' ({names[k]})' if k != 'measured' else ''}: "
               f"+{(cpu[k] - cpu['without']) / elapsed * 100:.2f} % of a core (target <= 1 %), "
               f"+{rss[k] - rss['without']:.1f} MiB (target <= 20 MiB)")
     print(f"sent ping {sent['ping']:.0f} (lost {lost['ping']:.0f}), tcp {sent['tcp']:.0f} (lost {lost['tcp']:.0f}), "

@@ -7,7 +7,7 @@ Summaries are generated lazily, one node at a time, as decoded JSON (or parsed, 
 only analyze() holds the cluster. Faults injected: one dead node, one node with 3% loss, one leaf
 with 20% loss on its uplinks; background loss 1e-4. The analysis runs as the controller's does: with
 the inventory (leaves, rails) and the agents' probe schedule (6 probes of each peer a window).
-Usage: python benchmarks/pingmesh_analyze.py [--nodes 10000] [--windows 5] [--input json|parsed]
+Usage: python benchmarks/pingmesh_analyze.py [--nodes 10000] [--windows 5] [--input json|parsed|packed]
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from common import ROOT, rss_bytes
 sys.path.insert(0, ROOT)
 
 from nodehealth.inventory import Inventory, Node  # noqa: E402
+from nodehealth.pingmesh import packed  # noqa: E402
 from nodehealth.pingmesh.analysis import analyze  # noqa: E402
-from nodehealth.pingmesh.stats import BUCKETS_SECONDS, parse_summary  # noqa: E402
+from nodehealth.pingmesh.stats import BUCKETS_SECONDS, PeerStats, Summary, Window, parse_summary  # noqa: E402
 
 WS = 30.0
 T0 = 1_800_000_000.0
@@ -105,6 +106,14 @@ def summaries(names, leaf, inter, leaf_size, rails, windows, seed=1):
                "window_seconds": WS, "buckets_seconds": list(BUCKETS_SECONDS), "windows": ws}
 
 
+def as_summary(doc):
+    """What the agent holds (its PeerStats) for a generated answer: packed.dumps folds it as the agent does."""
+    return Summary(doc["node"], doc["leaf"], "", doc["time"], doc["window_seconds"], BUCKETS_SECONDS, [
+        Window(w["start"], w["closed"], None if "peers" not in w else [
+            PeerStats(p["node"], p["leaf"], p["rail"], p["probe"], p["sent"], p["lost"], p.get("retrans", 0),
+                      dict(p["counts"])) for p in w["peers"]]) for w in doc["windows"]])
+
+
 def timed(items, spent: list[float]):
     """Yield from `items`, adding the time spent producing them to spent[0]."""
     it = iter(items)
@@ -132,19 +141,23 @@ def mesh_arguments() -> argparse.ArgumentParser:
 def main() -> None:
     p = mesh_arguments()
     p.add_argument("--windows", type=int, default=5)
-    p.add_argument("--input", choices=("json", "parsed"), default="json",
+    p.add_argument("--input", choices=("json", "parsed", "packed"), default="json",
                    help="json: decoded JSON, parse_summary inside analyze (the CLI's case); parsed: stats.Summary "
-                        "objects, parsed before analyze and not timed (the controller's case)")
+                        "objects, parsed before analyze and not timed (the controller's case before the packed "
+                        "form); packed: each summary's packed form, decoded (packed.loads) inside the time")
     args = p.parse_args()
     names, leaf, inter = cluster(args.nodes, args.leaf_size, args.pairs, args.rails)
     items = summaries(names, leaf, inter, args.leaf_size, args.rails, args.windows)
     if args.input == "parsed":
         items = map(parse_summary, items)
     spent = [0.0]
+    if args.input == "packed":  # the bytes are made outside the time, decoded inside it
+        items = map(packed.loads, timed((packed.dumps(as_summary(s)) for s in items), spent))
     before = rss_bytes(os.getpid())
     t0 = time.perf_counter()
     inv = inventory(names, leaf, args.rails)
-    analysis = analyze(timed(items, spent), {}, T0 + (args.windows + 1) * WS, inv, PROBE_INTERVAL)
+    analysis = analyze(items if args.input == "packed" else timed(items, spent), {}, T0 + (args.windows + 1) * WS,
+                       inv, PROBE_INTERVAL)
     elapsed = time.perf_counter() - t0
     max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     entries = args.windows * sum(2 * (min(args.nodes, (leaf[i] + 1) * args.leaf_size) - leaf[i] * args.leaf_size - 1)
@@ -152,9 +165,9 @@ def main() -> None:
     print(f"{args.nodes} nodes in {len(set(leaf))} leaves, {args.windows} windows, input {args.input}: "
           f"{entries / args.nodes / args.windows:.0f} peer entries per node and window ({entries} in all)")
     work = elapsed - spent[0]
+    making = {"json": "generation", "parsed": "generation and parse_summary", "packed": "generation and packing"}
     print(f"analyze: {work:.1f} s ({work / entries * 1e6:.2f} us per peer entry); producing the input "
-          f"({'generation' if args.input == 'json' else 'generation and parse_summary'}, not counted): "
-          f"{spent[0]:.1f} s")
+          f"({making[args.input]}, not counted): {spent[0]:.1f} s")
     print(f"memory: RSS {before / 2**20:.0f} MiB before analyze, max RSS {max_rss / 2**20:.0f} MiB: "
           f"analyze added {(max_rss - before) / 2**20:.0f} MiB")
     print(f"windows analysed: {analysis.windows_seen}; rejected: {len(analysis.rejected)}; "

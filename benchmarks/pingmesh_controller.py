@@ -1,14 +1,21 @@
-"""The controller's analysis cycle at 10,000 agents: the first one, then the steady state.
+"""The controller's analysis cycle at 10,000 agents: the first one, then the steady state, JSON and packed.
 
 The cluster, its faults and its peer entries are benchmarks/pingmesh_analyze.py's. Each cycle one
 more window closes. Every agent answers what its `/v1/pingmesh?windows=6[&since=S]` would (the
 newest window open, with a third of its peers so far; with `since`, the windows up to S and the
-open one by their start alone), as bytes; the controller's own code takes it from there: stats.loads_summary,
-controller.keep_windows (fold the new windows, take the kept ones) and pingmesh.Analyzer.run, with
-the summaries streaming into it as the fetchers hand them on. No HTTP: fetching overlaps with this
-work in the controller, and its cost is the network's. Timed per cycle: parsing (JSON and
-validation), preparing (folding), the analysis; memory: RSS after each cycle and what is kept.
+open one by their start alone), as bytes, in the form asked for: JSON, or the packed form
+(`&format=packed1`, packed.py; the agent folds each window it sends). The controller's own code
+takes it from there: stats.loads_summary or packed.loads, controller.keep_windows (fold the new
+windows, take the kept ones) and pingmesh.Analyzer.run, with the summaries streaming into it as the
+fetchers hand them on. No HTTP: fetching overlaps with this work in the controller, and its cost is
+the network's. With both forms (the default), each cycle runs for JSON, then for packed, each with
+its own controller state, in one process. Timed per cycle: decoding (with validation), preparing
+(folding), the analysis, and the floor: the same bytes parsed by the serialization alone (json.loads
+of a JSON answer; json.loads of a packed answer's header and array.frombytes of its arrays), on
+every --floor-every'th answer. Memory: RSS after each cycle and what is kept (RSS covers both
+controllers with both forms: run one form for the controller's own).
 Usage: python benchmarks/pingmesh_controller.py [--nodes 10000] [--rails 2 --pairs 5] [--cycles 4]
+       [--format both|json|packed] [--floor-every 10]
 """
 from __future__ import annotations
 
@@ -18,22 +25,34 @@ import random
 import resource
 import sys
 import time
+from array import array
 
 from common import ROOT, rss_bytes
-from pingmesh_analyze import DEAD, PROBE_INTERVAL, T0, WS, cluster, inventory, lose, mesh_arguments, peer_entries
+from pingmesh_analyze import (
+    DEAD,
+    PROBE_INTERVAL,
+    T0,
+    WS,
+    as_summary,
+    cluster,
+    inventory,
+    lose,
+    mesh_arguments,
+    peer_entries,
+)
 
 sys.path.insert(0, ROOT)
 
-from nodehealth.pingmesh import controller  # noqa: E402
+from nodehealth.pingmesh import controller, packed  # noqa: E402
 from nodehealth.pingmesh.analysis import Analyzer  # noqa: E402
 from nodehealth.pingmesh.stats import BUCKETS_SECONDS, loads_summary  # noqa: E402
 
 FETCH = 6  # pingmesh.fetch_windows
 
 
-def answers(names, leaf, inter, leaf_size, rails, newest, since):
-    """(name, bytes) of every agent's answer when window `newest` is the open one; `since` maps a name
-    to the start it is asked after (absent: everything in full)."""
+def answers(names, leaf, inter, leaf_size, rails, newest, since, form):
+    """(name, bytes) of every agent's answer in `form` when window `newest` is the open one; `since` maps
+    a name to the start it is asked after (absent: everything in full)."""
     for me, name in enumerate(names):
         if me == DEAD:
             continue
@@ -47,9 +66,28 @@ def answers(names, leaf, inter, leaf_size, rails, newest, since):
             rng = random.Random(me * 100_003 + w)  # the same window is the same whenever it is asked for
             peers = list(base) if w < newest else base[:len(base) // 3]
             ws.append({"start": start, "closed": w < newest, "peers": lose(peers, names, leaf, me, rng)})
-        yield name, json.dumps({"schema_version": 1, "node": name, "leaf": f"leaf-{leaf[me]}", "pod": "",
-                                "time": T0 + newest * WS + 3, "window_seconds": WS,
-                                "buckets_seconds": list(BUCKETS_SECONDS), "windows": ws}).encode()
+        doc = {"schema_version": 1, "node": name, "leaf": f"leaf-{leaf[me]}", "pod": "",
+               "time": T0 + newest * WS + 3, "window_seconds": WS, "buckets_seconds": list(BUCKETS_SECONDS),
+               "windows": ws}
+        yield name, json.dumps(doc).encode() if form == "json" else packed.dumps(as_summary(doc))
+
+
+def floor(data, form):
+    """The serialization alone on the same bytes: JSON's parser, or the packed header's and array.frombytes."""
+    if form == "json":
+        json.loads(data)
+        return
+    end = 8 + int.from_bytes(data[4:8], "little")
+    head = json.loads(data[8:end])
+    view = memoryview(data)[end:]
+    for w in head["windows"]:
+        if "edges" not in w:
+            continue
+        for attr, code in packed.ARRAYS:
+            a = array(code)
+            n = (w["flat"] if attr == "flat" else w["edges"] + 1 if attr == "offsets" else w["edges"]) * a.itemsize
+            a.frombytes(view[:n])
+            view = view[n:]
 
 
 def kept_bytes(kept: dict[str, controller.KeptWindows]) -> tuple[int, int]:
@@ -68,8 +106,10 @@ def kept_bytes(kept: dict[str, controller.KeptWindows]) -> tuple[int, int]:
     return edges, size
 
 
-def stream(items, kept, since, now, spent, counts):
+def stream(items, kept, since, now, spent, counts, form, floor_every):
     """The prepared summaries, as the controller's fetchers hand them on; time and counts into the dicts."""
+    decode = loads_summary if form == "json" else packed.loads
+    k = 0
     while True:
         t0 = time.perf_counter()
         item = next(items, None)
@@ -78,53 +118,79 @@ def stream(items, kept, since, now, spent, counts):
         if item is None:
             return
         name, data = item
-        summary = loads_summary(data, stubs=name in since)
+        summary = decode(data, stubs=name in since)
         t2 = time.perf_counter()
         prepared, kept[name], parsed = controller.keep_windows(kept.get(name), summary, now)
         t3 = time.perf_counter()
         spent["parse"] += t2 - t1
         spent["prepare"] += t3 - t2
+        if k % floor_every == 0:  # a sample: the floor, and the decoding of the same answers
+            floor(data, form)
+            spent["floor"] += time.perf_counter() - t3
+            spent["sampled"] += t2 - t1
+        k += 1
         counts["bytes"] += len(data)
         counts["windows"] += parsed
-        counts["entries"] += sum(len(w.peers) for w in summary.windows if w.peers is not None)
+        counts["entries"] += sum(w.ready.entries if w.ready is not None else len(w.peers) for w in summary.windows
+                                 if w.peers is not None or w.ready is not None)
         yield prepared
+
+
+def cycle(c, args, cluster_, analyzer, inv, kept, form):
+    """One analysis cycle in `form`; prints its line and returns (work seconds, analysis)."""
+    names, leaf, inter = cluster_
+    newest = FETCH - 1 + c  # the first cycle finds the agents with fetch_windows windows
+    now = T0 + newest * WS + 3
+    since = {n: k.since() for n, k in kept.items() if k.since() is not None}
+    spent = {"generate": 0.0, "parse": 0.0, "prepare": 0.0, "floor": 0.0, "sampled": 0.0}
+    counts = {"bytes": 0, "windows": 0, "entries": 0}
+    t0 = time.perf_counter()
+    items = answers(names, leaf, inter, args.leaf_size, args.rails, newest, since, form)
+    analysis = analyzer.run(stream(items, kept, since, now, spent, counts, form, args.floor_every), now, inv)
+    total = time.perf_counter() - t0
+    work = total - spent["generate"] - spent["floor"]
+    analyze = work - spent["parse"] - spent["prepare"]
+    edges, size = kept_bytes(kept)
+    print(f"cycle {c + 1} {form}: {counts['windows']} windows parsed ({counts['entries']} peer entries, "
+          f"{counts['bytes'] / 2**20:.0f} MiB); {analyzer.rebuilt} of {analysis.windows_seen} windows judged again")
+    print(f"  decode {spent['parse']:.2f} s + prepare {spent['prepare']:.2f} s + analyze {analyze:.2f} s "
+          f"= {work:.2f} s (generating the answers, not counted: {spent['generate']:.1f} s)")
+    if spent["floor"]:
+        print(f"  decode / floor on 1 answer in {args.floor_every}: {spent['sampled']:.3f} s / {spent['floor']:.3f} s "
+              f"= {spent['sampled'] / spent['floor']:.2f}x")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
+    windows = sum(len(k.windows) for k in kept.values())
+    print(f"  RSS {rss_bytes(os.getpid()) / 2**20:.0f} MiB, max {peak:.0f} MiB; kept: {edges} folded edges in "
+          f"{windows} windows, {size / 2**20:.0f} MiB of arrays and tuples", flush=True)
+    return work, analysis
 
 
 def main() -> None:
     p = mesh_arguments()
     p.add_argument("--cycles", type=int, default=4)
+    p.add_argument("--format", choices=("both", "json", "packed"), default="both")
+    p.add_argument("--floor-every", type=int, default=10, help="measure the floor on every n-th answer")
     args = p.parse_args()
-    names, leaf, inter = cluster(args.nodes, args.leaf_size, args.pairs, args.rails)
-    analyzer = Analyzer({}, PROBE_INTERVAL)
+    forms = ("json", "packed") if args.format == "both" else (args.format,)
+    cluster_ = names, leaf, inter = cluster(args.nodes, args.leaf_size, args.pairs, args.rails)
     inv = inventory(names, leaf, args.rails)
-    kept: dict[str, controller.KeptWindows] = {}
+    state = {form: (Analyzer({}, PROBE_INTERVAL), {}) for form in forms}
     rss0 = rss_bytes(os.getpid())
     print(f"{args.nodes} nodes, {args.rails} rails, {args.pairs} pairs; RSS {rss0 / 2**20:.0f} MiB before the first "
           "cycle")
+    found = {}
     for c in range(args.cycles):
-        newest = FETCH - 1 + c  # the first cycle finds the agents with fetch_windows windows
-        now = T0 + newest * WS + 3
-        since = {n: k.since() for n, k in kept.items() if k.since() is not None}
-        spent = {"generate": 0.0, "parse": 0.0, "prepare": 0.0}
-        counts = {"bytes": 0, "windows": 0, "entries": 0}
-
-        t0 = time.perf_counter()
-        items = answers(names, leaf, inter, args.leaf_size, args.rails, newest, since)
-        analysis = analyzer.run(stream(items, kept, since, now, spent, counts), now, inv)
-        total = time.perf_counter() - t0
-        work = total - spent["generate"]
-        analyze = work - spent["parse"] - spent["prepare"]
-        edges, size = kept_bytes(kept)
-        print(f"cycle {c + 1}: {counts['windows']} windows parsed ({counts['entries']} peer entries, "
-              f"{counts['bytes'] / 2**20:.0f} MiB of JSON); {analyzer.rebuilt} of {analysis.windows_seen} windows "
-              f"judged again")
-        print(f"  parse {spent['parse']:.1f} s + prepare {spent['prepare']:.1f} s + analyze {analyze:.1f} s "
-              f"= {work:.1f} s (generating the answers, not counted: {spent['generate']:.1f} s)")
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
-        windows = sum(len(k.windows) for k in kept.values())
-        print(f"  RSS {rss_bytes(os.getpid()) / 2**20:.0f} MiB, max {peak:.0f} MiB; kept: {edges} folded edges in "
-              f"{windows} windows, {size / 2**20:.0f} MiB of arrays and tuples")
-    print(f"verdicts: {[(v.kind, v.element, v.windows) for v in analysis.verdicts]}")
+        work = {}
+        for form in forms:
+            work[form], analysis = cycle(c, args, cluster_, state[form][0], inv, state[form][1], form)
+            found[form] = [(v.kind, v.element, v.windows) for v in analysis.verdicts]
+        if len(forms) == 2:
+            print(f"cycle {c + 1}: json {work['json']:.2f} s / packed {work['packed']:.2f} s = "
+                  f"{work['json'] / work['packed']:.1f}x cheaper")
+    for form in forms:
+        print(f"verdicts {form}: {found[form]}")
+    if len(forms) == 2:
+        print(f"the same verdicts: {found['json'] == found['packed']}")
 
 
 if __name__ == "__main__":

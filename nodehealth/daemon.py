@@ -351,7 +351,12 @@ class Daemon:
         return 200, render.to_json(report).encode(), "application/json"
 
     def _pingmesh(self, query: str) -> server.Answer:
-        summary = self.pingmesh.summary(_windows_param(query), _since_param(query))
+        from nodehealth.pingmesh import packed  # imported with the probe agent already
+
+        windows, since = _windows_param(query), _since_param(query)
+        if packed.QUERY in query.split("&"):  # a controller that reads the packed form (packed.py)
+            return 200, self.pingmesh.packed_summary(windows, since), packed.CONTENT_TYPE
+        summary = self.pingmesh.summary(windows, since)
         return 200, json.dumps(summary, separators=(",", ":")).encode(), "application/json"
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from nodehealth.kube import publisher as kube_publisher
 from nodehealth.kube import taints as kube_taints
 from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.model import Action, Report, Severity, verdict
-from nodehealth.pingmesh import controller, stats, verdicts
+from nodehealth.pingmesh import controller, packed, stats, verdicts
 from nodehealth.server import STUCK_EXIT_SECONDS
 
 W = 30.0  # window seconds
@@ -86,6 +86,8 @@ class Agents:
         self.requests: list[tuple[str, str]] = []
         self.release = threading.Event()  # ends the slow answers at teardown
         self.hung_up: set[str] = set()  # agents whose dripped head the controller stopped reading
+        self.packed: set[str] = set()  # agents of this version: asked for the packed form, they answer it
+        self.served_packed: set[str] = set()
         for _ in range(20):
             with socket.socket() as s:
                 s.bind(("127.0.0.1", 0))
@@ -119,6 +121,9 @@ class Agents:
         if how == "ok":
             windows = int(handler.path.rpartition("windows=")[2] or 10)
             how = summary(name, self.now, windows)
+            if name in self.packed and packed.QUERY in handler.path.partition("?")[2].split("&"):
+                self.served_packed.add(name)
+                return self._send(handler, 200, packed.dumps(stats.parse_summary(how)), packed.CONTENT_TYPE)
         if isinstance(how, dict):
             return self._send(handler, 200, json.dumps(how).encode())
         if how == "garbage":
@@ -167,9 +172,9 @@ class Agents:
         raise AssertionError(how)
 
     @staticmethod
-    def _send(handler: BaseHTTPRequestHandler, code: int, body: bytes) -> None:
+    def _send(handler: BaseHTTPRequestHandler, code: int, body: bytes, content_type: str = "application/json") -> None:
         handler.send_response(code)
-        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
         try:
@@ -392,6 +397,20 @@ def test_a_clean_stop_hands_the_lease_over_at_once(server, make):
     assert b.elector.tick()  # no wait for expiry: the Lease was given up
 
 
+@pytest.mark.parametrize("new", [frozenset(), frozenset(LEAF_OF), frozenset(LEAVES["leaf-a"])],
+                         ids=["old agents", "new agents", "half upgraded"])
+def test_agents_old_and_new_give_the_same_verdicts_during_a_rolling_upgrade(cluster, agents, make, new):
+    """A new agent answers the packed form the controller asks for; an old one ignores the question and
+    answers JSON, which the controller reads as ever: every agent reports, the verdicts are the same."""
+    agents.packed = set(new)
+    c = make()
+    assert c.elector.tick() and c.cycle(NOW)
+    doc = stored_doc(cluster)
+    assert doc["agents"] == {"reporting": 8, "failed": {}} and agents.served_packed == new
+    assert {(v["kind"], v["element"]) for v in doc["verdicts"] if v["kind"] in ("node", "leaf")} == {
+        ("node", FAULTY)}
+
+
 def test_only_the_lease_holder_writes_and_the_lease_is_compare_and_swap(server, make):
     a = make("controller-a")
     assert a.elector.tick()
@@ -416,7 +435,7 @@ def test_a_cycle_writes_the_verdicts_and_the_inventory_each_to_its_configmap_and
     found = {(v["kind"], v["element"]) for v in doc["verdicts"]}
     assert {(kind, element) for kind, element in found if kind in ("node", "leaf")} == {("node", FAULTY)}, found
     # Every agent was asked for the configured number of windows only.
-    assert sorted(agents.requests) == sorted((n, "/v1/pingmesh?windows=6") for n in LEAF_OF)
+    assert sorted(agents.requests) == sorted((n, f"/v1/pingmesh?{packed.QUERY}&windows=6") for n in LEAF_OF)
     # The inventory the agents will use, in a ConfigMap of its own: leaves from labels, InternalIP as rail 0.
     assert [(n.name, n.leaf, n.addresses) for n in stored_inventory(cluster).nodes] == [
         (n, LEAF_OF[n], (agents.addresses[n],)) for n in sorted(LEAF_OF)]

@@ -24,7 +24,7 @@ from nodehealth import config, daemon, inventory, registry
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
 from nodehealth.pingmesh import analysis as pingmesh
-from nodehealth.pingmesh import controller, stats
+from nodehealth.pingmesh import controller, fetch, stats
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 from nodehealth.pingmesh.mesh import Pingmesh
 
@@ -410,7 +410,9 @@ def test_since_leaves_out_only_closed_windows_the_agent_holds(mesh):
         stats.parse_summary(doc)  # only an answer to `since` may leave peers out
 
 
-def test_the_daemons_endpoint_passes_since_on(mesh, tmp_path):
+@pytest.fixture
+def served(mesh, tmp_path):
+    """The port of a daemon's HTTP server whose `/v1/pingmesh` is agent gpu-a0's, with four windows."""
     cfg = config.defaults()
     cfg["daemon"]["state_dir"] = str(tmp_path / "state")
     d = daemon.Daemon(Engine(registry.COLLECTORS, registry.CHECKS, HostPaths(machine("h100-8x-cx7")), cfg), cfg,
@@ -421,15 +423,38 @@ def test_the_daemons_endpoint_passes_since_on(mesh, tmp_path):
     srv = daemon.make_server(d, "127.0.0.1:0")
     threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/v1/pingmesh?windows=6"
-        starts = [w["start"] for w in json.loads(http_get(url)[1])["windows"]]
-        doc = json.loads(http_get(f"{url}&since={starts[1]!r}")[1])
-        assert [("peers" in w) for w in doc["windows"]] == [False, False, True, False]
-        doc = json.loads(http_get(f"{url}&since=bogus")[1])
-        assert [("peers" in w) for w in doc["windows"]] == [True] * 4
+        yield srv.server_address[1]
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_the_daemons_endpoint_passes_since_on(served):
+    url = f"http://127.0.0.1:{served}/v1/pingmesh?windows=6"
+    starts = [w["start"] for w in json.loads(http_get(url)[1])["windows"]]
+    doc = json.loads(http_get(f"{url}&since={starts[1]!r}")[1])
+    assert [("peers" in w) for w in doc["windows"]] == [False, False, True, False]
+    doc = json.loads(http_get(f"{url}&since=bogus")[1])
+    assert [("peers" in w) for w in doc["windows"]] == [True] * 4
+
+
+def test_the_daemon_answers_the_packed_form_to_who_asks_for_it_and_json_to_the_others(served, mesh):
+    url = f"http://127.0.0.1:{served}/v1/pingmesh?windows=6"
+    body, media = fetch.fetch_typed(url, 5.0)
+    assert media == "application/json"  # an older controller's question: JSON, as ever
+    from_json = stats.loads_summary(body)
+    got = fetch.fetch_summary("127.0.0.1", served, 6, 5.0, packed=True)
+    assert [(w.start, w.closed, w.peers) for w in got.windows] == [(w.start, w.closed, None) for w in from_json.windows]
+    for w, p in zip(from_json.windows, got.windows):
+        want = pingmesh.prepare_window(w, from_json.window_seconds, from_json.buckets, mesh.clock.now)
+        ready = pingmesh.prepare_window(p, got.window_seconds, got.buckets, mesh.clock.now)
+        assert (ready.entries, ready.max_sent) == (want.entries, want.max_sent)
+        assert (ready.folded is None) == (want.folded is None)
+        if want.folded is not None:
+            assert want.folded.names and all(getattr(ready.folded, attr) == getattr(want.folded, attr)
+                                             for attr in pingmesh.Folded.__slots__[1:])
+    since = fetch.fetch_summary("127.0.0.1", served, 6, 5.0, since=got.windows[1].start, packed=True)
+    assert [w.ready is not None for w in since.windows] == [False, False, True, False]
 
 
 @pytest.mark.parametrize("query, want", [

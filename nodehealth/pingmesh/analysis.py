@@ -51,7 +51,7 @@ import sys
 import time
 from array import array
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodehealth import inventory
@@ -230,6 +230,16 @@ class Folded:
         self.top, self.p99 = array("b", top), array("b", p99)  # bucket indices (-1: no answer; NONE: no p99)
         # edge j's histogram: flat[offsets[j]:offsets[j + 1]], bucket, count, bucket, count, ...
 
+    @classmethod
+    def of(cls, names: tuple[str, ...], leaves: tuple[str, ...], sent: array, lost: array, retrans: array,
+           offsets: array, flat: array, rails: array, top: array, p99: array) -> Folded:
+        """A window its agent folded (packed.py, which checks the arrays first)."""
+        f = cls.__new__(cls)
+        f.id = next(_folded_ids)
+        f.names, f.leaves, f.sent, f.lost, f.retrans = names, leaves, sent, lost, retrans
+        f.offsets, f.flat, f.rails, f.top, f.p99 = offsets, flat, rails, top, p99
+        return f
+
     def share(self, other: Folded) -> None:
         """Take `other`'s names and leaves where they are the same (an agent's windows mostly are)."""
         if self.names == other.names:
@@ -270,9 +280,11 @@ def usable(closed: bool, start: float, window_seconds: float, now: float) -> boo
 
 
 def prepare_window(w: stats.Window, window_seconds: float, buckets: tuple[float, ...], now: float) -> PreparedWindow:
+    fold = buckets == BUCKETS_SECONDS and usable(w.closed, w.start, window_seconds, now)
+    if w.ready is not None:  # the packed form's: folded by its agent
+        return w.ready if fold else replace(w.ready, folded=None)
     if w.peers is None:
         raise SummaryError(f"window {w.start:.3f} came without its peers")
-    fold = buckets == BUCKETS_SECONDS and usable(w.closed, w.start, window_seconds, now)
     return PreparedWindow(w.start, w.closed, len(w.peers), max((p.sent for p in w.peers), default=0),
                           Folded(w.peers) if fold else None, w.skipped)
 

@@ -73,9 +73,9 @@ def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
     buckets = tuple(summary.buckets)
     out, keep, parsed = [], {}, 0
     for w in summary.windows:
-        if w.peers is None and not w.closed:
+        if w.peers is None and w.ready is None and not w.closed:
             ready = pingmesh.PreparedWindow(w.start, False, 0, 0, None)
-        elif w.peers is None:
+        elif w.peers is None and w.ready is None:
             ready = have.get(w.start)
             if ready is None:
                 raise FetchError("incomplete", f"window {w.start:.3f} came by its start alone, and is not kept")
@@ -245,7 +245,7 @@ class Controller:
             if left <= 0:
                 raise FetchError("deadline", "the analysis ran out of time before this agent")
             summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since, self.tls, name,
-                                    self.access.token() if self.tls is None else None)
+                                    self.access.token() if self.tls is None else None, packed=True)
             if summary.node != name:
                 raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
             return summary

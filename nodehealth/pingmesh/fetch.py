@@ -15,6 +15,7 @@ import ssl
 import time
 import urllib.parse
 
+from nodehealth.pingmesh import packed as packed_form
 from nodehealth.pingmesh import stats
 from nodehealth.tls.identity import Identity
 
@@ -60,6 +61,12 @@ def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "",
     `timeout` seconds; with `tls`, over mutual TLS to a server whose certificate names `name`; with
     `token`, carrying it as a bearer token (`daemon.token_file`, when the agents want one).
     Raises FetchError: http_error, too_large, timeout, unreachable or tls."""
+    return fetch_typed(url, timeout, tls, name, token)[0]
+
+
+def fetch_typed(url: str, timeout: float, tls: Identity | None = None, name: str = "",
+                token: bytes | None = None) -> tuple[bytes, str]:
+    """fetch(), and the answer's media type (its Content-Type without parameters, lowercase)."""
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
     deadline = time.monotonic() + timeout
@@ -95,6 +102,7 @@ def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "",
                 if size > stats.MAX_SUMMARY_BYTES:
                     raise FetchError("too_large", f"a summary of more than {stats.MAX_SUMMARY_BYTES} bytes")
                 chunks.append(chunk)
+            media = (response.getheader("Content-Type") or "").partition(";")[0].strip().lower()
         finally:
             if response is not None:
                 response.close()
@@ -105,24 +113,31 @@ def fetch(url: str, timeout: float, tls: Identity | None = None, name: str = "",
         raise FetchError("tls", f"TLS: {e.reason or e}") from None
     except (OSError, ValueError, http.client.HTTPException) as e:  # ValueError: a port that is no number
         raise FetchError("unreachable", f"{type(e).__name__}: {e}") from None
-    return b"".join(chunks)
+    return b"".join(chunks), media
 
 
-def summary_url(address: str, port: int, windows: int, since: float | None = None) -> str:
+def summary_url(address: str, port: int, windows: int, since: float | None = None, packed: bool = False) -> str:
     """An agent's `/v1/pingmesh` asking for its newest `windows` windows, only those after `since`
-    in full (see Pingmesh.summary)."""
+    in full (see Pingmesh.summary); with `packed`, in the packed form (an older agent answers JSON)."""
     host = f"[{address}]" if ":" in address else address
     query = f"windows={windows}" if since is None else f"windows={windows}&since={since!r}"
+    if packed:
+        query = f"{packed_form.QUERY}&{query}"
     return f"http://{host}:{port}/v1/pingmesh?{query}"
 
 
 def fetch_summary(address: str, port: int, windows: int, timeout: float, since: float | None = None,
-                  tls: Identity | None = None, name: str = "", token: bytes | None = None) -> stats.Summary:
-    """One agent's summary, validated by stats.loads_summary (FetchError "invalid" when it is not one).
-    With `since`, the windows up to that start may come without their peers (see Pingmesh.summary);
-    with `tls`, only from the agent whose certificate names `name`."""
-    data = fetch(summary_url(address, port, windows, since), timeout, tls, name, token)
+                  tls: Identity | None = None, name: str = "", token: bytes | None = None,
+                  packed: bool = False) -> stats.Summary:
+    """One agent's summary, validated by stats.loads_summary or packed.loads, by the form it came in
+    (FetchError "invalid" when it is not one). With `since`, the windows up to that start may come
+    without their peers (see Pingmesh.summary); with `tls`, only from the agent whose certificate names
+    `name`. With `packed`, the packed form is asked for: an agent that does not know it ignores the
+    question and answers JSON, read as ever (a rolling upgrade)."""
+    data, media = fetch_typed(summary_url(address, port, windows, since, packed), timeout, tls, name, token)
     try:
+        if media == packed_form.CONTENT_TYPE:
+            return packed_form.loads(data, stubs=since is not None)
         return stats.loads_summary(data, stubs=since is not None)
     except stats.SummaryError as e:
         raise FetchError("invalid", str(e)) from None

@@ -17,10 +17,18 @@ from typing import Any
 
 from nodehealth.inventory import Inventory, InventoryError
 from nodehealth.model import Action, Finding, Metric, Severity
-from nodehealth.pingmesh import agent
+from nodehealth.pingmesh import agent, packed
 from nodehealth.pingmesh.pinglist import Target, pinglist
 from nodehealth.pingmesh.prober import Prober
-from nodehealth.pingmesh.stats import BUCKETS_SECONDS, SCHEMA_VERSION, PeerStats, bucket_index, quantile
+from nodehealth.pingmesh.stats import (
+    BUCKETS_SECONDS,
+    SCHEMA_VERSION,
+    PeerStats,
+    Summary,
+    Window,
+    bucket_index,
+    quantile,
+)
 
 log = logging.getLogger("nodehealth.probe")
 
@@ -145,6 +153,19 @@ class Pingmesh:
         after a restart) gives every closed window in full, so the asker's copy is never mixed with
         another's. With `since`, an open window goes by its start alone too: nobody analyses it yet.
         """
+        s = self._summary(windows, since, lambda peers: [p.to_dict() for p in peers])
+        return {"schema_version": SCHEMA_VERSION, "node": s.node, "leaf": s.leaf, "pod": s.pod, "time": s.time,
+                "window_seconds": s.window_seconds, "buckets_seconds": list(s.buckets),
+                "windows": [{"start": w.start, "closed": w.closed} if w.peers is None else
+                            {"start": w.start, "closed": w.closed, "peers": w.peers} for w in s.windows]}
+
+    def packed_summary(self, windows: int | None = None, since: float | None = None) -> bytes:
+        """The same windows in the packed form the controller asks for (packed.py)."""
+        return packed.dumps(self._summary(windows, since, lambda peers: [p.copy() for p in peers]))
+
+    def _summary(self, windows: int | None, since: float | None, peers_of: Callable[[list[PeerStats]], Any]
+                 ) -> Summary:
+        """The windows asked for, each window's peers as `peers_of` gives them while the prober waits."""
         now = self.clock()
         timeout = float(self.cfg["timeout_seconds"])
         with self.lock:
@@ -156,14 +177,11 @@ class Pingmesh:
             for s in starts:
                 closed = s + self.window + timeout <= now
                 if s <= known or (since is not None and not closed):
-                    out.append({"start": s, "closed": closed})
+                    out.append(Window(s, closed, None))
                 else:
-                    out.append({"start": s, "closed": closed,
-                                "peers": [p.to_dict() for _, p in sorted(self.windows[s].items())]})
+                    out.append(Window(s, closed, peers_of([p for _, p in sorted(self.windows[s].items())])))
             me = self.me
-        return {"schema_version": SCHEMA_VERSION, "node": self.node, "leaf": me.leaf if me else "",
-                "pod": me.pod if me else "", "time": now, "window_seconds": self.window,
-                "buckets_seconds": list(BUCKETS_SECONDS), "windows": out}
+        return Summary(self.node, me.leaf if me else "", me.pod if me else "", now, self.window, BUCKETS_SECONDS, out)
 
     def findings(self) -> list[Finding]:
         """The agent's own trouble: no inventory, or this node missing from it (it probes nobody).

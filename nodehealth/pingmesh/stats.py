@@ -22,6 +22,7 @@ BUCKETS_SECONDS: tuple[float, ...] = (
     0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
 )
 PROBES = ("ping", "tcp")
+_BUCKETS = list(BUCKETS_SECONDS)  # as a summary lists them: valid, no need to check them one by one
 
 MAX_SUMMARY_BYTES = 1 << 20
 MAX_WINDOWS = 64
@@ -88,6 +89,10 @@ class PeerStats:
     def __repr__(self) -> str:
         return f"PeerStats({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
+    def copy(self) -> PeerStats:
+        return PeerStats(self.node, self.leaf, self.rail, self.probe, self.sent, self.lost, self.retrans,
+                         dict(self.counts))
+
     def add(self, rtt: float | None, retransmitted: bool = False) -> None:
         """One probe: its round trip, or None when it was lost."""
         self.sent += 1
@@ -116,6 +121,8 @@ class Window:
     # Peer entries of probe kinds this version does not know (a newer agent's), left out: a rolling
     # upgrade must not make a controller refuse the agents that are already new.
     skipped: int = 0
+    # A window of the packed form (packed.py) comes folded by its agent: analysis.PreparedWindow, peers None.
+    ready: Any = None
 
 
 @dataclass
@@ -138,11 +145,11 @@ def parse_summary(obj: Any, stubs: bool = False) -> Summary:
     if obj.get("schema_version") != SCHEMA_VERSION:
         raise SummaryError(f"schema_version {obj.get('schema_version')!r} is not {SCHEMA_VERSION}")
     node = _name(obj.get("node"), "node", required=True)
-    window_seconds = _number(obj.get("window_seconds"), "window_seconds")
+    window_seconds = number(obj.get("window_seconds"), "window_seconds")
     if not 1 <= window_seconds <= 3600:
         raise SummaryError(f"window_seconds {window_seconds:g} is outside 1..3600")
     buckets = obj.get("buckets_seconds")
-    if (not isinstance(buckets, list) or not 1 <= len(buckets) <= 64
+    if buckets != _BUCKETS and (not isinstance(buckets, list) or not 1 <= len(buckets) <= 64
             or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) for b in buckets)
             or any(a >= b for a, b in zip(buckets, buckets[1:]))):
         raise SummaryError("buckets_seconds must be 1 to 64 increasing finite numbers")
@@ -154,20 +161,20 @@ def parse_summary(obj: Any, stubs: bool = False) -> Summary:
     out = []
     for w in windows:
         if stubs and isinstance(w, dict) and "peers" not in w:
-            out.append(Window(_number(w.get("start"), "window start"), w.get("closed") is True, None))
+            out.append(Window(number(w.get("start"), "window start"), w.get("closed") is True, None))
             continue
         if not isinstance(w, dict) or not isinstance(w.get("peers"), list):
             raise SummaryError("a window must be an object with a peers list")
         if len(w["peers"]) > MAX_PEERS_PER_WINDOW:
             raise SummaryError(f"a window lists {len(w['peers'])} peers, more than {MAX_PEERS_PER_WINDOW}")
-        start = _number(w.get("start"), "window start")
+        start = number(w.get("start"), "window start")
         peers = [_peer(p, len(buckets)) for p in w["peers"]]
         skipped = peers.count(None)
         if skipped:
             peers = [p for p in peers if p is not None]
         out.append(Window(start, w.get("closed") is True, peers, skipped))
     return Summary(node, _name(obj.get("leaf"), "leaf"), _name(obj.get("pod"), "pod"),
-                   _number(obj.get("time"), "time"), window_seconds, tuple(float(b) for b in buckets), out)
+                   number(obj.get("time"), "time"), window_seconds, tuple(float(b) for b in buckets), out)
 
 
 def loads_summary(data: bytes, stubs: bool = False) -> Summary:
@@ -247,7 +254,7 @@ def _name(value: Any, what: str, required: bool = False) -> str:
     return value
 
 
-def _number(value: Any, what: str) -> float:
+def number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise SummaryError(f"{what} must be a finite number, not {value!r}")
     return float(value)

@@ -1,0 +1,207 @@
+"""The packed form of a summary: what the controller asks agents for (`/v1/pingmesh?format=packed1`).
+
+The JSON summary lists every peer entry (peer, rail, probe kind) with its histogram as pairs; at
+10,000 nodes x 8 rails a controller decodes 8 million of them a window, three quarters of its time.
+The packed form carries each window as the analysis adds it up (analysis.Folded: one edge per peer
+node, TCP over all rails, Pings only where a peer has no TCP), folded by the agent with the same
+code, as little-endian arrays that the controller takes with array.frombytes: no Python object per
+edge. JSON stays the form for people and for `pingmesh analyze`.
+
+Layout: b"NHPK", the header's length (u32), the header (JSON: the summary's fields, the peer
+names, their leaves, and per window its start, closed, and for a window sent in full its counts),
+then per full window its arrays, in the order of ARRAYS. A summary is its agent's word and is
+untrusted: loads() refuses more than stats.MAX_SUMMARY_BYTES, windows, names and edges past the
+JSON form's caps, and any edge whose counts do not add up (lost and retransmitted within sent, the
+histogram's probes exactly the answered ones, buckets in range): each edge then weighs what the
+probe schedule allows, as a JSON edge does. An edge's top and p99 bucket are the agent's word,
+checked for range only: a wrong one says no more than a histogram that agrees with it would.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import operator
+import sys
+from array import array
+from typing import Any
+
+from nodehealth.pingmesh import analysis, stats
+
+FORMAT = 1
+QUERY = f"format=packed{FORMAT}"  # what a controller asks for; an agent that knows no such form ignores it
+CONTENT_TYPE = f"application/vnd.nodehealth.pingmesh-packed{FORMAT}"
+MAGIC = b"NHPK"
+# Each full window's arrays, in order: (Folded attribute, typecode); "idx" is each edge's peer in `names`.
+ARRAYS = (("idx", "i"), ("sent", "i"), ("lost", "i"), ("retrans", "i"), ("offsets", "i"), ("flat", "i"),
+          ("rails", "b"), ("top", "b"), ("p99", "b"))
+_BIG_ENDIAN = sys.byteorder == "big"
+assert all(array(code).itemsize == size for code, size in (("i", 4), ("b", 1)))
+
+
+def dumps(summary: stats.Summary) -> bytes:
+    """An agent's summary (windows with their peers, or by their start alone) in the packed form."""
+    names: dict[str, int] = {}
+    leaves: dict[str, int] = {}
+    leaf_of: list[int] = []
+    windows: list[dict[str, Any]] = []
+    body: list[bytes] = []
+    for w in summary.windows:
+        if w.peers is None:
+            windows.append({"start": w.start, "closed": w.closed})
+            continue
+        f = analysis.Folded(w.peers)
+        for name, leaf in zip(f.names, f.leaves):
+            if name not in names:
+                names[name] = len(names)
+                leaf_of.append(leaves.setdefault(leaf, len(leaves)))
+        columns = {"idx": [names[n] for n in f.names], "offsets": f.offsets, "flat": f.flat, "sent": f.sent,
+                   "lost": f.lost, "retrans": f.retrans, "rails": f.rails, "top": f.top, "p99": f.p99}
+        for attr, code in ARRAYS:
+            a = array(code, columns[attr])
+            if _BIG_ENDIAN:
+                a.byteswap()
+            body.append(a.tobytes())
+        windows.append({"start": w.start, "closed": w.closed, "edges": len(f.names), "flat": len(f.flat),
+                        "entries": len(w.peers), "skipped": w.skipped,
+                        "max_sent": max((p.sent for p in w.peers), default=0)})
+    header = {"format": FORMAT, "schema_version": stats.SCHEMA_VERSION, "node": summary.node, "leaf": summary.leaf,
+              "pod": summary.pod, "time": summary.time, "window_seconds": summary.window_seconds,
+              "buckets_seconds": list(summary.buckets), "names": list(names), "leaves": list(leaves),
+              "leaf_of": leaf_of, "windows": windows}
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return b"".join([MAGIC, len(head).to_bytes(4, "little"), head, *body])
+
+
+def loads(data: bytes, stubs: bool = False) -> stats.Summary:
+    """A packed summary, validated; its full windows come made ready (stats.Window.ready). With `stubs`,
+    a window may come by its start alone (an answer to `?since=`). Raises stats.SummaryError."""
+    if len(data) > stats.MAX_SUMMARY_BYTES:
+        raise stats.SummaryError(f"summary of {len(data)} bytes, more than {stats.MAX_SUMMARY_BYTES}")
+    if data[:4] != MAGIC or len(data) < 8:
+        raise stats.SummaryError("not a packed summary")
+    end = 8 + int.from_bytes(data[4:8], "little")
+    if end > len(data):
+        raise stats.SummaryError("the header runs past the end")
+    try:
+        head = json.loads(data[8:end])
+    except (ValueError, RecursionError) as e:
+        raise stats.SummaryError(f"the header is not JSON: {e}") from None
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise stats.SummaryError(f"not a packed summary of format {FORMAT}")
+    windows = head.get("windows")
+    if not isinstance(windows, list) or len(windows) > stats.MAX_WINDOWS:
+        raise stats.SummaryError(f"windows must be a list of at most {stats.MAX_WINDOWS}")
+    # The summary's own fields, checked as in the JSON form (its windows are checked below).
+    s = stats.parse_summary(dict(head, windows=[]))
+    names, leaves = _names(head)
+    view = memoryview(data)[end:]
+    for w in windows:
+        if not isinstance(w, dict):
+            raise stats.SummaryError("a window must be an object")
+        start, closed = stats.number(w.get("start"), "window start"), w.get("closed") is True
+        if "edges" not in w:
+            if not stubs:
+                raise stats.SummaryError(f"window {start:.3f} came without its edges")
+            s.windows.append(stats.Window(start, closed, None))
+            continue
+        ready, view = _window(w, start, closed, view, names, leaves, len(s.buckets))
+        s.windows.append(stats.Window(start, closed, None, ready.skipped, ready))
+    if len(view):
+        raise stats.SummaryError(f"{len(view)} bytes past the last window")
+    return s
+
+
+def _names(head: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The peer names and each one's leaf (what its reporter says), interned: one string per name. Checked
+    a list at a time: a Python step per name would be a good part of a steady cycle's decoding."""
+    names, leaves, leaf_of = head.get("names"), head.get("leaves"), head.get("leaf_of")
+    if not (isinstance(names, list) and isinstance(leaves, list) and isinstance(leaf_of, list)
+            and len(names) == len(leaf_of) and len(names) <= stats.MAX_WINDOWS * stats.MAX_PEERS_PER_WINDOW
+            and len(leaves) <= len(names) + 1):
+        raise stats.SummaryError("names, leaves and leaf_of must be lists, leaf_of as long as names")
+    try:
+        "".join(names), "".join(leaves)  # a TypeError where one is not a string
+        where = array("H", leaf_of)  # a TypeError or OverflowError where one is no index
+    except (TypeError, OverflowError):
+        raise stats.SummaryError("names and leaves must be strings, leaf_of indices") from None
+    names = list(map(sys.intern, names))
+    distinct = set(names)
+    if ("" in distinct or len(distinct) != len(names) or max(map(len, names), default=0) > stats.MAX_NAME
+            or max(map(len, leaves), default=0) > stats.MAX_NAME
+            or max(where, default=0) >= max(1, len(leaves))):
+        raise stats.SummaryError(f"peer names must be distinct, of 1 to {stats.MAX_NAME} characters, leaves of at "
+                                 f"most {stats.MAX_NAME}, and leaf_of must index leaves")
+    leaves = list(map(sys.intern, leaves))
+    return names, list(map(leaves.__getitem__, where))
+
+
+def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, names: list[str], leaves: list[str],
+            nbuckets: int) -> tuple[analysis.PreparedWindow, memoryview]:
+    edges, nflat, entries, skipped, max_sent = (w.get(k) for k in ("edges", "flat", "entries", "skipped", "max_sent"))
+    if not all(type(x) is int and x >= 0 for x in (edges, nflat, entries, skipped, max_sent)):
+        raise stats.SummaryError("a window's edges, flat, entries, skipped and max_sent must be counts")
+    if entries > stats.MAX_PEERS_PER_WINDOW or edges > entries or nflat > 2 * (nbuckets + 1) * edges:
+        raise stats.SummaryError(f"a window of {entries} entries ({stats.MAX_PEERS_PER_WINDOW} at most), {edges} "
+                                 f"edges and {nflat} histogram values does not add up")
+    # The 4-byte arrays (idx .. flat) come first, then the 1-byte ones (rails, top, p99). Their ranges are
+    # checked on the little-endian bytes, a C loop each: no Python object per value.
+    n_ints = 5 * edges + 1 + nflat
+    if 4 * n_ints + 3 * edges > len(view):
+        raise stats.SummaryError("the arrays run past the end")
+    raw, small = view[:4 * n_ints].tobytes(), view[4 * n_ints:4 * n_ints + 3 * edges].tobytes()
+    view = view[4 * n_ints + 3 * edges:]
+    flat_raw = raw[4 * (5 * edges + 1):]
+    if not _only(raw[3::4], _BELOW_128):
+        raise stats.SummaryError("counts, offsets and buckets must be non-negative")
+    if not (_only(small[:edges], _RAILS) and _only(small[edges:2 * edges], _TOP[nbuckets])
+            and _only(small[2 * edges:], _P99)):
+        raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in range")
+    if not (_only(flat_raw[0::8], _TOP[nbuckets][1:]) and _only(flat_raw[1::8] + flat_raw[2::8] + flat_raw[3::8], b"\0")
+            and _only(raw[16 * edges:20 * edges + 4:4], _EVEN)):
+        raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets}, offsets in bucket, count pairs")
+    ints, bytes_ = array("i", raw), array("b", small)
+    if _BIG_ENDIAN:
+        ints.byteswap()
+    got: dict[str, array] = {}
+    at = 0
+    for attr, code in ARRAYS:
+        n = nflat if attr == "flat" else edges + 1 if attr == "offsets" else edges
+        got[attr] = (ints if code == "i" else bytes_)[at:at + n]
+        at = 0 if attr == "flat" else at + n
+    _check_edges(got, len(names), entries, max_sent, sum(small[:edges]), max(small[:edges], default=0))
+    f = analysis.Folded.of(tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"])),
+                           *(got[attr] for attr, _ in ARRAYS[1:]))
+    return analysis.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
+
+
+def _only(raw: bytes, allowed: bytes) -> bool:
+    """Whether every byte of `raw` is one of `allowed`."""
+    return not raw.translate(None, allowed)
+
+
+_BELOW_128 = bytes(range(128))  # the high byte of a non-negative little-endian integer
+_EVEN = bytes(range(0, 256, 2))  # the low byte of an even one
+_RAILS = bytes(range(1, 128))
+_TOP = [bytes([255, *range(n + 1)]) for n in range(128)]  # -1 (no answer) or a bucket up to n
+_P99 = bytes(range(analysis.NONE + 1))
+
+
+def _check_edges(a: dict[str, array], names: int, entries: int, max_sent: int, rails: int, most_rails: int) -> None:
+    """What makes an edge weigh what the JSON form's would, beyond the ranges _window checked: refused with
+    the reason where it does not."""
+    idx, sent, lost, retrans, offsets, flat = (a[k] for k in ("idx", "sent", "lost", "retrans", "offsets", "flat"))
+    if offsets[0] != 0 or offsets[-1] != len(flat) or not all(map(operator.le, offsets, offsets[1:])):
+        raise stats.SummaryError("histogram offsets must rise from 0 to the end of the histograms")
+    if not idx:
+        return
+    if max(idx) >= names or len(set(idx)) != len(idx):
+        raise stats.SummaryError("each edge names a distinct peer of the names list")
+    if rails > entries or min(sent) < 1 or max(sent) > max_sent * most_rails:
+        raise stats.SummaryError("each edge must have sent a probe, no more than its entries' max_sent each, and "
+                                 "fold no more entries than the window lists")
+    # Each edge's histogram holds exactly its answered probes (sent - lost - retrans, so never fewer than 0,
+    # the offsets rising): the running totals of both agree at every edge.
+    total = list(itertools.accumulate(flat[1::2], initial=0))
+    at_edges = list(map(total.__getitem__, map(operator.rshift, offsets, itertools.repeat(1))))
+    if at_edges != list(itertools.accumulate(map(operator.sub, map(operator.sub, sent, lost), retrans), initial=0)):
+        raise stats.SummaryError("an edge's histogram does not add up to its answered probes")

@@ -1,0 +1,181 @@
+"""The packed summary (nodehealth/pingmesh/packed.py): the same analysis as its JSON, bounded decoding.
+
+The cluster is the localization benchmark's (benchmarks/pingmesh_analyze.py: a dead node, a lossy
+node, a leaf with lossy uplinks), small, with SYN retransmissions added.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from array import array
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodehealth.pingmesh import analysis, controller, packed, stats
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import pingmesh_analyze as bench  # noqa: E402
+
+NODES, LEAF, RAILS, PAIRS, WINDOWS = 96, 16, 2, 2, 5
+
+
+def json_summaries() -> list[dict]:
+    names, leaf, inter = bench.cluster(NODES, LEAF, PAIRS, RAILS)
+    out = list(bench.summaries(names, leaf, inter, LEAF, RAILS, WINDOWS))
+    rng = random.Random(7)
+    for s in out:  # some TCP probes answered only after a retransmitted SYN
+        for w in s["windows"]:
+            for k, p in enumerate(w["peers"]):
+                if p["probe"] == "tcp" and p["counts"] and rng.random() < 0.05:
+                    w["peers"][k] = dict(p, retrans=1, counts=[*p["counts"], [13, 1]], sent=p["sent"] + 1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def summaries() -> list[dict]:
+    return json_summaries()
+
+
+def test_a_packed_window_folds_to_what_its_json_folds_to(summaries):
+    for s in summaries[:10]:
+        parsed = stats.parse_summary(s)
+        again = packed.loads(packed.dumps(parsed))
+        assert (again.node, again.leaf, again.time, again.window_seconds, again.buckets) == (
+            parsed.node, parsed.leaf, parsed.time, parsed.window_seconds, parsed.buckets)
+        for w, p in zip(parsed.windows, again.windows):
+            want = analysis.prepare_window(w, parsed.window_seconds, parsed.buckets, bench.T0 + 1e6)
+            got = analysis.prepare_window(p, again.window_seconds, again.buckets, bench.T0 + 1e6)
+            assert (got.start, got.closed, got.entries, got.max_sent, got.skipped) == (
+                want.start, want.closed, want.entries, want.max_sent, want.skipped)
+            for attr in analysis.Folded.__slots__[1:]:
+                assert getattr(got.folded, attr) == getattr(want.folded, attr), attr
+
+
+def test_packed_summaries_give_the_analysis_their_json_gives(summaries):
+    names, leaf, _ = bench.cluster(NODES, LEAF, PAIRS, RAILS)
+    inv = bench.inventory(names, leaf, RAILS)
+    now = bench.T0 + WINDOWS * bench.WS + 3
+    from_json = analysis.analyze(summaries, now=now, inv=inv, probe_interval=bench.PROBE_INTERVAL)
+    from_packed = analysis.analyze((packed.loads(packed.dumps(stats.parse_summary(s))) for s in summaries),
+                                   now=now, inv=inv, probe_interval=bench.PROBE_INTERVAL)
+    assert {(v.kind, v.element) for v in from_json.verdicts} >= {("node", names[bench.DEAD])}
+    assert from_packed.to_dict() == from_json.to_dict()
+
+
+def test_an_answer_to_since_keeps_what_the_controller_has(summaries):
+    """keep_windows takes a packed answer's full windows as they come and the others from what it kept."""
+    s = stats.parse_summary(summaries[0])
+    now = bench.T0 + WINDOWS * bench.WS + 3
+    first, kept, parsed = controller.keep_windows(None, packed.loads(packed.dumps(s)), now)
+    assert parsed == WINDOWS
+    since = kept.since()
+    s.windows[:-1] = [stats.Window(w.start, w.closed, None) for w in s.windows[:-1]]
+    with pytest.raises(stats.SummaryError, match="without its edges"):
+        packed.loads(packed.dumps(s))  # stubs only where they were asked for
+    again, kept2, parsed = controller.keep_windows(kept, packed.loads(packed.dumps(s), stubs=True), now)
+    assert parsed == 1 and kept2.since() == since
+    assert [w.folded.flat for w in again.windows] == [w.folded.flat for w in first.windows]
+
+
+def _tampered(summary: dict, change) -> bytes:
+    """The packed bytes of `summary` with its first window's arrays (or header) changed by `change`."""
+    data = packed.dumps(stats.parse_summary(summary))
+    end = 8 + int.from_bytes(data[4:8], "little")
+    head = json.loads(data[8:end])
+    w = head["windows"][0]
+    arrays, view = {}, memoryview(data)[end:]
+    for attr, code in packed.ARRAYS:
+        n = w["flat"] if attr == "flat" else w["edges"] + 1 if attr == "offsets" else w["edges"]
+        a = arrays[attr] = array(code)
+        a.frombytes(view[:n * a.itemsize])
+        view = view[n * a.itemsize:]
+    change(head, arrays)
+    body = b"".join(arrays[attr].tobytes() for attr, _ in packed.ARRAYS)
+    text = json.dumps(head).encode()
+    return packed.MAGIC + len(text).to_bytes(4, "little") + text + body + bytes(view)
+
+
+def _set(attr, k, value):
+    def change(head, a):
+        a[attr][k] = value
+    return change
+
+
+def _header(key, value, window=True):
+    def change(head, a):
+        (head["windows"][0] if window else head)[key] = value
+    return change
+
+
+def _more_counts(head, a):  # more probes in the histogram than were answered: a weight past the cap
+    a["flat"][1] += 1000
+
+
+@pytest.mark.parametrize("change,why", [
+    (_set("lost", 0, 999), "add up"),
+    (_set("lost", 0, -1), "non-negative"),
+    (_set("sent", 0, 10_000), "max_sent"),
+    (_set("sent", 0, 0), "sent a probe"),
+    (_more_counts, "add up"),
+    (_set("flat", 0, 99), "buckets"),
+    (_set("offsets", 1, 3), "offsets"),
+    (_set("offsets", 1, 10 ** 6), "offsets"),
+    (_set("offsets", 0, 2), "offsets"),
+    (_set("idx", 1, 0), "distinct"),
+    (_set("idx", 0, 10_000), "distinct"),
+    (_set("top", 0, 40), "top"),
+    (_set("p99", 0, -2), "p99"),
+    (_set("rails", 0, 0), "rails"),
+    (_set("flat", 1, -5), "non-negative"),
+    (_header("entries", 3), "entries"),
+    (_header("entries", stats.MAX_PEERS_PER_WINDOW + 1), "at most"),
+    (_header("edges", 1), "does not add up"),
+    (_header("max_sent", 0), "max_sent"),
+    (_header("flat", 10 ** 6), "does not add up"),
+    (_header("format", 2, window=False), "format"),
+    (_header("names", ["x"] * 3, window=False), "names"),
+    (_header("node", "", window=False), "node"),
+])
+def test_a_hostile_packed_summary_is_refused_with_the_reason(summaries, change, why):
+    with pytest.raises(stats.SummaryError, match=why):
+        packed.loads(_tampered(summaries[0], change))
+
+
+def test_sizes_are_refused_before_decoding(summaries):
+    with pytest.raises(stats.SummaryError, match="more than"):
+        packed.loads(b"NHPK" + b"\0" * stats.MAX_SUMMARY_BYTES)
+    with pytest.raises(stats.SummaryError, match="past the end"):
+        packed.loads(b"NHPK" + (1 << 30).to_bytes(4, "little") + b"{}")
+    data = packed.dumps(stats.parse_summary(summaries[0]))
+    with pytest.raises(stats.SummaryError, match="past the end"):
+        packed.loads(data[:-3])
+    with pytest.raises(stats.SummaryError, match="not a packed"):
+        packed.loads(b'{"schema_version": 1}')
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_any_damage_is_a_summary_or_a_summary_error(data):
+    clean = packed.dumps(stats.parse_summary(SMALL))
+    raw = bytearray(clean)
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(raw)))
+    try:
+        packed.loads(bytes(raw[:cut]), stubs=data.draw(st.booleans()))
+    except stats.SummaryError:
+        pass
+
+
+SMALL = {"schema_version": 1, "node": "n1", "leaf": "l0", "pod": "", "time": 100.0, "window_seconds": 30.0,
+         "buckets_seconds": list(stats.BUCKETS_SECONDS),
+         "windows": [{"start": 30.0, "closed": True, "peers": [
+             {"node": "n2", "leaf": "l0", "rail": 0, "probe": "tcp", "sent": 6, "lost": 1, "retrans": 1,
+              "counts": [[2, 4], [13, 1]]},
+             {"node": "n2", "leaf": "l0", "rail": 1, "probe": "tcp", "sent": 6, "lost": 0, "counts": [[3, 6]]},
+             {"node": "n3", "leaf": "l1", "rail": 0, "probe": "ping", "sent": 6, "lost": 6, "counts": []}]},
+             {"start": 60.0, "closed": False, "peers": []}]}
