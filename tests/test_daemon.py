@@ -70,7 +70,10 @@ def test_new_xid_reaches_metrics_at_once_and_survives_restart_without_double_cou
     state = tmp_path / "state"
     d = daemon_factory(str(plain), str(state), interval=60.0)  # no pass will help: the stream must
     d.wait_ready()
-    records_before = metric_value(d.get("/metrics")[1].decode(), "nodehealth_kernel_log_records_total")
+    # the stream's first read of the existing log may follow the first report: wait for it
+    records_before = wait_for(lambda: metric_value(d.get("/metrics")[1].decode(),
+                                                   "nodehealth_kernel_log_records_total") or None)
+    assert records_before, "the kernel log's existing records were never read"
     seq = last_seq(plain) + 1
     t0 = time.monotonic()
     append_kmsg(plain, XID79, seq, 348_000_000)

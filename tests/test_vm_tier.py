@@ -187,8 +187,10 @@ def test_netcheck_over_rdma_bw_names_the_broken_and_the_slow_node(guest):
     dropped = json.loads(read(guest, "netcheck_nft.json"))
     assert dropped["faulty"] == ["node5"] and dropped["slow"] == [] and dropped["method"] == "rdma"
     tcp = json.loads(read(guest, "netcheck_tcp.json"))
-    assert tcp["method"] == "tcp" and "not RDMA" in tcp["test"] and tcp["faulty"] == []
-    assert read(guest, "netcheck_nft.err").split() == ["rc", "1", "rc", "0"]
+    assert tcp["method"] == "tcp" and "not RDMA" in tcp["test"] and tcp["faulty"] == [] and tcp["unreachable"] == []
+    # The forced TCP run's streams share the guest's one emulated CPU over lo: a node may read slow there
+    # (CPU, not network), so its exit code is not asserted; no node failing is the point.
+    assert read(guest, "netcheck_nft.err").split()[:2] == ["rc", "1"]
 
 
 def test_netcheck_job_on_every_node_over_rdma_bw(guest):
