@@ -142,6 +142,10 @@ def node_rows() -> list[tuple[str, list[Panel]]]:
             Panel("Findings", "table", (q(f"nodehealth_finding{{{SEL}}} == 1"),),
                   "Every current finding: the check, its severity, the reason code and the device. /v1/report on "
                   "the node gives the message and the action.", "none", width=24, mapping=flag("current", "red")),
+            Panel("Agent workers down", "table", (q(f"nodehealth_worker_up{{{SEL}}} == 0"),),
+                  "The agent's worker threads that are dead or wait to be run again (passes, kmsg, pingmesh-*, "
+                  "rdma-bw*): what they feed is stale, and /healthz answers 503. Empty while all run; "
+                  "NodeHealthWorkerDown fires after 5 minutes.", "none", width=24, mapping=flag("down", value=0)),
         ]),
         ("Kernel log", [
             Panel("GPU Xid events (per hour)", "timeseries",

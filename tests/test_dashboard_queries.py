@@ -79,6 +79,7 @@ EXPECTED = {
     (N, "Current findings by severity", "A"): AGGREGATE,
     (N, "Collectors failing", "A"): Empty("every fixture machine's supported collectors succeed"),
     (N, "Findings", "A"): UNHEALTHY,
+    (N, "Agent workers down", "A"): Empty("every fixture daemon's workers run"),
     (N, "GPU Xid events (per hour)", "A"): {"h100-8x-cx7", "nvml-h100-xid79-lost"},
     (N, "Kernel events (per hour)", "A"): KMSG,
     (N, "Hardware errors in the kernel log (per hour)", "A"): KMSG,
