@@ -188,6 +188,8 @@ class BoundedHTTPServer(HTTPServer):
                 if sock is self._wake_r:
                     self._take_incoming(selector, pending, handshaking)
                     continue
+                if sock not in pending:  # dropped past max_pending by this batch's wake-up
+                    continue
                 failed = False
                 if sock in handshaking:
                     try:

@@ -92,6 +92,22 @@ def test_waiting_connections_are_bounded_oldest_dropped_first():
         server.server_close()
 
 
+def test_connections_dropped_while_their_data_is_ready_leave_the_reader_alive():
+    """A batch of ready sockets may hold one that the same batch's wake-up just dropped (past
+    max_pending): the reader skips it instead of dying, so the server keeps answering."""
+    server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow, workers=1, request_seconds=30.0, max_pending=1)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        for _ in range(300):  # each sends its request at once: its data is ready as it is dropped
+            with socket.create_connection(server.server_address[:2], timeout=3) as s:
+                s.sendall(b"GET / HTTP/1.0\r\n")
+        assert get(server, "/").startswith(b"HTTP/1.0 200")
+        assert server._reader.is_alive()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def status(address, path: bytes, timeout: float = 5.0) -> bytes:
     """The status line's code, or b"" when the server closed the connection without one."""
     with socket.create_connection(address, timeout=timeout) as s:
