@@ -13,8 +13,9 @@ then per full window its arrays, in the order of ARRAYS. A summary is its agent'
 untrusted: loads() refuses more than stats.MAX_SUMMARY_BYTES, windows, names and edges past the
 JSON form's caps, and any edge whose counts do not add up (lost and retransmitted within sent, the
 histogram's probes exactly the answered ones, buckets in range): each edge then weighs what the
-probe schedule allows, as a JSON edge does. An edge's top and p99 bucket are the agent's word,
-checked for range only: a wrong one says no more than a histogram that agrees with it would.
+probe schedule allows, as a JSON edge does. An edge's top must be its histogram's slowest bucket (it
+decides which edges the analysis lists, and only listed edges are trimmed of a liar's probes); its
+p99 bucket is the agent's word, checked for range: it feeds medians a lying histogram moves as much.
 """
 from __future__ import annotations
 
@@ -205,3 +206,10 @@ def _check_edges(a: dict[str, array], names: int, entries: int, max_sent: int, r
     at_edges = list(map(total.__getitem__, map(operator.rshift, offsets, itertools.repeat(1))))
     if at_edges != list(itertools.accumulate(map(operator.sub, map(operator.sub, sent, lost), retrans), initial=0)):
         raise stats.SummaryError("an edge's histogram does not add up to its answered probes")
+    # An edge's top picks what the analysis lists as slow, and only listed edges are trimmed of a liar's
+    # probes: a top below the histogram's slowest bucket would slip slow probes past the trim.
+    buckets = flat[0::2]
+    tops = [max(buckets[i:j], default=-1) for i, j in zip(map(operator.rshift, offsets, itertools.repeat(1)),
+                                                           map(operator.rshift, offsets[1:], itertools.repeat(1)))]
+    if tops != a["top"].tolist():
+        raise stats.SummaryError("an edge's top must be its histogram's slowest bucket")
