@@ -115,7 +115,7 @@ class JournalFollower:
             raise CollectError(f"cannot read the journal in {directory}: {e.strerror or e}") from None
         reader.add_match(_TRANSPORT="kernel", _BOOT_ID=self.boot)
         reader.add_disjunction()
-        reader.add_match(MESSAGE_ID=MISSED_MESSAGE_ID, _BOOT_ID=self.boot)
+        reader.add_match(MESSAGE_ID=MISSED_MESSAGE_ID, _TRANSPORT="driver", _BOOT_ID=self.boot)  # journald's own
         return reader
 
     def _open(self, directory: str) -> None:
@@ -163,8 +163,9 @@ class JournalFollower:
                 break
             read = True
             fields = reader._get_all()  # one call for every field: cheaper than one per field
-            if _text(fields, "_TRANSPORT") != "kernel":
-                missed = _MISSED.search(_text(fields, "MESSAGE") or "")
+            transport = _text(fields, "_TRANSPORT")
+            if transport != "kernel":  # journald's note of a gap; a user's look-alike has another transport
+                missed = _MISSED.search(_text(fields, "MESSAGE") or "") if transport == "driver" else None
                 overwritten += int(missed.group(1)) if missed else 0
                 continue
             record = self._record(fields, reader)

@@ -76,6 +76,8 @@ def test_records_map_to_what_dev_kmsg_gave_journald(tmp_path):
         kernel_entry(XID79, 5_000_000, boot, priority=3, device="+pci:0000:3b:00.0", subsystem="pci"),
         kernel_entry("NVRM: Xid (PCI:0000:3b:00): 31, a user wrote this to /dev/kmsg", 5_000_100, boot, facility=1),
         missed_entry(17, 5_000_200, boot),
+        # a user's forgery of journald's note (`logger --journald`): its transport is "journal", not "driver"
+        dict(missed_entry(999_999_999, 5_000_250, boot), _TRANSPORT="journal"),
         kernel_entry("nvme nvme0: I/O 12 QID 3 timeout, aborting\nsecond line", 5_000_300, boot, priority=4)])
     follower = journal.JournalFollower(HostPaths(str(root)), kmsg.DEFAULTS, Position(), boot, 1.7e9)
     count, overwritten, last_seq, events = follower.read_new()
