@@ -22,7 +22,7 @@ from nodehealth.host import HostPaths, addresses
 from nodehealth.netcheck import agent, discovery, rounds
 from nodehealth.netcheck import coordinator as coord
 from nodehealth.netcheck.admission import Admission
-from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, split_endpoint
+from nodehealth.netcheck.wire import CONNECT_TIMEOUT, StreamError, endpoint, split_endpoint
 from nodehealth.tls.identity import load_identity
 
 EXIT_OK, EXIT_FAULT, EXIT_ERROR = 0, 1, 2
@@ -304,8 +304,8 @@ def cmd_job(args: argparse.Namespace) -> int:
         # the coordinator reaches this node where it reaches the coordinator; peers test it on --data
         control = args.listen if args.listen not in (None, "0.0.0.0", "::") else source_address(coordinator,
                                                                                                          port)
-        me = agent.Member(name, _endpoint(control, port))
-        acfg = agent_config(name, _endpoint(args.data or control, port), cfg, args.rdma_device, args.gid_index)
+        me = agent.Member(name, endpoint(control, port))
+        acfg = agent_config(name, endpoint(args.data or control, port), cfg, args.rdma_device, args.gid_index)
         # the longest a joined node waits for the verdict: the others joining, then every round
         budget = cfg["wait_seconds"] + cfg["max_rounds"] * 2 * (cfg["seconds"] + coord.PAIR_SLACK[agent.RDMA])
         rendezvous = None
@@ -319,7 +319,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         admission = Admission(sorted(addresses(coordinator)),
                               set(job.by_address) if plan.hosts and not plan.is_coordinator else None)
         tls = mesh_identity(args, name)
-        agents = start_agent(_endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous, tls)
+        agents = start_agent(endpoint(args.listen or "0.0.0.0", port), None, acfg, admission, rendezvous, tls)
     except (Usage, ValueError, OSError, discovery.DiscoveryError) as e:
         print(f"nodehealth netcheck job: {getattr(e, 'strerror', None) or e}", file=sys.stderr)
         return EXIT_ERROR
@@ -327,7 +327,7 @@ def cmd_job(args: argparse.Namespace) -> int:
         if rendezvous is not None:
             doc, code = _coordinate_job(job, cfg, rendezvous, args, control, tls)
         else:
-            answer = agent.join(_endpoint(coordinator, port), {"op": "join", "name": me.name, "agent": me.agent},
+            answer = agent.join(endpoint(coordinator, port), {"op": "join", "name": me.name, "agent": me.agent},
                                  time.monotonic() + cfg["wait_seconds"], budget, source=control, tls=tls)
             doc, code = answer.get("verdict"), answer.get("code")
             if not isinstance(doc, dict) or code not in (EXIT_OK, EXIT_FAULT, EXIT_ERROR):
@@ -388,10 +388,6 @@ class JobNodes:
         if len(members) < self.plan.min_count:  # an elastic job (torchrun MIN:MAX) may start with MIN
             return [{"node": f"{self.plan.count - len(members)} of {self.plan.count} nodes", "error": why}]
         return []
-
-
-def _endpoint(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def find_plan(args: argparse.Namespace, cfg: dict[str, Any], name: str):
