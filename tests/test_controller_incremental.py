@@ -24,7 +24,7 @@ from nodehealth import config, daemon, inventory, registry
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
 from nodehealth.pingmesh import analysis as pingmesh
-from nodehealth.pingmesh import controller, fetch, stats
+from nodehealth.pingmesh import controller, fetch, folded, stats
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 from nodehealth.pingmesh.mesh import Pingmesh
 
@@ -214,7 +214,7 @@ def asked(mesh: Mesh, name: str) -> list[tuple[str, int]]:
     return [(path, full) for n, path, full in mesh.requests if n == name]
 
 
-def folded(f: pingmesh.Folded) -> tuple:
+def edges_of(f: folded.Folded) -> tuple:
     return f.names, f.leaves, list(f.sent), list(f.lost), list(f.flat)
 
 
@@ -223,7 +223,7 @@ def kept_is_served(ctl, mesh: Mesh, name: str) -> None:
     served = mesh.full(name)
     by_start = {w.start: w for w in served.windows}
     for start, ready in ctl.kept[name].windows.items():
-        assert folded(ready.folded) == folded(pingmesh.Folded(by_start[start].peers)), (name, start)
+        assert edges_of(ready.folded) == edges_of(folded.Folded(by_start[start].peers)), (name, start)
 
 
 # -- steady state ----------------------------------------------------------------------------------
@@ -446,13 +446,13 @@ def test_the_daemon_answers_the_packed_form_to_who_asks_for_it_and_json_to_the_o
     got = fetch.fetch_summary("127.0.0.1", served, 6, 5.0, packed=True)
     assert [(w.start, w.closed, w.peers) for w in got.windows] == [(w.start, w.closed, None) for w in from_json.windows]
     for w, p in zip(from_json.windows, got.windows):
-        want = pingmesh.prepare_window(w, from_json.window_seconds, from_json.buckets, mesh.clock.now)
-        ready = pingmesh.prepare_window(p, got.window_seconds, got.buckets, mesh.clock.now)
+        want = folded.prepare_window(w, from_json.window_seconds, from_json.buckets, mesh.clock.now)
+        ready = folded.prepare_window(p, got.window_seconds, got.buckets, mesh.clock.now)
         assert (ready.entries, ready.max_sent) == (want.entries, want.max_sent)
         assert (ready.folded is None) == (want.folded is None)
         if want.folded is not None:
             assert want.folded.names and all(getattr(ready.folded, attr) == getattr(want.folded, attr)
-                                             for attr in pingmesh.Folded.__slots__[1:])
+                                             for attr in folded.Folded.__slots__[1:])
     since = fetch.fetch_summary("127.0.0.1", served, 6, 5.0, since=got.windows[1].start, packed=True)
     assert [w.ready is not None for w in since.windows] == [False, False, True, False]
 
@@ -473,7 +473,7 @@ def test_the_analyzer_gives_what_analyze_gives_judging_only_what_changed():
     full = [stats.parse_summary(d) for d in docs]
 
     def upto(k, who=None):  # each agent's first k windows, the same prepared objects every time
-        return [pingmesh.Prepared(p.node, p.leaf, p.window_seconds, p.buckets, p.windows[:k])
+        return [folded.Prepared(p.node, p.leaf, p.window_seconds, p.buckets, p.windows[:k])
                 for p in prepared if who is None or p.node in who]
     prepared = [pingmesh.prepare(s, now) for s in full]
     analyzer = pingmesh.Analyzer({})
@@ -484,7 +484,7 @@ def test_the_analyzer_gives_what_analyze_gives_judging_only_what_changed():
         assert got.to_dict() == want.to_dict() and got.window_starts == want.window_starts
         assert analyzer.rebuilt == rebuilt, k
     assert ("node", "gpu-b02") in {(v.kind, v.element) for v in got.verdicts}
-    moved = [pingmesh.Prepared(p.node, "leaf-c" if p.node == "gpu-a03" else p.leaf, p.window_seconds, p.buckets,
+    moved = [folded.Prepared(p.node, "leaf-c" if p.node == "gpu-a03" else p.leaf, p.window_seconds, p.buckets,
                                p.windows) for p in prepared]
     got = analyzer.run(moved, now)  # a node relabelled: every window was judged with its old leaf
     assert analyzer.rebuilt == 8 and got.to_dict() == pingmesh.analyze(moved, {}, now).to_dict()
@@ -516,7 +516,7 @@ def test_any_sequence_of_runs_gives_what_analyze_gives(steps):
     """Windows that come and go, agents that leave and come back, a node relabelled back and forth."""
     analyzer = pingmesh.Analyzer({})
     for k, absent, moved in steps:
-        prepared = [pingmesh.Prepared(p.node, "leaf-c" if moved and p.node == "gpu-a01" else p.leaf,
+        prepared = [folded.Prepared(p.node, "leaf-c" if moved and p.node == "gpu-a01" else p.leaf,
                                       p.window_seconds, p.buckets, p.windows[:k])
                     for i, p in enumerate(_PREPARED) if i not in absent]
         got, want = analyzer.run(prepared, synthetic.NOW), pingmesh.analyze(prepared, {}, synthetic.NOW)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodehealth.pingmesh import analysis, controller, packed, stats
+from nodehealth.pingmesh import analysis, controller, folded, packed, stats
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import pingmesh_analyze as bench  # noqa: E402
@@ -47,11 +47,11 @@ def test_a_packed_window_folds_to_what_its_json_folds_to(summaries):
         assert (again.node, again.leaf, again.time, again.window_seconds, again.buckets) == (
             parsed.node, parsed.leaf, parsed.time, parsed.window_seconds, parsed.buckets)
         for w, p in zip(parsed.windows, again.windows):
-            want = analysis.prepare_window(w, parsed.window_seconds, parsed.buckets, bench.T0 + 1e6)
-            got = analysis.prepare_window(p, again.window_seconds, again.buckets, bench.T0 + 1e6)
+            want = folded.prepare_window(w, parsed.window_seconds, parsed.buckets, bench.T0 + 1e6)
+            got = folded.prepare_window(p, again.window_seconds, again.buckets, bench.T0 + 1e6)
             assert (got.start, got.closed, got.entries, got.max_sent, got.skipped) == (
                 want.start, want.closed, want.entries, want.max_sent, want.skipped)
-            for attr in analysis.Folded.__slots__[1:]:
+            for attr in folded.Folded.__slots__[1:]:
                 assert getattr(got.folded, attr) == getattr(want.folded, attr), attr
 
 

@@ -31,7 +31,7 @@ from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.kube.election import LEASE_SECONDS, RENEW_SECONDS, LeaderElector
 from nodehealth.model import Metric
 from nodehealth.pingmesh import analysis as pingmesh
-from nodehealth.pingmesh import stats, verdicts
+from nodehealth.pingmesh import folded, stats, verdicts
 from nodehealth.pingmesh.fetch import FetchError, fetch_summary
 from nodehealth.process_metrics import process_metrics
 from nodehealth.tls.access import Access, http_options
@@ -56,14 +56,14 @@ class KeptWindows:
     ready once. Only the windows of the agent's last answer are kept: at most fetch_windows."""
 
     window_seconds: float
-    windows: dict[float, pingmesh.PreparedWindow]  # start -> window
+    windows: dict[float, folded.PreparedWindow]  # start -> window
 
     def since(self) -> float | None:
         return max(self.windows) if self.windows else None
 
 
 def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
-                 now: float) -> tuple[pingmesh.Prepared, KeptWindows, int]:
+                 now: float) -> tuple[folded.Prepared, KeptWindows, int]:
     """An answer to `?since=` made whole from what was kept, the windows to keep, and how many were parsed.
 
     An open window sent by its start alone is listed without peers (the analysis checks its start, and
@@ -74,20 +74,20 @@ def keep_windows(kept: KeptWindows | None, summary: stats.Summary,
     out, keep, parsed = [], {}, 0
     for w in summary.windows:
         if w.peers is None and w.ready is None and not w.closed:
-            ready = pingmesh.PreparedWindow(w.start, False, 0, 0, None)
+            ready = folded.PreparedWindow(w.start, False, 0, 0, None)
         elif w.peers is None and w.ready is None:
             ready = have.get(w.start)
             if ready is None:
                 raise FetchError("incomplete", f"window {w.start:.3f} came by its start alone, and is not kept")
         else:
-            ready = pingmesh.prepare_window(w, summary.window_seconds, buckets, now)
+            ready = folded.prepare_window(w, summary.window_seconds, buckets, now)
             parsed += 1
             if ready.folded is not None and keep:
                 ready.folded.share(keep[max(keep)].folded)
         if ready.folded is not None:
             keep[w.start] = ready
         out.append(ready)
-    prepared = pingmesh.Prepared(summary.node, summary.leaf, summary.window_seconds, buckets, out)
+    prepared = folded.Prepared(summary.node, summary.leaf, summary.window_seconds, buckets, out)
     return prepared, KeptWindows(summary.window_seconds, keep), parsed
 
 
@@ -218,7 +218,7 @@ class Controller:
         return doc, verdicts.encode_inventory(inv)
 
     def _summaries(self, targets: list[tuple[str, str]], deadline: float, failed: dict[str, list[str]],
-                   now: float) -> Iterator[pingmesh.Prepared]:
+                   now: float) -> Iterator[folded.Prepared]:
         """Every agent's summary, fetched `fetch_concurrency` at a time and handed on as it arrives.
 
         Each agent is asked only for the windows after those kept from its last answer (`since`), and

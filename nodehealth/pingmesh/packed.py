@@ -2,7 +2,7 @@
 
 The JSON summary lists every peer entry (peer, rail, probe kind) with its histogram as pairs; at
 10,000 nodes x 8 rails a controller decodes 8 million of them a window, three quarters of its time.
-The packed form carries each window as the analysis adds it up (analysis.Folded: one edge per peer
+The packed form carries each window as the analysis adds it up (folded.Folded: one edge per peer
 node, TCP over all rails, Pings only where a peer has no TCP), folded by the agent with the same
 code, as little-endian arrays that the controller takes with array.frombytes: no Python object per
 edge. JSON stays the form for people and for `pingmesh analyze`.
@@ -26,7 +26,7 @@ import sys
 from array import array
 from typing import Any
 
-from nodehealth.pingmesh import analysis, stats
+from nodehealth.pingmesh import folded, stats
 
 FORMAT = 1
 QUERY = f"format=packed{FORMAT}"  # what a controller asks for; an agent that knows no such form ignores it
@@ -50,7 +50,7 @@ def dumps(summary: stats.Summary) -> bytes:
         if w.peers is None:
             windows.append({"start": w.start, "closed": w.closed})
             continue
-        f = analysis.Folded(w.peers)
+        f = folded.Folded(w.peers)
         for name, leaf in zip(f.names, f.leaves):
             if name not in names:
                 names[name] = len(names)
@@ -137,7 +137,7 @@ def _names(head: dict[str, Any]) -> tuple[list[str], list[str]]:
 
 
 def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, names: list[str], leaves: list[str],
-            nbuckets: int) -> tuple[analysis.PreparedWindow, memoryview]:
+            nbuckets: int) -> tuple[folded.PreparedWindow, memoryview]:
     edges, nflat, entries, skipped, max_sent = (w.get(k) for k in ("edges", "flat", "entries", "skipped", "max_sent"))
     if not all(type(x) is int and x >= 0 for x in (edges, nflat, entries, skipped, max_sent)):
         raise stats.SummaryError("a window's edges, flat, entries, skipped and max_sent must be counts")
@@ -170,9 +170,9 @@ def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, nam
         got[attr] = (ints if code == "i" else bytes_)[at:at + n]
         at = 0 if attr == "flat" else at + n
     _check_edges(got, len(names), entries, max_sent, sum(small[:edges]), max(small[:edges], default=0))
-    f = analysis.Folded.of(tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"])),
+    f = folded.Folded.of(tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"])),
                            *(got[attr] for attr, _ in ARRAYS[1:]))
-    return analysis.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
+    return folded.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
 
 
 def _only(raw: bytes, allowed: bytes) -> bool:
@@ -184,7 +184,7 @@ _BELOW_128 = bytes(range(128))  # the high byte of a non-negative little-endian 
 _EVEN = bytes(range(0, 256, 2))  # the low byte of an even one
 _RAILS = bytes(range(1, 128))
 _TOP = [bytes([255, *range(n + 1)]) for n in range(128)]  # -1 (no answer) or a bucket up to n
-_P99 = bytes(range(analysis.NONE + 1))
+_P99 = bytes(range(folded.NONE + 1))
 
 
 def _check_edges(a: dict[str, array], names: int, entries: int, max_sent: int, rails: int, most_rails: int) -> None:

@@ -121,7 +121,7 @@ class Window:
     # Peer entries of probe kinds this version does not know (a newer agent's), left out: a rolling
     # upgrade must not make a controller refuse the agents that are already new.
     skipped: int = 0
-    # A window of the packed form (packed.py) comes folded by its agent: analysis.PreparedWindow, peers None.
+    # A window of the packed form (packed.py) comes folded by its agent: folded.PreparedWindow, peers None.
     ready: Any = None
 
 
