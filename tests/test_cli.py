@@ -307,3 +307,13 @@ def test_controller_without_any_credentials_says_so_and_exits_2(tmp_path):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith("nodehealth: controller: no usable Kubernetes credentials") \
         and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize("command", [["controller"], ["pingmesh", "analyze", "--bundle", "none.json"]])
+def test_the_analysis_without_numpy_says_so_and_exits_2(command):
+    """numpy is the `analysis` extra: a node installed without it gets one line saying what to install."""
+    hide = "import sys; sys.modules['numpy'] = None; from nodehealth.cli import main; sys.exit(main(sys.argv[1:]))"
+    done = subprocess.run([sys.executable, "-c", hide, *command], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == (f"nodehealth {' '.join(command[:2]) if command[0] == 'pingmesh' else command[0]}: the "
+                           "pingmesh analysis needs numpy: pip install 'nodehealth[analysis]'\n")

@@ -92,7 +92,7 @@ def test_the_image_carries_pyverbs_for_rdma_and_py_spy_for_hangs(rootfs):
     assert verbs.returncode == 0 and verbs.stdout.strip() == "ok", verbs.stderr
     spy = chroot(rootfs, "py-spy", "--version")
     assert spy.returncode == 0 and spy.stdout.startswith("py-spy"), spy.stderr
-    for module in ("kubernetes", "grpc", "google.protobuf", "pynvml", "yaml"):
+    for module in ("kubernetes", "grpc", "google.protobuf", "pynvml", "yaml", "numpy"):
         imported = chroot(rootfs, "python3", "-c", f"import {module}")
         assert imported.returncode == 0, (module, imported.stderr)
     # What the Dockerfile installs is what this test installed.

@@ -154,6 +154,14 @@ def test_rdma_bw_and_check_load_only_what_they_use():
     assert not out & {"nodehealth.registry", "nodehealth.checks", "nodehealth.collectors"}
 
 
+def test_the_daemon_and_its_probe_agent_never_load_numpy():
+    """numpy (the analysis's adding-up, ~20 MiB) is the controller's and `pingmesh analyze`'s, not every node's."""
+    code = ("import sys, nodehealth.daemon, nodehealth.pingmesh.mesh, nodehealth.pingmesh.packed\n"
+            "print('numpy' in sys.modules, 'nodehealth.pingmesh.analysis' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
 def test_every_package_is_in_the_distribution():
     """A package left out of pyproject's list imports in a checkout and is missing from an installed
     wheel (nodehealth.tls was, and every command of the image failed)."""

@@ -909,3 +909,36 @@ def test_where_there_are_no_tcp_probes_the_pings_are_judged():
         for w in s["windows"]:
             w["peers"] = [e for e in w["peers"] if e["probe"] == "ping"]
     assert found(analyze(summaries, {}, NOW)) == {("node", "gpu-b03")}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 50), min_size=len(BUCKETS_SECONDS) + 1, max_size=len(BUCKETS_SECONDS) + 1),
+                max_size=6))
+def test_p99_of_many_leaf_pairs_at_once_is_the_quantile_of_each(hists):
+    """The leaf pairs' p99 taken in bulk is stats.quantile's bucket, histogram by histogram."""
+    from array import array
+
+    from nodehealth.pingmesh.folded import quantile_bucket
+    from nodehealth.pingmesh.stats import quantile
+
+    got = pingmesh._p99_buckets(array("q", [c for h in hists for c in h]))
+    want = [quantile_bucket(quantile({k: c for k, c in enumerate(h) if c}, 0.99)) if any(h) else -1 for h in hists]
+    assert got == want
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_adding_up_a_chunk_of_agents_at_a_time_changes_nothing(monkeypatch, chunk):
+    """The window's counters come the same however many agents are added up at once (leaf pairs first
+    named in a later chunk, edges scaled down by the schedule, lossy and slow edges listed in order)."""
+    topo = topology(leaves=3, per_leaf=6)
+    docs = mesh(topo, windows=4, loss=lambda s, d, w: (0.3 if "gpu-b02" in (s, d) else 0.0)
+                + (0.2 if (s[4], d[4]) in {("a", "c"), ("c", "a")} else 0.0),
+                delay=lambda s, d, w: 0.05 if "gpu-c03" in (s, d) else 0.0)
+    for p in docs[4]["windows"][1]["peers"][:5]:  # claims far more probes than the schedule sends
+        p.update(sent=5000, lost=5000, counts=[])
+    want = analyze(docs, {}, NOW)
+    assert want.verdicts and any("claimed more probes" in note for note in want.notes)
+    monkeypatch.setattr(pingmesh, "_CHUNK", chunk)
+    got = analyze(docs, {}, NOW)
+    assert got.to_dict() == want.to_dict() and got.notes == want.notes
+    assert [v.evidence for v in got.verdicts] == [v.evidence for v in want.verdicts]

@@ -3,4 +3,4 @@
 # hang (py-spy), probes (grpcio, protobuf for pingmesh). Run with the image's Python version (3.11).
 #   deploy/image/wheels.sh PYTHON SOURCE DIR
 set -eu
-"$1" -m pip wheel --quiet --no-cache-dir --wheel-dir "$3" "$2[k8s,hang,probes]"
+"$1" -m pip wheel --quiet --no-cache-dir --wheel-dir "$3" "$2[k8s,hang,probes,analysis]"

@@ -44,6 +44,7 @@ per window size and MAX_WINDOW_SIZES sizes.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import time
@@ -51,6 +52,8 @@ from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from nodehealth import inventory
 from nodehealth.pingmesh import robust
@@ -122,7 +125,7 @@ def analyze(summaries: Iterable[Any], cfg: dict[str, Any] | None = None, now: fl
     own summary (or the first to name it) says. `probe_interval` is the agents'
     pingmesh.probe_interval_seconds: no reporter weighs more than that schedule can send.
     """
-    mesh = _Mesh(_settings(cfg), True, _interval(probe_interval))
+    mesh = _Mesh(_settings(cfg), _interval(probe_interval))
     return mesh.run(summaries, time.time() if now is None else float(now), inv)
 
 
@@ -137,7 +140,7 @@ class Analyzer:
     """
 
     def __init__(self, cfg: dict[str, Any] | None = None, probe_interval: float | None = None) -> None:
-        self._mesh = _Mesh(_settings(cfg), False, _interval(probe_interval))
+        self._mesh = _Mesh(_settings(cfg), _interval(probe_interval))
 
     def run(self, summaries: Iterable[Any], now: float, inv: inventory.Inventory | None = None) -> Analysis:
         return self._mesh.run(summaries, float(now), inv)
@@ -169,7 +172,7 @@ class _Window:
     def __init__(self, start: float, per_rail: int) -> None:
         self.start = start
         self.per_rail = per_rail  # the most probes of one peer, rail and kind a window can hold: each edge's cap
-        self.n = 0  # node slots allocated
+        self.n = 0  # node slots: the names known when it was added up
         self.col = {name: array("q") for name in _NODE_COLUMNS}
         self.p99 = array("q")  # per node NB2 slots: how many of its intra-leaf edges have their p99 there
         self.cluster = [0] * NB2  # the same over all intra-leaf edges: the baseline
@@ -185,30 +188,19 @@ class _Window:
         self.strangers = 0  # peer entries naming nodes the inventory does not list
         self.capped = 0  # peer entries claiming more probes than the schedule allows, scaled down
 
-    def grow(self, n: int) -> None:
-        if n <= self.n:
-            return
-        size = max(n, 2 * self.n, 64)
-        zeros = bytes(8 * (size - self.n))
-        for column in self.col.values():
-            column.frombytes(zeros)
-        self.p99.frombytes(zeros * NB2)
-        self.n = size
-
 
 class _Group:
-    """The windows of the summaries that share one window size, newest `max_windows` kept: a _Window
-    each (analyze() adds up as the summaries come), or its contributions (src, Folded) (Analyzer)."""
+    """The windows of the summaries that share one window size, newest `max_windows` kept: each one's
+    contributions (src, Folded), added up when it is judged."""
 
-    def __init__(self, window_seconds: float, keep: int, eager: bool, per_rail: int) -> None:
+    def __init__(self, window_seconds: float, keep: int, per_rail: int) -> None:
         self.window_seconds = window_seconds
         self.per_rail = per_rail
         self.keep = keep
-        self.eager = eager
-        self.windows: dict[float, Any] = {}
+        self.windows: dict[float, list[tuple[int, Folded]]] = {}
         self.summaries: list[str] = []  # node names of the summaries accepted into this group
 
-    def window(self, start: float) -> Any:
+    def window(self, start: float) -> list[tuple[int, Folded]] | None:
         w = self.windows.get(start)
         if w is not None:
             return w
@@ -217,14 +209,13 @@ class _Group:
             if start < oldest:
                 return None
             del self.windows[oldest]
-        w = self.windows[start] = _Window(start, self.per_rail) if self.eager else []
+        w = self.windows[start] = []
         return w
 
 
 class _Mesh:
-    def __init__(self, cfg: dict[str, Any], eager: bool, probe_interval: float) -> None:
+    def __init__(self, cfg: dict[str, Any], probe_interval: float) -> None:
         self.cfg = cfg
-        self.eager = eager
         self.probe_interval = probe_interval
         self.inventory: dict[str, tuple[str, int]] | None = None  # name -> (leaf, rails), when given
         self.keep = max(1, min(int(cfg["max_windows"]), MAX_WINDOWS))
@@ -242,6 +233,9 @@ class _Mesh:
         self.leaf_index: dict[str, int] = {"": 0}  # leaf 0 is "unknown": nothing is blamed on it
         self.leaves: list[str] = [""]
         self.judged: dict[tuple[float, float], tuple[frozenset[int], _Judge]] = {}  # (ws, start) -> ids, judgement
+        # _peers's: id(names) -> (names, peer indices), of the last run and of this one.
+        self._known_peers: dict[int, tuple[tuple[str, ...], Any]] = {}
+        self._peers_used: dict[int, tuple[tuple[str, ...], Any]] = {}
 
     def run(self, summaries: Iterable[Any], now: float, inv: inventory.Inventory | None = None) -> Analysis:
         self.now = now
@@ -359,7 +353,7 @@ class _Mesh:
         if group is None:
             # A peer's probes in one window: one per interval, one more for where the window cuts the
             # schedule, one more for a pinglist change that restarts it.
-            group = self.groups[ws] = _Group(ws, self.keep, self.eager, math.ceil(ws / self.probe_interval) + 2)
+            group = self.groups[ws] = _Group(ws, self.keep, math.ceil(ws / self.probe_interval) + 2)
         src = self._node(s.node, s.leaf)
         if src < 0:
             raise SummaryError(f"more than {MAX_NODES} node names")
@@ -372,118 +366,123 @@ class _Mesh:
             if w.folded is None:
                 continue
             win = group.window(w.start)
-            if win is None:
-                continue
-            if self.eager:
-                self._add_window(win, src, w.folded)
-            else:
+            if win is not None:
                 win.append((src, w.folded))
 
-    def _add_window(self, win: _Window, src: int, f: Folded) -> None:
-        """One agent's folded window into the window's counters.
+    def _add_up(self, win: _Window, contributions: list[tuple[int, Folded]]) -> None:
+        """Every agent's folded window into the window's counters, in bulk (numpy: one pass over the edges
+        per counter, not a Python step per edge; at 10,000 nodes x 8 rails a window has ~2 million), a
+        chunk of agents at a time so that its temporary arrays stay small.
 
         A peer's Pings count only where it has no TCP probes (Folded): the kernel answers a SYN whatever
         the load, while a Ping waits for the peer's agent, which a CPU-bound training job can starve; a
         slow or silent agent is not a network fault (the agents' own metrics show it). Each edge weighs
         at most what the probe schedule can have sent on the rails both ends have (the inventory's), so
         that no reporter outweighs the others; a peer's leaf is the inventory's (or its own summary's),
-        never the reporter's word."""
-        node_index, leaf_of, rails_of = self.node_index, self.leaf_of, self.rails_of
-        for name, leaf in zip(f.names, f.leaves):  # new names first, so that the arrays are grown once
-            if name not in node_index and self._node(name, leaf) < 0:
-                if self.inventory is not None and name not in self.inventory:
-                    win.strangers += 1
-                else:
-                    win.ignored += 1
-        win.grow(len(self.names))
-        col = win.col
-        in_sent, in_lost, in_edges, in_dead = col["in_sent"], col["in_lost"], col["in_edges"], col["in_dead"]
-        i_sent, i_lost, i_edges, i_lossy = col["intra_sent"], col["intra_lost"], col["intra_edges"], col["intra_lossy"]
-        i_retrans, x_sent, x_lost = col["intra_retrans"], col["inter_sent"], col["inter_lost"]
-        p99, cluster, lp, lp_sent, lp_lost = win.p99, win.cluster, win.lp, win.lp_sent, win.lp_lost
-        lp_hist, lp_retrans, flat = win.lp_hist, win.lp_retrans, f.flat
-        sl, slow, per_rail, my_rails = leaf_of[src], self.slow, win.per_rail, rails_of[src]
-        # This agent's own totals add up here and go into the arrays once.
-        my_isent = my_ilost = my_iretrans = my_iedges = my_ilossy = my_xsent = my_xlost = 0
-        my_p99 = [0] * NB2
-        touched = set()
-        for name, sent, lost, retrans, rails, top, k, a, b in zip(f.names, f.sent, f.lost, f.retrans, f.rails, f.top,
-                                                                  f.p99, f.offsets, f.offsets[1:]):
-            d = node_index.get(name, src)
-            if d == src:
-                continue
-            hist = None  # the edge's histogram is flat[a:b], unless scaled down
-            if sent > per_rail and sent > per_rail * min(rails, my_rails, rails_of[d]):
-                sent, lost, retrans, hist = robust.scaled(per_rail * min(rails, my_rails, rails_of[d]), sent, lost,
-                                                          retrans, flat[a:b])
-                win.capped += 1
-            dead = lost == sent
-            lost += retrans
-            dl = leaf_of[d]
-            in_sent[d] += sent
-            in_lost[d] += lost
-            in_edges[d] += 1
-            if dead:
-                in_dead[d] += 1
-            if dl == sl:
-                my_isent += sent
-                my_ilost += lost
-                my_iretrans += retrans
-                my_iedges += 1
-                i_sent[d] += sent
-                i_lost[d] += lost
-                i_retrans[d] += retrans
-                i_edges[d] += 1
-                if lost:
-                    my_ilossy += 1
-                    i_lossy[d] += 1
-                my_p99[k] += 1
-                p99[d * NB2 + k] += 1
-                cluster[k] += 1
-                slot = -1
-            else:
-                my_xsent += sent
-                my_xlost += lost
-                x_sent[d] += sent
-                x_lost[d] += lost
-                key = sl * _LEAF_KEY + dl
-                slot = lp.get(key, -1)
-                if slot < 0:
-                    slot = lp[key] = len(win.lp_key)
-                    win.lp_key.append(key)
-                    lp_sent.append(0)
-                    lp_lost.append(0)
-                    lp_retrans.append(0)
-                    win.lp_reporters.append(0)
-                    lp_hist.frombytes(bytes(8 * NB1))
-                lp_sent[slot] += sent
-                lp_lost[slot] += lost
-                lp_retrans[slot] += retrans
-                base = slot * NB1
-                if hist is None:
-                    for x in range(a, b, 2):
-                        lp_hist[base + flat[x]] += flat[x + 1]
-                else:
-                    for x in range(0, len(hist), 2):
-                        lp_hist[base + hist[x]] += hist[x + 1]
-                touched.add(slot)
-            if lost or top >= slow:
-                if len(win.anomalous) < MAX_ANOMALOUS_EDGES:
-                    eid = len(win.anomalous)
-                    win.anomalous.append((src, d, sent, lost, tuple(flat[a:b] if hist is None else hist), slot))
-                    win.by_node.setdefault(src, []).append(eid)
-                    win.by_node.setdefault(d, []).append(eid)
-                else:
+        never the reporter's word. Lossy and slow edges are listed one by one in the agents' order."""
+        peers = [self._peers(f, win) for _, f in contributions]  # registers new names, in the agents' order
+        n = win.n = len(self.names)
+        leaf_of, rails_of = np.array(self.leaf_of, np.int64), np.array(self.rails_of, np.int64)
+        cols = {name: np.zeros(n, np.int64) for name in _NODE_COLUMNS}
+        p99_of, cluster = np.zeros(n * NB2, np.int64), np.zeros(NB2, np.int64)
+        lp: dict[int, int] = {}  # leaf pair key -> slot, in the order the agents first name them
+        lp_sums = np.zeros((0, 4), np.int64)  # per slot: sent, lost, retransmitted, reporters
+        lp_hist = np.zeros((0, NB1), np.int64)
+        for at in range(0, len(contributions), _CHUNK):
+            chunk = contributions[at:at + _CHUNK]
+            part = _Part(chunk, peers[at:at + _CHUNK], win.per_rail, leaf_of, rails_of)
+            win.capped += len(part.scaled)
+            by = functools.partial(_sums, size=n)
+            c, intra, inter, src, dst = part.counted, part.intra, part.inter, part.src, part.dst
+            for name, index, weights in (("in_sent", dst[c], part.sent[c]), ("in_lost", dst[c], part.lost[c]),
+                                         ("in_edges", dst[c], None), ("in_dead", dst[part.dead], None),
+                                         ("own_sent", src[intra], part.sent[intra])):
+                cols[name] += by(index, weights)
+            for name, values in (("sent", part.sent), ("lost", part.lost), ("retrans", part.retrans),
+                                 ("edges", None), ("lossy", part.lost > 0)):  # intra-leaf: both ends' counts
+                w = None if values is None else values[intra]
+                cols[f"intra_{name}"] += by(dst[intra], w) + by(src[intra], w)
+            for name, values in (("sent", part.sent), ("lost", part.lost)):
+                cols[f"inter_{name}"] += by(dst[inter], values[inter]) + by(src[inter], values[inter])
+            cols["reported"][np.array([s for s, _ in chunk], np.int64)] = 1
+            k = part.p99[intra]
+            p99_of += _sums(dst[intra] * NB2 + k, size=n * NB2) + _sums(src[intra] * NB2 + k, size=n * NB2)
+            cluster += _sums(k, size=NB2)
+            # Leaf pairs: new ones get the next slots, in the order of their first edge.
+            keys = leaf_of[src] * _LEAF_KEY + leaf_of[dst]
+            distinct, first, which = np.unique(keys[inter], return_index=True, return_inverse=True)
+            for key in distinct[np.argsort(first)].tolist():
+                if key not in lp:
+                    lp[key] = len(lp)
+            slot_of = np.array([lp[key] for key in distinct.tolist()], np.int64)
+            slot = np.full(len(keys), -1, np.int64)
+            slot[inter] = slot_of[which.reshape(-1)]
+            slots, chosen = len(lp), slot[inter]
+            grown = slots - len(lp_sums)
+            lp_sums = np.concatenate([lp_sums, np.zeros((grown, 4), np.int64)])
+            lp_hist = np.concatenate([lp_hist, np.zeros((grown, NB1), np.int64)])
+            for j, values in enumerate((part.sent, part.lost, part.retrans)):
+                lp_sums[:, j] += _sums(chosen, values[inter], slots)
+            reporting = _distinct(part.agent[inter] * max(slots, 1) + chosen)  # (agent, slot) pairs
+            lp_sums[:, 3] += _sums(reporting % max(slots, 1), size=slots)
+            pair_slot = slot[part.pair_edge]
+            into = pair_slot >= 0
+            lp_hist += _sums(pair_slot[into] * NB1 + part.bucket[into], part.count[into], slots * NB1).reshape(-1, NB1)
+            for e in np.flatnonzero(c & ((part.lost > 0) | (part.top >= self.slow))).tolist():
+                if len(win.anomalous) >= MAX_ANOMALOUS_EDGES:
                     win.overflow = True
-        for slot in touched:
-            win.lp_reporters[slot] += 1
-        col["reported"][src] = 1
-        for column, value in (("intra_sent", my_isent), ("intra_lost", my_ilost), ("intra_retrans", my_iretrans),
-                              ("intra_edges", my_iedges), ("intra_lossy", my_ilossy), ("inter_sent", my_xsent),
-                              ("inter_lost", my_xlost), ("own_sent", my_isent)):
-            col[column][src] += value
-        for k, n in enumerate(my_p99):
-            p99[src * NB2 + k] += n
+                    break
+                s, d = int(src[e]), int(dst[e])
+                eid = len(win.anomalous)
+                win.anomalous.append((s, d, int(part.sent[e]), int(part.lost[e]), tuple(part.histogram(e)),
+                                      int(slot[e])))
+                win.by_node.setdefault(s, []).append(eid)
+                win.by_node.setdefault(d, []).append(eid)
+        win.col = {name: _int_array(cols[name]) for name in _NODE_COLUMNS}
+        win.p99, win.cluster = _int_array(p99_of), cluster.tolist()
+        win.lp, win.lp_key = lp, list(lp)
+        win.lp_sent, win.lp_lost, win.lp_retrans, win.lp_reporters = (_int_array(lp_sums[:, j]) for j in range(4))
+        win.lp_hist = _int_array(lp_hist.reshape(-1))
+
+    def _peers(self, f: Folded, win: _Window) -> Any:
+        """Each edge's peer node index (-1: a name past MAX_NODES or not in the inventory, counted in
+        `win`); new names are registered as they come. Kept per names tuple (an agent's windows share
+        theirs, controller.keep_windows) while every name is known: one lookup per agent, not per name."""
+        known = self._peers_used.get(id(f.names)) or self._known_peers.get(id(f.names))
+        if known is not None and known[0] is f.names:
+            self._peers_used[id(f.names)] = known
+            return known[1]
+        node_index, out = self.node_index, []
+        for name, leaf in zip(f.names, f.leaves):
+            i = node_index.get(name)
+            if i is None:
+                i = self._node(name, leaf)
+                if i < 0 and self.inventory is not None and name not in self.inventory:
+                    win.strangers += 1
+                elif i < 0:
+                    win.ignored += 1
+            out.append(i)
+        peers = np.array(out, np.int64)
+        if out and min(out) >= 0:
+            self._peers_used[id(f.names)] = (f.names, peers)
+        return peers
+
+
+    def _leaves_by_word(self, group: _Group) -> None:
+        """Without an inventory, a node's leaf is its own summary's word, else that of the first summary to
+        name it, in this run, as analyze() takes it: a leaf kept from an earlier run's word is taken again
+        (its windows are judged again)."""
+        first: dict[str, str] = {}
+        for start in sorted(group.windows):
+            for _, f in group.windows[start]:
+                for name, leaf in zip(f.names, f.leaves):
+                    if name not in first:
+                        first[name] = leaf
+        for name, i in self.node_index.items():
+            leaf = first.get(name)
+            if name not in self.reporting and leaf is not None and self.leaf_of[i] != self._leaf(leaf):
+                self.leaf_of[i] = self._leaf(leaf)
+                self.judged = {}
 
     # -- output --------------------------------------------------------------------------------
     def finish(self) -> Analysis:
@@ -500,24 +499,23 @@ class _Mesh:
         if self.unknown_probes:
             self.notes.append(f"{self.unknown_probes} peer entries of probe kinds this version does not know were "
                               "skipped (agents newer than this analysis); the rest of their summaries was used")
+        if group and self.inventory is None:
+            self._leaves_by_word(group)
         judged, kept = [], {}
         self.rebuilt = 0
         for start in sorted(group.windows) if group else []:
             win = group.windows[start]
-            if self.eager:
-                judged.append(_Judge(self, win).run())
-                continue
             key, ids = (group.window_seconds, start), frozenset(f.id for _, f in win)
             last = self.judged.get(key)
             if last is None or last[0] != ids:
                 built = _Window(start, group.per_rail)
-                for src, f in win:
-                    self._add_window(built, src, f)
+                self._add_up(built, win)
                 last = (ids, _Judge(self, built).run())
                 self.rebuilt += 1
             kept[key] = last
             judged.append(last[1])
         self.judged = kept  # windows no longer analysed are forgotten
+        self._known_peers, self._peers_used = self._peers_used, {}
         ignored = sum(j.ignored for j in judged)
         if ignored:
             self.notes.append(f"{ignored} peer entries named nodes past the first {MAX_NODES}: ignored")
@@ -542,6 +540,131 @@ class _Mesh:
         return Analysis(verdicts, len(known_nodes), len(known_leaves), len(judged), self.rejected,
                         group.window_seconds if group else 0.0, self.now, self.notes, [j.start for j in judged],
                         self.unknown_probes)
+
+_CHUNK = 1000  # agents added up at once: ~200,000 edges at 8 rails, some 50 MiB of temporary arrays
+
+
+class _Part:
+    """A chunk of agents' folded windows end to end as numpy arrays, one item per edge (and per histogram
+    pair): whom it counts for (`counted`: a known peer, not the reporter itself), its counts once capped
+    by the probe schedule (`scaled`: the edges scaled down, by index, with their new histograms), and
+    whether it stays inside its reporter's leaf."""
+
+    def __init__(self, chunk: list[tuple[int, Folded]], peers: list[Any], per_rail: int, leaf_of: Any,
+                 rails_of: Any) -> None:
+        lengths = np.array([len(f.names) for _, f in chunk], np.int64)
+        self.agent = np.repeat(np.arange(len(chunk)), lengths)
+        src = np.repeat(np.array([s for s, _ in chunk], np.int64), lengths)
+        dst = _joined(peers)
+        self.counted = (dst >= 0) & (dst != src)
+        self.src, self.dst = src, np.where(self.counted, dst, src)  # an index everywhere
+        sent, lost, retrans, rails, self.top, self.p99 = (_joined(_view(getattr(f, a)) for _, f in chunk)
+                                                          for a in ("sent", "lost", "retrans", "rails", "top", "p99"))
+        self.flat = _joined(_view(f.flat) for _, f in chunk)
+        self.sizes = _joined(np.diff(_view(f.offsets)) for _, f in chunk)  # each edge's histogram, in flat
+        self.starts = np.cumsum(self.sizes) - self.sizes
+        self.bucket, self.count = self.flat[0::2], self.flat[1::2]
+        self.pair_edge = np.repeat(np.arange(len(self.sizes)), self.sizes // 2)
+        cap = per_rail * np.minimum(np.minimum(rails, rails_of[src]), rails_of[self.dst])
+        self.scaled: dict[int, list[int]] = {}
+        for e in np.flatnonzero(self.counted & (sent > per_rail) & (sent > cap)).tolist():
+            sent[e], lost[e], retrans[e], self.scaled[e] = robust.scaled(
+                int(cap[e]), int(sent[e]), int(lost[e]), int(retrans[e]), self.histogram(e))
+        if self.scaled:  # their histograms are the scaled ones
+            keep = ~np.isin(self.pair_edge, np.fromiter(self.scaled, np.int64))
+            more = np.array([(e, hist[x], hist[x + 1]) for e, hist in self.scaled.items()
+                             for x in range(0, len(hist), 2)], np.int64).reshape(-1, 3)
+            self.pair_edge = np.concatenate([self.pair_edge[keep], more[:, 0]])
+            self.bucket = np.concatenate([self.bucket[keep], more[:, 1]])
+            self.count = np.concatenate([self.count[keep], more[:, 2]])
+        self.dead = self.counted & (lost == sent)
+        self.sent, self.lost, self.retrans = sent, lost + retrans, retrans  # lost: every probe that lost a packet
+        same = leaf_of[self.dst] == leaf_of[src]
+        self.intra, self.inter = self.counted & same, self.counted & ~same
+
+    def histogram(self, e: int) -> list[int]:
+        """Edge e's histogram as it counts: (bucket, count, ...)."""
+        if e in self.scaled:
+            return self.scaled[e]
+        return self.flat[self.starts[e]:self.starts[e] + self.sizes[e]].tolist()
+
+
+def _distinct(values: Any) -> Any:
+    """The distinct values, sorted (np.unique without its hash table, slow on millions of values)."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
+
+
+def _sums(index: Any, weights: Any = None, size: int = 0) -> Any:
+    """Sums of `weights` (or counts) per index, as int64 (float sums are exact below 2**53)."""
+    return np.rint(np.bincount(index, weights, minlength=size)).astype(np.int64)
+
+
+_DTYPES = {"i": np.int32, "q": np.int64, "b": np.int8}  # array typecodes of Folded's arrays
+
+
+def _view(values: array) -> Any:
+    """One of Folded's arrays as numpy sees it, without a copy."""
+    return np.frombuffer(values, _DTYPES[values.typecode])
+
+
+def _joined(parts: Iterable[Any]) -> Any:
+    """The agents' arrays end to end, as int64 (an empty one where there are none)."""
+    return np.concatenate([np.zeros(0, np.int64), *parts]).astype(np.int64)
+
+
+class _Links:
+    """The judged leaf pairs between each leaf and each partner leaf added up, both directions, one row
+    per (leaf, partner), sorted by leaf: out, bad out, in, bad in, sent, lost, dead in, retransmitted."""
+
+    def __init__(self, n_leaves: int, src: Any, dst: Any, bad: Any, sent: Any, lost: Any, retrans: Any) -> None:
+        self.n = n_leaves
+        ones, zeros = np.ones(len(src), np.int64), np.zeros(len(src), np.int64)
+        self.code, where = np.unique(np.concatenate([src * n_leaves + dst, dst * n_leaves + src]), return_inverse=True)
+        where = where.reshape(-1)
+        columns = ((ones, zeros), (bad, zeros), (zeros, ones), (zeros, bad), (sent, sent), (lost, lost),
+                   (zeros, lost == sent), (retrans, retrans))
+        self.total = np.stack([np.rint(np.bincount(where, np.concatenate([a, b]).astype(np.float64),
+                                                   minlength=len(self.code))).astype(np.int64)
+                               for a, b in columns], axis=1)
+        self.leaf, self.partner = self.code // n_leaves, self.code % n_leaves
+        self.leaves = np.unique(self.leaf).tolist()
+        self.lossy = np.zeros(len(self.code), bool)  # lossy without the liars' edges (set by the judge)
+
+    def rows(self, leaf: int) -> Any:
+        return np.arange(np.searchsorted(self.leaf, leaf, "left"), np.searchsorted(self.leaf, leaf, "right"))
+
+    def row(self, leaf: int, partner: int) -> int:
+        return int(np.searchsorted(self.code, leaf * self.n + partner))
+
+    def counts(self, leaf: int, partner: int) -> list[int]:
+        return self.total[self.row(leaf, partner)].tolist()
+
+
+def _lower_medians(dists: Any) -> Any:
+    """_lower_median of each row of NB1 buckets that has any count, all at once."""
+    totals = dists.sum(axis=1)
+    rows = dists[totals > 0]
+    return np.argmax(np.cumsum(rows, axis=1) >= ((totals[totals > 0] + 1) // 2)[:, None], axis=1)
+
+
+def _p99_buckets(hists: array) -> list[int]:
+    """The p99 bucket of each histogram of NB1 buckets laid end to end (-1 for an empty one), as
+    quantile_bucket(stats.quantile(...)) finds it, for all of them at once."""
+    h = np.frombuffer(hists, np.int64).reshape(-1, NB1)
+    if not len(h):
+        return []
+    running = np.cumsum(h, axis=1)
+    reached = running >= 0.99 * running[:, -1:]
+    return np.where(running[:, -1] > 0, np.argmax(reached, axis=1), -1).tolist()
+
+
+def _int_array(values: Any) -> array:
+    """A numpy column as the array("q") the judgement indexes (a Python int per item, not a numpy scalar)."""
+    out = array("q")
+    out.frombytes(np.ascontiguousarray(values, np.int64).tobytes())
+    return out
+
 
 # -- judging one window ------------------------------------------------------------------------
 
@@ -654,20 +777,25 @@ class _Judge:
                 return None
             return lost / sent, lost, len({w[0] for w in witnesses})
 
+        def elsewhere(i: int) -> float:
+            """Node i's loss with other leaves: of two leaf-mates that lose as much with each other (a leaf
+            of two), the one that loses with other leaves too is taken first."""
+            return col["inter_lost"][i] / col["inter_sent"][i] if col["inter_sent"][i] else 0.0
+
         suspects: dict[int, dict[str, Any]] = {}
         heap = []
         for i in range(n):
             found = judged_loss(i)
             if found:
-                heap.append((-found[0], i))
+                heap.append((-found[0], -elsewhere(i), i))
         heapq.heapify(heap)
         while heap:
-            neg, i = heapq.heappop(heap)
+            neg, _, i = heapq.heappop(heap)
             found = judged_loss(i)
             if found is None:
                 continue
             if found[0] != -neg:  # its leaf-mates' suspects were taken off since: judge it again in its place
-                heapq.heappush(heap, (-found[0], i))
+                heapq.heappush(heap, (-found[0], -elsewhere(i), i))
                 continue
             loss = i_lost[i] / i_sent[i]
             suspects[i] = {"loss": round(loss, 4), "lost": i_lost[i], "sent": i_sent[i],
@@ -832,6 +960,8 @@ class _Judge:
 
     # step 2 ----------------------------------------------------------------------------------
     def _between_leaves(self, bad_leaves: set[int], explained: list[int]) -> None:
+        """Step 2 over all leaf pairs at once (numpy; ~100,000 pairs at 313 leaves): a Python step only for
+        the pairs with listed edges, the bad pairs and the leaves judged."""
         cfg, win, liars = self.cfg, self.w, self.liars
         lp_sent, lp_lost, lp_hist, lp_retrans = win.lp_sent, win.lp_lost, win.lp_hist, win.lp_retrans
         done = set()
@@ -849,48 +979,50 @@ class _Judge:
         for eid, (src, dst, sent, lost, flat, slot) in enumerate(win.anomalous):
             if slot >= 0 and eid not in done:
                 edges_of.setdefault(slot, []).append((src, dst, sent, lost, flat))
-        # Each leaf pair is judged without the `liars` reporters that add most lost and slow probes to it.
+        # Each leaf pair is judged without the `liars` reporters that add most lost and slow probes to it;
+        # a pair without listed edges has its loss from one unknown reporter (robust.trimmed): kept only
+        # where no liar is tolerated.
         min_probes, min_bad, slow_bucket = int(cfg["min_probes"]), int(cfg["min_bad_probes"]), self.m.slow
-        judged: dict[int, tuple[int, int, int | None]] = {}  # slot -> (src leaf, dst leaf, p99 bucket)
-        trimmed: dict[int, tuple[int, int, list[int]]] = {}  # slot -> sent, lost, histogram
-        for slot, key in enumerate(win.lp_key):
-            sent, edges = lp_sent[slot], edges_of.get(slot, [])
-            if sent < min_probes:
-                continue
-            lost = robust.trimmed(lp_lost[slot], [(e[0], e[1], e[2], e[3]) for e in edges], liars)
-            hist = robust.slow_trimmed(list(lp_hist[slot * NB1:(slot + 1) * NB1]), edges, slow_bucket, liars)
-            src, dst = divmod(key, _LEAF_KEY)
-            counts = {k: c for k, c in enumerate(hist) if c}
-            judged[slot] = (src, dst, quantile_bucket(quantile(counts, 0.99)) if counts else None)
-            trimmed[slot] = (sent, lost, hist)
+        sent_of, lost_of = np.frombuffer(lp_sent, np.int64), np.frombuffer(lp_lost, np.int64)
+        retrans_of = np.frombuffer(lp_retrans, np.int64)
+        keys = np.array(win.lp_key, np.int64)
+        src_of, dst_of = keys // _LEAF_KEY, keys % _LEAF_KEY
+        judged = sent_of >= min_probes
+        lost_kept = lost_of.copy() if liars == 0 else np.zeros(len(keys), np.int64)
+        p99 = np.array(_p99_buckets(lp_hist), np.int64)  # -1: no answered probe
+        hists = np.frombuffer(lp_hist, np.int64).reshape(-1, NB1).copy()  # trimmed below where edges are listed
+        for slot in (s for s in edges_of if judged[s]):
+            edges = edges_of[slot]
+            lost_kept[slot] = robust.trimmed(lp_lost[slot], [(e[0], e[1], e[2], e[3]) for e in edges], liars)
+            hists[slot] = robust.slow_trimmed(hists[slot].tolist(), edges, slow_bucket, liars)
+            counts = {k: c for k, c in enumerate(hists[slot].tolist()) if c}
+            p99[slot] = quantile_bucket(quantile(counts, 0.99)) if counts else -1
         # The baseline: the typical leaf's typical pair. A fault at one leaf touches most pairs where
         # leaves are few (4 of the 6 with 3 leaves), never most of another leaf's.
-        per_leaf: dict[int, list[int]] = {}
-        for src, dst, k in judged.values():
-            if k is not None:
-                for leaf in {src, dst}:
-                    per_leaf.setdefault(leaf, [0] * NB1)[k] += 1
-        medians = [0] * NB1
-        for dist in per_leaf.values():
-            medians[_lower_median(dist)] += 1
+        n_leaves = len(self.m.leaves)
+        timed = judged & (p99 >= 0)
+        per_leaf = np.bincount(np.concatenate([src_of[timed], dst_of[timed]]) * NB1
+                               + np.concatenate([p99[timed], p99[timed]]), minlength=n_leaves * NB1)
+        medians = np.bincount(_lower_medians(per_leaf.reshape(n_leaves, NB1)), minlength=NB1).tolist()
         base = _lower_median(medians)
         limit = max(float(cfg["p99_factor"]) * _bound(base), float(cfg["p99_floor_seconds"])) \
             if base is not None else math.inf
+        over = next((j for j in range(NB1) if _bound(j) > limit), NB1)  # the first bucket over the limit
+        slow = hists[:, over:].sum(axis=1)
         loss_fraction = float(cfg["loss_fraction"])
+        lossy = judged & (lost_kept > 0) & (lost_kept >= min_bad) & (lost_kept >= loss_fraction * sent_of)
+        too_slow = judged & (p99 >= over) & (slow >= min_bad)
+        self.judged_pairs.update(keys[judged].tolist())
         bad_pairs: dict[int, dict[str, Any]] = {}
-        for slot, (_, _, k) in judged.items():
-            self.judged_pairs.add(win.lp_key[slot])
-            sent, lost, hist = trimmed[slot]
-            slow = sum(c for j, c in enumerate(hist) if _bound(j) > limit)
+        for slot in np.flatnonzero(lossy | too_slow).tolist():
             ev: dict[str, Any] = {}
-            if lost and lost >= min_bad and lost >= loss_fraction * sent:
+            if lossy[slot]:
                 ev.update(loss=round(lp_lost[slot] / lp_sent[slot], 4), lost=lp_lost[slot], sent=lp_sent[slot],
                           retransmitted=lp_retrans[slot])
-            if k is not None and _bound(k) > limit and slow >= min_bad:
-                ev.update(p99_seconds=_bound(k), baseline_p99_seconds=_bound(base))
-            if ev:
-                ev["reporters"] = win.lp_reporters[slot]
-                bad_pairs[slot] = ev
+            if too_slow[slot]:
+                ev.update(p99_seconds=_bound(int(p99[slot])), baseline_p99_seconds=_bound(base))
+            ev["reporters"] = win.lp_reporters[slot]
+            bad_pairs[slot] = ev
         # Leaves, worst first: R-Pingmesh's outFrac / inFrac of bad edges, or a loss over the SLA pooled
         # over all of a leaf's edges and spread over most of its partner leaves (one leaf edge sees a
         # few dozen probes a window, too few to judge a few percent of loss edge by edge; one bad path
@@ -898,56 +1030,50 @@ class _Judge:
         # the leaf that add most to it: a liar, or one faulty node, is not its leaf. A leaf found is
         # taken off its partners' counts: they are not blamed for it.
         frac, min_rep = float(cfg["leaf_fraction"]), int(cfg["min_reporters"])
-        links: dict[int, dict[int, list[int]]] = {}  # leaf -> partner -> _LINK counters (both directions)
+        was_bad = np.zeros(n_leaves, bool)
+        was_bad[list(bad_leaves)] = True
+        bad = np.zeros(len(keys), bool)
+        bad[list(bad_pairs)] = True
+        pairs = np.flatnonzero(judged & ~was_bad[src_of] & ~was_bad[dst_of])
+        links = _Links(n_leaves, src_of[pairs], dst_of[pairs], bad[pairs], sent_of[pairs], lost_of[pairs],
+                       retrans_of[pairs])
         witnesses: dict[int, dict[int, list[tuple[int, int, int, int]]]] = {}  # leaf -> partner -> lossy edges
         slowest: dict[int, float] = {}
-        for slot, (src, dst, _) in judged.items():
-            if src in bad_leaves or dst in bad_leaves:
+        for slot in pairs.tolist():
+            if slot not in edges_of and slot not in bad_pairs:
                 continue
-            bad = slot in bad_pairs
-            a = links.setdefault(src, {}).setdefault(dst, [0] * 8)
-            b = links.setdefault(dst, {}).setdefault(src, [0] * 8)
-            a[0] += 1
-            a[1] += bad
-            b[2] += 1
-            b[3] += bad
-            b[6] += lp_lost[slot] == lp_sent[slot]
-            for x in (a, b):
-                x[4] += lp_sent[slot]
-                x[5] += lp_lost[slot]
-                x[7] += lp_retrans[slot]
+            src, dst = int(src_of[slot]), int(dst_of[slot])
             for reporter, target, sent, lost, _ in edges_of.get(slot, ()):
                 if lost:  # (reporter, the end in that leaf, sent, lost)
                     witnesses.setdefault(src, {}).setdefault(dst, []).append((reporter, reporter, sent, lost))
                     witnesses.setdefault(dst, {}).setdefault(src, []).append((reporter, target, sent, lost))
-            if bad and "p99_seconds" in bad_pairs[slot]:
+            if slot in bad_pairs and "p99_seconds" in bad_pairs[slot]:
                 for leaf in (src, dst):
                     slowest[leaf] = max(slowest.get(leaf, 0.0), bad_pairs[slot]["p99_seconds"])
-        self.known_leaves.update(links)
-
-        lossy_links = {(leaf, partner) for leaf, by in witnesses.items() for partner, edges in by.items()
-                       if robust.trimmed(links[leaf][partner][5], edges, liars) > 0}
+        self.known_leaves.update(links.leaves)
+        for leaf, by in witnesses.items():
+            for partner, edges in by.items():
+                if robust.trimmed(links.counts(leaf, partner)[5], edges, liars) > 0:
+                    links.lossy[links.row(leaf, partner)] = True
 
         def fault(leaf: int) -> tuple[float, float, list[int], int, int] | None:
-            total, edges, lossy, partners = [0] * 8, [], 0, 0
+            rows = links.rows(leaf)
+            kept = rows[~was_bad[links.partner[rows]]]
+            total = links.total[kept].sum(axis=0).tolist() if len(kept) else [0] * 8
+            lossy_rows = kept[links.total[kept, 5] > 0]
+            lossy, partners = int(links.lossy[lossy_rows].sum()), len(kept)
             mine = witnesses.get(leaf, {})
-            for partner, x in links[leaf].items():
-                if partner not in bad_leaves:
-                    partners += 1
-                    total = [t + v for t, v in zip(total, x)]
-                    if x[5]:
-                        lossy += (leaf, partner) in lossy_links
-                        edges += mine.get(partner, ())
+            edges = [e for partner in links.partner[lossy_rows].tolist() for e in mine.get(partner, ())]
             o, ob, n_in, ib, sent, lost = total[:6]
             worst = max(ob / o if o >= min_rep else 0.0, ib / n_in if n_in >= min_rep else 0.0)
-            kept = robust.trimmed(lost, edges, liars, 1)
-            spread = (kept >= min_bad and partners >= min_rep and lossy >= frac * partners
-                      and kept >= loss_fraction * sent)
+            kept_lost = robust.trimmed(lost, edges, liars, 1)
+            spread = (kept_lost >= min_bad and partners >= min_rep and lossy >= frac * partners
+                      and kept_lost >= loss_fraction * sent)
             loss = lost / sent if sent else 0.0
             return (worst, loss, total, lossy, partners) if (worst and worst >= frac) or spread else None
 
         heap = []
-        for leaf in links:
+        for leaf in links.leaves:
             found = fault(leaf) if leaf else None
             if found:
                 heap.append((-found[0], -found[1], leaf))
@@ -961,22 +1087,20 @@ class _Judge:
                 heapq.heappush(heap, (-found[0], -found[1], leaf))
                 continue
             bad_leaves.add(leaf)
+            was_bad[leaf] = True
             self._leaf_uplink(leaf, found, slowest.get(leaf))
-            for partner in links[leaf]:  # their counts changed: judge them again
+            for partner in links.partner[links.rows(leaf)].tolist():  # their counts changed: judge them again
                 again = fault(partner) if partner and partner not in bad_leaves else None
                 if again:
                     heapq.heappush(heap, (-again[0], -again[1], partner))
         # Paths: a bad edge between two leaves that are fine inside and with other leaves.
-        good_out: dict[int, int] = {}
-        for slot, (src, dst, _) in judged.items():
-            if slot not in bad_pairs and src not in bad_leaves and dst not in bad_leaves:
-                good_out[src] = good_out.get(src, 0) + 1
-                good_out[dst] = good_out.get(dst, 0) + 1
+        good = judged & ~bad & ~was_bad[src_of] & ~was_bad[dst_of]
+        good_out = np.bincount(np.concatenate([src_of[good], dst_of[good]]), minlength=n_leaves)
         for slot, ev in sorted(bad_pairs.items()):
-            src, dst, _ = judged[slot]
+            src, dst = int(src_of[slot]), int(dst_of[slot])
             if src in bad_leaves or dst in bad_leaves or src == 0 or dst == 0:
                 continue
-            self._path(src, dst, ev, good_out.get(src, 0), good_out.get(dst, 0))
+            self._path(src, dst, ev, int(good_out[src]), int(good_out[dst]))
 
     def _leaf_uplink(self, leaf: int, found: tuple[float, float, list[int], int, int], slowest: float | None) -> None:
         name = self.m.leaves[leaf]

@@ -72,13 +72,28 @@ def add_subcommands(subparsers: Any) -> None:
     c.set_defaults(func=cmd_controller)
 
 
+def without_numpy(command: str) -> bool:
+    """Whether numpy, which the analysis adds up with (the `analysis` extra), is missing: said in one line."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        print(f"nodehealth {command}: the pingmesh analysis needs numpy: pip install 'nodehealth[analysis]'",
+              file=sys.stderr)
+        return True
+    return False
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
+    if without_numpy("controller"):
+        return EXIT_ERROR
     from nodehealth.pingmesh import controller  # the Kubernetes client and the analysis, only here
 
     return controller.cmd_controller(args)
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    if without_numpy("pingmesh analyze"):
+        return EXIT_ERROR
     from nodehealth import config, inventory
     from nodehealth.pingmesh.analysis import analyze
 
