@@ -19,9 +19,7 @@ p99 bucket is the agent's word, checked for range: it feeds medians a lying hist
 """
 from __future__ import annotations
 
-import itertools
 import json
-import operator
 import sys
 from array import array
 from typing import Any
@@ -144,23 +142,17 @@ def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, nam
     if entries > stats.MAX_PEERS_PER_WINDOW or edges > entries or nflat > 2 * (nbuckets + 1) * edges:
         raise stats.SummaryError(f"a window of {entries} entries ({stats.MAX_PEERS_PER_WINDOW} at most), {edges} "
                                  f"edges and {nflat} histogram values does not add up")
-    # The 4-byte arrays (idx .. flat) come first, then the 1-byte ones (rails, top, p99). Their ranges are
-    # checked on the little-endian bytes, a C loop each: no Python object per value.
+    # The 4-byte arrays (idx .. flat) come first, then the 1-byte ones (rails, top, p99); each check is one
+    # numpy pass (imported here, on the controller's side only: the daemon dumps, it never loads).
+    import numpy as np
+
     n_ints = 5 * edges + 1 + nflat
     if 4 * n_ints + 3 * edges > len(view):
         raise stats.SummaryError("the arrays run past the end")
-    raw, small = view[:4 * n_ints].tobytes(), view[4 * n_ints:4 * n_ints + 3 * edges].tobytes()
+    ints, bytes_ = array("i"), array("b")
+    ints.frombytes(view[:4 * n_ints])
+    bytes_.frombytes(view[4 * n_ints:4 * n_ints + 3 * edges])
     view = view[4 * n_ints + 3 * edges:]
-    flat_raw = raw[4 * (5 * edges + 1):]
-    if not _only(raw[3::4], _BELOW_128):
-        raise stats.SummaryError("counts, offsets and buckets must be non-negative")
-    if not (_only(small[:edges], _RAILS) and _only(small[edges:2 * edges], _TOP[nbuckets])
-            and _only(small[2 * edges:], _P99)):
-        raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in range")
-    if not (_only(flat_raw[0::8], _TOP[nbuckets][1:]) and _only(flat_raw[1::8] + flat_raw[2::8] + flat_raw[3::8], b"\0")
-            and _only(raw[16 * edges:20 * edges + 4:4], _EVEN)):
-        raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets}, offsets in bucket, count pairs")
-    ints, bytes_ = array("i", raw), array("b", small)
     if _BIG_ENDIAN:
         ints.byteswap()
     got: dict[str, array] = {}
@@ -169,47 +161,50 @@ def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, nam
         n = nflat if attr == "flat" else edges + 1 if attr == "offsets" else edges
         got[attr] = (ints if code == "i" else bytes_)[at:at + n]
         at = 0 if attr == "flat" else at + n
-    _check_edges(got, len(names), entries, max_sent, sum(small[:edges]), max(small[:edges], default=0))
+    values, small = np.frombuffer(ints, np.int32), np.frombuffer(bytes_, np.int8)
+    if values.min(initial=0) < 0:
+        raise stats.SummaryError("counts, offsets and buckets must be non-negative")
+    rails, top, p99 = small[:edges], small[edges:2 * edges], small[2 * edges:]
+    if (rails.min(initial=1) < 1 or top.min(initial=-1) < -1 or top.max(initial=-1) > nbuckets
+            or p99.min(initial=0) < 0 or p99.max(initial=0) > folded.NONE):
+        raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in range")
+    flat, offsets = values[5 * edges + 1:], values[4 * edges:5 * edges + 1]
+    if flat[0::2].max(initial=0) > nbuckets or (offsets & 1).any():
+        raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets}, offsets in bucket, count pairs")
+    _check_edges(values, edges, top, len(names), entries, max_sent * int(rails.max(initial=0)), int(rails.sum()))
     f = folded.Folded.of(tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"])),
-                           *(got[attr] for attr, _ in ARRAYS[1:]))
+                         *(got[attr] for attr, _ in ARRAYS[1:]))
     return folded.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
 
 
-def _only(raw: bytes, allowed: bytes) -> bool:
-    """Whether every byte of `raw` is one of `allowed`."""
-    return not raw.translate(None, allowed)
-
-
-_BELOW_128 = bytes(range(128))  # the high byte of a non-negative little-endian integer
-_EVEN = bytes(range(0, 256, 2))  # the low byte of an even one
-_RAILS = bytes(range(1, 128))
-_TOP = [bytes([255, *range(n + 1)]) for n in range(128)]  # -1 (no answer) or a bucket up to n
-_P99 = bytes(range(folded.NONE + 1))
-
-
-def _check_edges(a: dict[str, array], names: int, entries: int, max_sent: int, rails: int, most_rails: int) -> None:
+def _check_edges(values: Any, edges: int, top: Any, names: int, entries: int, most_sent: int, rails: int) -> None:
     """What makes an edge weigh what the JSON form's would, beyond the ranges _window checked: refused with
-    the reason where it does not."""
-    idx, sent, lost, retrans, offsets, flat = (a[k] for k in ("idx", "sent", "lost", "retrans", "offsets", "flat"))
-    if offsets[0] != 0 or offsets[-1] != len(flat) or not all(map(operator.le, offsets, offsets[1:])):
+    the reason where it does not. `values` are the window's 4-byte arrays end to end (numpy)."""
+    import numpy as np
+
+    idx, sent, lost, retrans = (values[k * edges:(k + 1) * edges].astype(np.int64) for k in range(4))
+    offsets, flat = values[4 * edges:5 * edges + 1], values[5 * edges + 1:]
+    if offsets[0] != 0 or offsets[-1] != len(flat) or (offsets[1:] < offsets[:-1]).any():
         raise stats.SummaryError("histogram offsets must rise from 0 to the end of the histograms")
-    if not idx:
+    if not edges:
         return
-    if max(idx) >= names or len(set(idx)) != len(idx):
+    ordered = np.sort(idx)
+    if ordered[-1] >= names or (ordered[1:] == ordered[:-1]).any():
         raise stats.SummaryError("each edge names a distinct peer of the names list")
-    if rails > entries or min(sent) < 1 or max(sent) > max_sent * most_rails:
+    if rails > entries or sent.min() < 1 or sent.max() > most_sent:
         raise stats.SummaryError("each edge must have sent a probe, no more than its entries' max_sent each, and "
                                  "fold no more entries than the window lists")
     # Each edge's histogram holds exactly its answered probes (sent - lost - retrans, so never fewer than 0,
     # the offsets rising): the running totals of both agree at every edge.
-    total = list(itertools.accumulate(flat[1::2], initial=0))
-    at_edges = list(map(total.__getitem__, map(operator.rshift, offsets, itertools.repeat(1))))
-    if at_edges != list(itertools.accumulate(map(operator.sub, map(operator.sub, sent, lost), retrans), initial=0)):
+    pairs = offsets >> 1
+    counted = np.concatenate([[0], np.cumsum(flat[1::2], dtype=np.int64)])[pairs]
+    if not np.array_equal(counted[1:], np.cumsum(sent - lost - retrans)):
         raise stats.SummaryError("an edge's histogram does not add up to its answered probes")
     # An edge's top picks what the analysis lists as slow, and only listed edges are trimmed of a liar's
     # probes: a top below the histogram's slowest bucket would slip slow probes past the trim.
-    buckets = flat[0::2]
-    tops = [max(buckets[i:j], default=-1) for i, j in zip(map(operator.rshift, offsets, itertools.repeat(1)),
-                                                           map(operator.rshift, offsets[1:], itertools.repeat(1)))]
-    if tops != a["top"].tolist():
+    tops = np.full(edges, -1, np.int64)
+    answered = pairs[1:] > pairs[:-1]
+    if answered.any():
+        tops[answered] = np.maximum.reduceat(flat[0::2], pairs[:-1][answered])
+    if not np.array_equal(tops, top):
         raise stats.SummaryError("an edge's top must be its histogram's slowest bucket")
