@@ -752,7 +752,9 @@ def test_cli_saves_what_it_gathered_and_reads_it_back(tmp_path, capsys):
         code, again, _ = run_cli(capsys, "--bundle", str(tmp_path / name), "--json")
         assert code == 1
         a, b = json.loads(first), json.loads(again)
-        assert a["verdicts"] == b["verdicts"] and a["rejected"] == b["rejected"] and len(a["rejected"]) == 1
+        assert a["verdicts"] == b["verdicts"] and a["rejected"] == b["rejected"] == []
+        assert [u["reason"] for u in a["unreadable"]] == [u["reason"] for u in b["unreadable"]] \
+            == ["a string in a bundle is a packed summary in base64: this one is not base64"]
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
 
 
@@ -942,3 +944,53 @@ def test_adding_up_a_chunk_of_agents_at_a_time_changes_nothing(monkeypatch, chun
     got = analyze(docs, {}, NOW)
     assert got.to_dict() == want.to_dict() and got.notes == want.notes
     assert [v.evidence for v in got.verdicts] == [v.evidence for v in want.verdicts]
+
+
+def test_cli_packed_fetches_and_saves_the_packed_form_and_reads_it_back(tmp_path, capsys):
+    """--packed asks for the packed form, saves it as base64 strings beside an old agent's JSON, and the
+    bundle reads back to the same verdicts as JSON gives; a damaged packed summary is listed, not fatal."""
+    import base64
+
+    from nodehealth.pingmesh import packed
+
+    summaries = with_fault()
+    old = summaries[0]["node"]  # an agent that does not know the packed form answers JSON
+    docs = {s["node"]: json.dumps(s).encode() for s in summaries}
+    forms = {s["node"]: packed.dumps(parse_summary(s)) for s in summaries if s["node"] != old}
+    server = Agents(docs)
+    handler = server.RequestHandlerClass
+    serve_json = handler.do_GET
+
+    def do_get(h):
+        node = h.path.split("/")[1]
+        if packed.QUERY not in h.path or node not in forms:
+            return serve_json(h)
+        server.paths.append(h.path)
+        h.send_response(200)
+        h.send_header("Content-Type", packed.CONTENT_TYPE)
+        h.end_headers()
+        h.wfile.write(forms[node])
+
+    handler.do_GET = do_get
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        code, out, _ = run_cli(capsys, "--from", *[f"{base}/{s['node']}/v1/pingmesh" for s in summaries],
+                               "--packed", "--json", "--save", str(tmp_path / "s.json"))
+    finally:
+        server.shutdown()
+    got = json.loads(out)
+    want = json.loads(run_cli(capsys, "--bundle", write(tmp_path / "j.json", summaries), "--json")[1])
+    assert code == 1 and got["verdicts"] == want["verdicts"] and got["unreadable"] == []
+    assert all(p.endswith(packed.QUERY) for p in server.paths) and len(server.paths) == len(summaries)
+    saved = json.loads((tmp_path / "s.json").read_text())["summaries"]
+    assert sorted(type(s).__name__ for s in saved).count("str") == len(summaries) - 1
+    assert isinstance(saved[0], dict) and saved[0]["node"] == old
+    code, again, _ = run_cli(capsys, "--bundle", str(tmp_path / "s.json"), "--json")
+    assert code == 1 and json.loads(again)["verdicts"] == want["verdicts"]
+    damaged = bytearray(base64.b64decode(saved[1]))
+    damaged[-1] ^= 0xFF  # the last p99 bucket, out of range
+    saved[1] = base64.b64encode(bytes(damaged)).decode()
+    code, again, _ = run_cli(capsys, "--bundle", write(tmp_path / "d.json", saved), "--json")
+    reasons = [u["reason"] for u in json.loads(again)["unreadable"]]
+    assert len(reasons) == 1 and reasons[0].startswith("packed summary refused: ")
