@@ -364,12 +364,16 @@ class _Mesh:
             self.leaf_of[src] = leaf
             self.judged = {}  # judged with its old leaf
         group.summaries.append(s.node)
+        last = None
         for w in s.windows:
             if w.folded is None:
                 continue
             win = group.window(w.start)
             if win is not None:
+                if last is not None:  # one names tuple for an agent's windows: kept until they are judged
+                    w.folded.share(last)
                 win.append((src, w.folded))
+                last = w.folded
 
     def _add_up(self, win: _Window, contributions: list[tuple[int, Folded]]) -> None:
         """Every agent's folded window into the window's counters, in bulk (numpy: one pass over the edges
