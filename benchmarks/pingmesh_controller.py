@@ -13,7 +13,9 @@ its own controller state, in one process. Timed per cycle: decoding (with valida
 (folding), the analysis, and the floor: the same bytes parsed by the serialization alone (json.loads
 of a JSON answer; json.loads of a packed answer's header and array.frombytes of its arrays), on
 every --floor-every'th answer. Memory: RSS after each cycle and what is kept (RSS covers both
-controllers with both forms: run one form for the controller's own).
+controllers with both forms: run one form for the controller's own). Past 10,000 nodes the analysis's
+caps (MAX_SUMMARIES, MAX_PEER_ENTRIES) are raised for the measurement, in proportion: how cost grows
+past what one controller takes (docs/pingmesh.md, "Past one controller").
 Usage: python benchmarks/pingmesh_controller.py [--nodes 10000] [--rails 2 --pairs 5] [--cycles 4]
        [--format both|json|packed] [--floor-every 10] [--pregenerate]
 """
@@ -44,6 +46,7 @@ from pingmesh_analyze import (
 
 sys.path.insert(0, ROOT)
 
+from nodehealth.pingmesh import analysis as pingmesh_analysis  # noqa: E402
 from nodehealth.pingmesh import controller, packed  # noqa: E402
 from nodehealth.pingmesh.analysis import Analyzer  # noqa: E402
 from nodehealth.pingmesh.stats import BUCKETS_SECONDS, loads_summary  # noqa: E402
@@ -180,6 +183,9 @@ def main() -> None:
     p.add_argument("--floor-every", type=int, default=10, help="measure the floor on every n-th answer")
     args = p.parse_args()
     forms = ("json", "packed") if args.format == "both" else (args.format,)
+    pingmesh_analysis.MAX_SUMMARIES = max(pingmesh_analysis.MAX_SUMMARIES, args.nodes)
+    caps = pingmesh_analysis.MAX_PEER_ENTRIES
+    pingmesh_analysis.MAX_PEER_ENTRIES = max(caps, caps * args.nodes // 10_000)
     cluster_ = names, leaf, inter = cluster(args.nodes, args.leaf_size, args.pairs, args.rails)
     inv = inventory(names, leaf, args.rails)
     state = {form: (Analyzer({}, PROBE_INTERVAL), {}) for form in forms}
