@@ -180,3 +180,26 @@ SMALL = {"schema_version": 1, "node": "n1", "leaf": "l0", "pod": "", "time": 100
              {"node": "n2", "leaf": "l0", "rail": 1, "probe": "tcp", "sent": 6, "lost": 0, "counts": [[3, 6]]},
              {"node": "n3", "leaf": "l1", "rail": 0, "probe": "ping", "sent": 6, "lost": 6, "counts": []}]},
              {"start": 60.0, "closed": False, "peers": []}]}
+
+
+def test_a_names_list_checked_once_is_taken_again_and_a_bad_one_never(summaries, monkeypatch):
+    """The controller sees each agent's names list every window: checked once, then taken as checked; a
+    list that fails is refused every time, and the memo empties past its bound."""
+    checks = []
+    check = packed._checked_names
+    monkeypatch.setattr(packed, "_checked_names", lambda *lists: checks.append(1) or check(*lists))
+    memo = packed._names.__self__
+    monkeypatch.setattr(memo, "_lists", {})
+    data = packed.dumps(stats.parse_summary(summaries[0]))
+    first, again = packed.loads(data), packed.loads(data)
+    assert len(checks) == 1 and len(memo._lists) == 1
+    assert [w.ready.folded.names for w in first.windows if w.ready] == \
+        [w.ready.folded.names for w in again.windows if w.ready]
+    bad = _tampered(summaries[0], _header("names", ["x"] * 3, window=False))
+    for _ in range(2):
+        with pytest.raises(stats.SummaryError, match="names"):
+            packed.loads(bad)
+    assert len(checks) == 3 and len(memo._lists) == 1
+    monkeypatch.setattr(memo, "MAX_NAMES", 1)
+    packed.loads(packed.dumps(stats.parse_summary(summaries[1])))
+    assert len(memo._lists) == 1 and len(checks) == 4
