@@ -394,11 +394,11 @@ class _Mesh:
         lp: dict[int, int] = {}  # leaf pair key -> slot, in the order the agents first name them
         lp_sums = np.zeros((0, 4), np.int64)  # per slot: sent, lost, retransmitted, reporters
         lp_hist = np.zeros((0, NB1), np.int64)
+        by = functools.partial(_sums, size=n)  # per node
         for at in range(0, len(contributions), _CHUNK):
             chunk = contributions[at:at + _CHUNK]
             part = _Part(chunk, peers[at:at + _CHUNK], win.per_rail, leaf_of, rails_of)
             win.capped += len(part.scaled)
-            by = functools.partial(_sums, size=n)
             c, intra, inter, src, dst = part.counted, part.intra, part.inter, part.src, part.dst
             for name, index, weights in (("in_sent", dst[c], part.sent[c]), ("in_lost", dst[c], part.lost[c]),
                                          ("in_edges", dst[c], None), ("in_dead", dst[part.dead], None),
