@@ -178,8 +178,7 @@ class _Window:
         self.col = {name: array("q") for name in _NODE_COLUMNS}
         self.p99 = array("q")  # per node NB2 slots: how many of its intra-leaf edges have their p99 there
         self.cluster = [0] * NB2  # the same over all intra-leaf edges: the baseline
-        self.lp: dict[int, int] = {}  # leaf pair key -> slot
-        self.lp_key: list[int] = []
+        self.lp_key: list[int] = []  # slot -> leaf pair key
         self.lp_sent, self.lp_lost, self.lp_retrans = array("q"), array("q"), array("q")
         self.lp_reporters = array("q")  # agents reporting on the leaf pair
         self.lp_hist = array("q")  # NB1 per slot
@@ -446,7 +445,7 @@ class _Mesh:
                 win.by_node.setdefault(d, []).append(eid)
         win.col = {name: _int_array(cols[name]) for name in _NODE_COLUMNS}
         win.p99, win.cluster = _int_array(p99_of), cluster.tolist()
-        win.lp, win.lp_key = lp, list(lp)
+        win.lp_key = list(lp)
         win.lp_sent, win.lp_lost, win.lp_retrans, win.lp_reporters = (_int_array(lp_sums[:, j]) for j in range(4))
         win.lp_hist = _int_array(lp_hist.reshape(-1))
 
