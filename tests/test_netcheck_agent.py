@@ -81,7 +81,7 @@ def test_the_report_names_the_node_whose_agent_died_during_the_check(four, monke
     doc, code = preflight.coordinate(four.endpoints(), cfg, {})
     assert code == preflight.EXIT_FAULT and doc["faulty"] == [] and doc["slow"] == []
     assert doc["nodes"]["n3"]["status"] == "unreachable" and "refused" in doc["nodes"]["n3"]["error"]
-    assert doc["unreachable"] == [{"agent": four.endpoints()[0].replace("71", "74"), "node": "n3",
+    assert doc["unreachable"] == [{"agent": f"127.0.0.74:{four.port}", "node": "n3",
                                    "error": doc["nodes"]["n3"]["error"]}]
     table = preflight.table(doc)
     row = next(line for line in table.splitlines() if line.startswith("n3 "))
