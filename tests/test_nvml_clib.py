@@ -220,3 +220,26 @@ def test_mig_devices_through_mig_handles(in_process):
     assert [(m.uuid, m.gpu_instance) for m in g.mig_devices] == [(devices[str(i)]["uuid"], 7 + i) for i in range(6)]
     assert g.uuid == "GPU-7fdaf0a5-179b-f636-d15d-daf243e3ff16"  # the parent's own UUID, not a MIG device's
     assert g.unknown == {} and h.mig_devices == () and facts.missing_functions == ("nvmlDeviceGetFieldValues",)
+
+
+@pytest.mark.parametrize("name", ["nvml-h100-healthy", "nvml-a100-remap-failure", "nvml-h100-xid79-lost"])
+def test_a_capture_through_real_pynvml_replays_to_the_same_facts(name, work, tmp_path):
+    """tests/fixtures/nvml/capture.py, run as on a GPU node but over the C fake: the scenario it writes,
+    answered by the Python fake, gives every GPU the facts the scenario it captured gives."""
+    original = os.path.join(machine(name), "nvml.json")
+    env = fakelib.environment(original, work)
+    capture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "nvml", "capture.py")
+    done = subprocess.run([sys.executable, capture, "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    with open(tmp_path / "nvml.json", encoding="utf-8") as f:
+        captured = json.load(f)
+    assert "a real NVML capture" in captured["source"] and "NotSupported" not in json.dumps(captured)
+
+    def facts(path: str) -> list:
+        backend = nvml.FakeNvmlBackend(path)
+        nvml._known.clear()  # a lost GPU's identity from an earlier read must not carry across
+        return [nvml.read_gpu(backend, i, set()) for i in range(backend.call("nvmlDeviceGetCount"))]
+    replayed, expected = facts(str(tmp_path / "nvml.json")), facts(original)
+    assert replayed == expected and [g.unknown for g in replayed] == [g.unknown for g in expected]
+    assert len(expected) == len(json.load(open(original, encoding="utf-8"))["gpus"])
