@@ -401,3 +401,20 @@ def test_the_pod_from_the_downward_api(monkeypatch, env, expected):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     assert timer._pod() == expected
+
+
+def test_an_uninstalled_timer_writes_nothing_at_exit(tmp_path):
+    """uninstall() has published the last record: the exit hook must not write again (into a directory
+    a benchmark or test has since removed, which printed a traceback at every exit)."""
+    pytest.importorskip("torch")
+    code = ("import shutil, sys\nimport torch.distributed as dist\nfrom nodehealth.hang import timer\n"
+            "t = timer.enable(sys.argv[1], interval=0.05)\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:' + sys.argv[2], rank=0, world_size=1)\n"
+            "dist.all_reduce(__import__('torch').ones(2))\n"
+            "t.uninstall()\nshutil.rmtree(sys.argv[1])\n"
+            "dist.destroy_process_group()\n")
+    hang = tmp_path / "hang"
+    out = subprocess.run([sys.executable, "-c", code, str(hang), str(free_port())], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert not hang.exists()

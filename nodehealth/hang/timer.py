@@ -290,6 +290,7 @@ class Timer:
             setattr(self.dist, name, fn)
         if getattr(self, "excepthook", None) is sys.excepthook:
             sys.excepthook = self.previous_excepthook
+        atexit.unregister(self.close)  # the record's last word is written now, not again at exit
         self.close()
         if _timer is self:
             _timer = None
