@@ -4,6 +4,8 @@ hang timer's CUDA path on a real kernel and NCCL. Skipped where no GPU answers `
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -137,3 +139,15 @@ def test_a_collective_on_the_gpu_stays_pending_while_its_stream_is_busy(nccl_wor
     done = state()["recent"][-1]
     assert done["op"] == "all_reduce" and done["seconds"] > 0.2 and "error" not in done, done
     assert x[0].item() == 1.0  # a world of one sums to itself
+
+
+def test_the_cuda_overhead_benchmark_runs():
+    """benchmarks/hang_overhead_cuda.py as a smoke (tiny sizes; its figures go to RESULTS.md)."""
+    pytest.importorskip("torch")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "benchmarks/hang_overhead_cuda.py", "--iters", "20", "--rounds", "2"],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert len(re.findall(r"^ +\d+ bytes, +(issue|until done): without +[\d.]+ us/op, with +[\d.]+ us/op",
+                          run.stdout, re.M)) == 4, run.stdout
+    assert "gpu_poll: cuEventQuery (GIL released); last_error: None" in run.stdout, run.stdout
