@@ -56,6 +56,7 @@ DURATIONS_KEPT = 256
 BY_SEQ_KEPT = 512  # 64 blocks: stretches long enough for jobs of up to ~100 collectives a step
 BLOCK_OPS = 8
 RECENT_KEPT = 8
+SPARE_EVENTS = 256  # completed CUDA events kept per device for reuse
 PENDING_PUBLISHED = 8
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
@@ -175,7 +176,10 @@ class Timer:
         # async handles the watchdog polls, by id (the dict holds the handle, so the id stays its own):
         # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
         self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
-        self.events: list[tuple[Any, dict[str, Any], _Stream]] = []  # CUDA events, oldest first
+        self.events: collections.deque[tuple[Any, dict[str, Any], _Stream]] = collections.deque()  # oldest first
+        # completed CUDA events by device, recorded again by later calls: making and destroying an
+        # event cost more than the rest of the timer's path on a GPU
+        self.spare_events: dict[int, list[Any]] = {}
         self.regions: list[tuple[str, float]] = []
         self.step = 0
         self.last_error: str | None = None
@@ -186,6 +190,7 @@ class Timer:
         # torch.cuda, whose `_initialized` says whether any tensor can be on a GPU at all: reading
         # is_cuda of every CPU tensor costs on every call
         self.cuda_state: Any = _ASSUME_CUDA
+        self.torch_cuda: Any = None  # torch.cuda, once installed: the GPU path makes events with it
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
@@ -214,6 +219,7 @@ class Timer:
         self.c10d_world = world if hasattr(world, "_default_pg") else None
         import torch.cuda
 
+        self.torch_cuda = torch.cuda
         if hasattr(torch.cuda, "_initialized"):
             self.cuda_state = torch.cuda
         for name in COLLECTIVES + P2P:
@@ -329,10 +335,12 @@ class Timer:
                 self.wake.set()
             return result
         if op.get("_cuda"):
-            import torch
-
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(op["_device"]))
+            device = op["_device"]
+            try:
+                event = self.spare_events[device].pop()
+            except (KeyError, IndexError):
+                event = self.torch_cuda.Event()
+            event.record(self.torch_cuda.current_stream(device))
             with self.lock:
                 self.events.append((event, op, stream))
             if self.dozing:
@@ -455,7 +463,11 @@ class Timer:
             except Exception as e:  # it will never answer: let the events behind it complete
                 error = f"querying its CUDA event failed: {type(e).__name__}: {e}"
             with self.lock:
-                self.events.pop(0)
+                self.events.popleft()
+            if error is None:
+                spare = self.spare_events.setdefault(op["_device"], [])
+                if len(spare) < SPARE_EVENTS:
+                    spare.append(event)
             self.complete(op, stream, error=error)
 
     def _forget_work(self, work: Any) -> None:
