@@ -56,7 +56,6 @@ DURATIONS_KEPT = 256
 BY_SEQ_KEPT = 512  # 64 blocks: stretches long enough for jobs of up to ~100 collectives a step
 BLOCK_OPS = 8
 RECENT_KEPT = 8
-SPARE_EVENTS = 256  # completed CUDA events kept per device for reuse
 PENDING_PUBLISHED = 8
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
@@ -177,9 +176,6 @@ class Timer:
         # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
         self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
         self.events: collections.deque[tuple[Any, dict[str, Any], _Stream]] = collections.deque()  # oldest first
-        # completed CUDA events by device, recorded again by later calls: making and destroying an
-        # event cost more than the rest of the timer's path on a GPU
-        self.spare_events: dict[int, list[Any]] = {}
         self.regions: list[tuple[str, float]] = []
         self.step = 0
         self.last_error: str | None = None
@@ -335,12 +331,8 @@ class Timer:
                 self.wake.set()
             return result
         if op.get("_cuda"):
-            device = op["_device"]
-            try:
-                event = self.spare_events[device].pop()
-            except (KeyError, IndexError):
-                event = self.torch_cuda.Event()
-            event.record(self.torch_cuda.current_stream(device))
+            event = self.torch_cuda.Event()
+            event.record(self.torch_cuda.current_stream(op["_device"]))
             with self.lock:
                 self.events.append((event, op, stream))
             if self.dozing:
@@ -464,10 +456,6 @@ class Timer:
                 error = f"querying its CUDA event failed: {type(e).__name__}: {e}"
             with self.lock:
                 self.events.popleft()
-            if error is None:
-                spare = self.spare_events.setdefault(op["_device"], [])
-                if len(spare) < SPARE_EVENTS:
-                    spare.append(event)
             self.complete(op, stream, error=error)
 
     def _forget_work(self, work: Any) -> None:
