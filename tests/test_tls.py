@@ -71,6 +71,29 @@ def test_a_certificate_that_does_not_name_this_node_or_chain_to_the_ca_stops_the
     assert load_identity({"tls": dict(TLS_DEFAULTS)}, "a") is None  # off: nothing is read
 
 
+def test_a_tls_file_that_never_ends_is_refused_with_why(certs):
+    """/dev/zero (or any file past 1 MiB) named as a certificate: a clear error, not a read without end."""
+    from nodehealth.config import ConfigError
+    from nodehealth.tls.identity import load_identity
+
+    d = certs / "cluster" / "a"
+    cfg = {"tls": dict(TLS_DEFAULTS, enabled=True, ca_file="/dev/zero", cert_file=str(d / "tls.crt"),
+                       key_file=str(d / "tls.key"))}
+    with pytest.raises(ConfigError, match="/dev/zero holds more than 1048576 bytes"):
+        load_identity(cfg, "a")
+
+
+def test_a_token_file_past_its_bound_admits_nobody(tmp_path):
+    from nodehealth.tls.access import MAX_TOKEN_BYTES, Access
+
+    big = "t" * (MAX_TOKEN_BYTES + 1)
+    (tmp_path / "token").write_text(big)
+    for token_file, token in ((str(tmp_path / "token"), big), ("/dev/zero", "\0" * 16)):
+        assert Access(token_file).refuse("/metrics", f"Bearer {token}", []) == 401, token_file
+    (tmp_path / "token").write_text("t" * MAX_TOKEN_BYTES)  # at the bound: a token
+    assert Access(str(tmp_path / "token")).refuse("/metrics", "Bearer " + "t" * MAX_TOKEN_BYTES, []) is None
+
+
 # -- the daemon's HTTP: TLS, the controller's path, the token ------------------------------------------
 
 def routes():

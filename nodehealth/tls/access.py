@@ -8,7 +8,8 @@
   with TLS on, any client certificate the cluster CA issued; else anyone.
 
 The token file is read again when it changes (a rotated Secret); its token is compared in constant
-time. A token file that cannot be read admits nobody to the guarded paths: never open by mistake.
+time. A token file that cannot be read, or holds more than MAX_TOKEN_BYTES, admits nobody to the
+guarded paths: never open by mistake.
 """
 from __future__ import annotations
 
@@ -17,12 +18,14 @@ import logging
 import os
 from typing import Any
 
+from nodehealth.host import read_bytes
 from nodehealth.server import RateLimitedLog
 from nodehealth.tls.identity import Identity, peer_names
 
 log = logging.getLogger("nodehealth.server")
 
 OPEN_PATHS = ("/healthz",)
+MAX_TOKEN_BYTES = 64 << 10  # a bearer token, a JWT included, is a few KiB: more is the wrong file
 CONTROLLER_PATHS = ("/v1/pingmesh",)
 
 
@@ -58,8 +61,13 @@ class Access:
             s = os.stat(self.token_file)
             stamp = (s.st_ino, s.st_mtime_ns, s.st_size)
             if stamp != self._stamp:
-                with open(self.token_file, "rb") as f:
-                    token = f.read().strip()
+                token = read_bytes(self.token_file, MAX_TOKEN_BYTES + 1)
+                if len(token) > MAX_TOKEN_BYTES:
+                    self._stamp, self._token = stamp, None
+                    self._trouble.warning("token", f"HTTP: the token file {self.token_file} holds more than "
+                                                   f"{MAX_TOKEN_BYTES} bytes, no token: the guarded paths admit nobody")
+                    return None
+                token = token.strip()
                 self._stamp, self._token = stamp, token or None
                 if not token:
                     self._trouble.warning("token", f"HTTP: the token file {self.token_file} is empty: "

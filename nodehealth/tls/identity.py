@@ -18,9 +18,11 @@ import ssl
 import threading
 from typing import Any
 
+from nodehealth.host import read_bytes
 from nodehealth.server import RateLimitedLog
 
 log = logging.getLogger("nodehealth.tls")
+MAX_PEM_BYTES = 1 << 20  # a CA bundle of a few hundred certificates; more is the wrong file
 
 
 class TLSError(Exception):
@@ -137,8 +139,10 @@ class Identity:
 
 
 def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+    data = read_bytes(path, MAX_PEM_BYTES + 1)
+    if len(data) > MAX_PEM_BYTES:
+        raise ValueError(f"{path} holds more than {MAX_PEM_BYTES} bytes: not a certificate or key file")
+    return data
 
 
 _KINDS = ("server", "server-required", "client", "client-any-name")
