@@ -499,7 +499,8 @@ class Daemon:
 
             self.faces.append(Hook(self.node, self.cfg["hooks"], notify=publisher.note if publisher else None))
         for face in self.faces:
-            face.start()
+            for thread in face.start():
+                self.workers.watch(thread)  # a face's thread that ends early fails /healthz
         self.workers.start()
 
     def shutdown(self) -> None:

@@ -105,8 +105,8 @@ class Exporter:
         self._lock = threading.Lock()
         self._report: Report | None = None
 
-    def start(self) -> None:
-        pass  # no thread: a scrape reads the report
+    def start(self) -> list[threading.Thread]:
+        return []  # no thread: a scrape reads the report
 
     def publish(self, report: Report) -> None:
         with self._lock:

@@ -14,8 +14,10 @@ from nodehealth.model import Metric, Report
 
 @runtime_checkable
 class Face(Protocol):
-    def start(self) -> None:
-        """Start its own thread, if it has one; called once, before the first publish()."""
+    def start(self) -> list[threading.Thread]:
+        """Start its own threads, if it has any, and return them; called once, before the first publish().
+        The daemon watches them: one that ends before the stop fails /healthz and shows in
+        nodehealth_worker_up, never dies silently."""
 
     def publish(self, report: Report) -> None:
         """Take the latest report, after every full pass and after news judged between passes (a
@@ -41,10 +43,11 @@ class Worker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self) -> list[threading.Thread]:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self.THREAD_NAME, daemon=True)
             self._thread.start()
+        return [self._thread]
 
     def stop(self, timeout: float = 2.0) -> None:
         self._stop.set()

@@ -96,3 +96,28 @@ def test_the_daemon_fails_healthz_while_a_worker_is_down_and_recovers(tmp_path, 
     finally:
         d.stop.set()
         d.workers.join(2)
+
+
+def test_a_face_thread_that_ends_early_fails_healthz(tmp_path, monkeypatch):
+    """The remediation hook's workers (a face's own threads) are watched: one that ends before the stop
+    is named in /healthz and nodehealth_worker_up, not lost without a word."""
+    from nodehealth.hooks.hook import Hook
+
+    monkeypatch.setattr(Hook, "_worker", lambda self: None)  # each worker returns at once, as a dead one
+    cfg = config.load(None)
+    cfg["daemon"]["state_dir"] = str(tmp_path / "state")
+    cfg["hooks"].update(enabled=True, command=["true"])
+    d = Daemon(node_pass.build_engine(cfg, machine("plain-host"), None), cfg, "n")
+    d.run_pass()
+    d.start()
+    try:
+        healthz = d.routes()["/healthz"]
+
+        def unhealthy():
+            answer = healthz("")
+            return answer if answer[0] == 503 else None
+        code, body, _ = wait_for(unhealthy)
+        assert b"worker hook-0 is dead" in body, body
+        assert 'nodehealth_worker_up{worker="hook-0"} 0' in exporter.render(d.metrics()).decode()
+    finally:
+        d.shutdown()

@@ -76,11 +76,12 @@ class Hook:
         self.last: dict[str, tuple[float, float]] = {}  # action -> (wall time, seconds) of its last run
 
     # -- the daemon's side ---------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self) -> list[threading.Thread]:
         for i in range(max(1, int(self.cfg["max_concurrency"]))):
             t = threading.Thread(target=self._worker, name=f"hook-{i}", daemon=True)
             t.start()
             self._threads.append(t)
+        return list(self._threads)
 
     def publish(self, report: Report) -> None:
         now = time.time()
