@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,13 +46,6 @@ def bucket_index(rtt: float, buckets: Sequence[float] = BUCKETS_SECONDS) -> int:
         else:
             lo = mid + 1
     return lo
-
-
-def merge(a: dict[int, int], b: dict[int, int] | Iterable[tuple[int, int]]) -> dict[int, int]:
-    """Add histogram `b` into `a` (sparse {bucket index: count}) and return `a`."""
-    for i, n in (b.items() if isinstance(b, dict) else b):
-        a[i] = a.get(i, 0) + n
-    return a
 
 
 def quantile(counts: dict[int, int], q: float, buckets: Sequence[float] = BUCKETS_SECONDS) -> float | None:
