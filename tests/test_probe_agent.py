@@ -273,6 +273,30 @@ def test_a_starved_prober_reports_the_kernels_round_trip_not_its_own_delay(port)
     assert rec.results == [("node-b", "tcp", pytest.approx(0.0, abs=0.05), False)], rec.results
 
 
+def test_the_loop_wakes_once_a_tick_not_once_a_probe(port, monkeypatch):
+    """200 peers probed twice a second (400 TCP probes a second, each at its own phase): the loop takes
+    them a tick at a time, about ten wake-ups a second, where it woke for every probe and every
+    finished connect; every probe is still timed and answered."""
+    from nodehealth.pingmesh import prober as prober_module
+
+    listener = agent.listen_tcp("127.0.0.9", port)
+    rec = Recorder()
+    prober = Prober("node-a", cfg(port, tcp_port=port, probe_interval_seconds=0.5, timeout_seconds=1.5,
+                                  max_probes_per_second=1000, max_concurrency=400), rec)
+    prober.set_targets([Target(node=f"n{i}", address="127.0.0.9", rail=i, leaf="leaf0", group="same-leaf")
+                        for i in range(200)])
+    turns = []
+    poll = prober._poll_connects
+    monkeypatch.setattr(prober, "_poll_connects", lambda sel, wait: (turns.append(wait), poll(sel, wait)))
+    try:
+        run_prober(prober, 2.0)
+    finally:
+        listener.close()
+    tcp = [r for r in rec.results if r[1] == "tcp"]
+    assert len(tcp) >= 600 and all(rtt is not None for _, _, rtt, _ in tcp), [r for r in tcp if r[2] is None][:5]
+    assert len(turns) <= 2.0 / prober_module.TICK_SECONDS + 5, len(turns)
+
+
 TCP_PROBE_SCRIPT = """
 import json, selectors, sys, time
 from nodehealth.pingmesh import agent

@@ -1,6 +1,12 @@
 """The prober: times a gRPC Ping and a TCP connect to every peer of the pinglist, on one thread.
 
-Probes of a peer are spread over the interval by a per-peer phase, so load is even. A token
+Probes of a peer are spread over the interval by a per-peer phase, so load is even. The loop wakes
+once a tick (TICK_SECONDS): it starts the probes due within the tick together and takes what
+finished since the last one (connects, peers' probes to accept), so it wakes ten times a second
+rather than once per probe, its completions and its peers' connects; a wake-up costs 65-105 us of CPU
+on a VM before any work (benchmarks/RESULTS.md). Timing does not suffer: the TCP round trip is the
+kernel's (below) and the Ping's is taken in gRPC's callback; a peer's connect is answered by the
+kernel's handshake, which accept() only dequeues afterwards. A token
 bucket caps probes per second and a counter caps probes in flight; a probe that cannot start is
 skipped and counted, never queued (a backlog would only measure ourselves). Nothing here blocks:
 gRPC calls are futures and TCP connects are non-blocking sockets under one selector.
@@ -43,7 +49,8 @@ log = logging.getLogger("nodehealth.probe")
 SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow retransmitted (without TCP_INFO)
 # struct tcp_info (linux/tcp.h), stable since 2.6: tcpi_rtt (us) at byte 68, tcpi_total_retrans at byte 100.
 TCP_INFO_BYTES, TCPI_RTT, TCPI_TOTAL_RETRANS = 104, 68, 100
-MAX_WAIT_SECONDS = 0.5  # the loop wakes at least this often to start due probes and expire late ones
+MAX_WAIT_SECONDS = 0.5  # with nothing to probe or answer, the loop still looks for a new pinglist this often
+TICK_SECONDS = 0.1  # otherwise it wakes once a tick: probes start up to a tick early, finished ones are seen late
 MAX_ACCEPTS_PER_WAKE = 64  # peers' TCP probes answered per turn of the loop (330 peers send 33 a second)
 ACCEPT_PAUSE_SECONDS = 1.0  # out of descriptors, peers' probes wait in the kernel's backlog this long
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -112,16 +119,25 @@ class Prober:
                     heap = self._schedule()
                     self._drop_channels({_endpoint(t, self.cfg) for _, _, t in heap})
                 now = time.monotonic()
-                while heap and heap[0][0] <= now:
+                while heap and heap[0][0] <= now + TICK_SECONDS:
                     due, n, target = heapq.heappop(heap)
                     self._probe(target, sel)
                     heapq.heappush(heap, (max(due + self.interval, now), n, target))
-                wait = min(MAX_WAIT_SECONDS, max(0.0, heap[0][0] - now) if heap else MAX_WAIT_SECONDS)
-                self._poll_connects(sel, wait)
+                self._poll_connects(sel, 0.0)
+                if heap or sel.get_map():
+                    stop.wait(TICK_SECONDS)
+                else:
+                    self.changed.wait(MAX_WAIT_SECONDS)  # nothing to probe or answer: a new pinglist wakes it
         finally:
+            self._poll_connects(sel, 0.0)  # what finished since the last tick counts
             for key in list(sel.get_map().values()):
-                if key.data is not None:
-                    self._finish_connect(sel, key.fileobj, key.data, None)
+                if key.data is not None:  # cut short by our own stop: not measured, so skipped, never lost
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    with self.lock:
+                        self.in_flight -= 1
+                        self.started -= 1
+                        self.skipped += 1
             sel.close()
             self._drop_channels(set())
 
