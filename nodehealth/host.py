@@ -18,6 +18,7 @@ DEFAULT_READ_LIMIT = 4 << 20  # no procfs/sysfs file we parse is anywhere near 4
 # the infiniband collector keeps files (one KeptFiles a host), and the daemon leaves that budget out of
 # what its listeners share, so that the reserve for its own work stays whole (Daemon._fit_descriptors).
 KEPT_FILES_MAX = 1024
+SYSFS_RECHECK_SECONDS = 60.0  # how long a look at the mount table for the host's sysfs holds
 
 
 def kept_files_budget(open_files_limit: int) -> int:
@@ -41,6 +42,7 @@ class HostPaths:
         self.sysfs = sysfs or os.path.join(self.root, "sys")
         self.devfs = devfs or os.path.join(self.root, "dev")
         self._live: bool | None = None
+        self._sysfs_checked: tuple[float, bool] | None = None  # (monotonic time, mounted) of the last look
         self._kept: dict[str, KeptFiles] = {}
 
     def kept(self, owner: str) -> KeptFiles:
@@ -63,7 +65,13 @@ class HostPaths:
         on a live host a missing one is a missing mount (the DaemonSet without /host/sys), and the
         collectors that read it cannot judge: unknown, never "this host has no PCI devices". A fixture
         folder without sys/ is a machine recorded without it."""
-        if not self.is_live or _is_mount(self.sysfs, "sysfs"):
+        if not self.is_live:
+            return None
+        checked = self._sysfs_checked  # every /sys collector asks, twice a pass: the mount table is read
+        now = time.monotonic()         # once a SYSFS_RECHECK_SECONDS (hundreds of lines under Kubernetes)
+        if checked is None or now - checked[0] >= SYSFS_RECHECK_SECONDS:
+            checked = self._sysfs_checked = (now, _is_mount(self.sysfs, "sysfs"))
+        if checked[1]:
             return None
         return (f"no sysfs mounted at {self.sysfs}, so this host's devices cannot be seen: mount the host's /sys "
                 "there read-only")

@@ -39,6 +39,28 @@ def test_a_live_root_without_its_sysfs_says_so_and_a_fixture_folder_never_does(t
     assert HostPaths(str(tmp_path / "empty")).sysfs_missing() is None  # a fixture without sys/
 
 
+def test_the_sysfs_mount_is_looked_up_once_a_minute_not_by_every_collector(tmp_path, monkeypatch):
+    """On a Kubernetes node the mount table has hundreds of lines: the /sys collectors' twice-a-pass
+    question reads it once a SYSFS_RECHECK_SECONDS, and a mount that went is seen after that."""
+    from nodehealth import host as host_module
+
+    reads = []
+    real = host_module.read_text
+    monkeypatch.setattr(host_module, "read_text", lambda path, *a, **k: (reads.append(path), real(path, *a, **k))[1])
+    clock = [1000.0]
+    monkeypatch.setattr(host_module.time, "monotonic", lambda: clock[0])
+    with live_root(tmp_path / "full", sysfs=True) as root:
+        host = HostPaths(root)
+        host.is_live  # noqa: B018 (its own look at the mount table, once)
+        reads.clear()
+        assert [host.sysfs_missing() for _ in range(10)] == [None] * 10
+        assert reads == ["/proc/self/mountinfo"]
+        subprocess.run(["umount", os.path.join(root, "sys")], check=True)
+        assert host.sysfs_missing() is None  # within the minute: the last look holds
+        clock[0] += host_module.SYSFS_RECHECK_SECONDS
+        assert "no sysfs mounted at" in host.sysfs_missing() and len(reads) == 2
+
+
 def test_bounded_readers(tmp_path):
     (tmp_path / "n").write_text("42\n")
     os.mkfifo(tmp_path / "fifo")  # no writer: must not block
