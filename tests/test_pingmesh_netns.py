@@ -14,7 +14,7 @@ import sys
 import time
 
 import pytest
-from conftest import require_netns, unavailable
+from conftest import require_netns, unavailable, wait_for
 
 from nodehealth import inventory
 from nodehealth.pingmesh.analysis import analyze
@@ -102,13 +102,17 @@ def fault(mesh):
 
 def settle(mesh: Mesh, windows: int = 8) -> None:
     """Wait for a window in which no probe was lost: after a fault, TCP connections that backed off
-    (tbf, heavy loss) take a few seconds to send again, and the next scenario must start clean."""
-    for _ in range(windows):
-        time.sleep(WINDOW)
-        closed = [[w for w in s["windows"] if w["closed"]] for s in mesh.summaries(windows=3)]
+    (tbf, heavy loss) take a few seconds to send again, and the next scenario must start clean.
+    Looked for twice a second among the windows that ran on after the fault was cleared, so the wait
+    ends when such a window closes, not at a multiple of one."""
+    cleared = time.time()
+
+    def clean() -> bool:
+        closed = [[w for w in s["windows"] if w["closed"] and w["start"] + WINDOW > cleared]
+                  for s in mesh.summaries(windows=3)]
         last = [c[-1] for c in closed if c]
-        if len(last) == len(mesh.topo.nodes) and not any(p["lost"] for w in last for p in w["peers"]):
-            return
+        return len(last) == len(mesh.topo.nodes) and not any(p["lost"] for w in last for p in w["peers"])
+    wait_for(clean, timeout=windows * WINDOW, step=0.5)
 
 
 def test_every_agent_probes_its_pinglist(mesh):

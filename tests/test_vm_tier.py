@@ -18,6 +18,8 @@ import pytest
 from conftest import unavailable
 from vm import harness
 
+from nodehealth.netcheck import preflight
+
 pytestmark = pytest.mark.vm
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -182,7 +184,7 @@ def test_netcheck_over_rdma_bw_names_the_broken_and_the_slow_node(guest):
     assert any("rxe_nc2 port 1 is not ACTIVE" in t.get("error", "") for t in faults["nodes"]["node2"]["tests"])
     proof = [t for t in faults["nodes"]["node4"]["tests"] if t["outcome"] == "slow"]
     assert proof and faults["nodes"][proof[0]["partner"]]["status"] == "sound"
-    table = read(guest, "netcheck_faults.txt")
+    table = preflight.table(faults)  # what `netcheck run` prints without --json: the same document as a table
     assert "method: RDMA: RDMA WRITE with rdma-bw" in table and "faulty: node2; slow: node4" in table
 
     dropped = json.loads(read(guest, "netcheck_nft.json"))

@@ -51,8 +51,7 @@ ip -n nhfabric link set sw2 down
 tc qdisc add dev nc4 root tbf rate 15mbit burst 64kb latency 3s
 ip netns exec nhfabric tc qdisc add dev sw4 root tbf rate 15mbit burst 64kb latency 3s
 ncheck --json > $OUT/netcheck_faults.json 2> $OUT/netcheck_faults.err; echo "rc $?" >> $OUT/netcheck_faults.err
-ncheck > $OUT/netcheck_faults.txt 2>&1; echo "rc $?" >> $OUT/netcheck_faults.txt
-cat $OUT/netcheck_faults.json $OUT/netcheck_faults.err $OUT/netcheck_faults.txt
+cat $OUT/netcheck_faults.json $OUT/netcheck_faults.err
 ip -n nhfabric link set sw2 up
 tc qdisc del dev nc4 root; ip netns exec nhfabric tc qdisc del dev sw4 root
 
