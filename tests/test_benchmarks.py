@@ -34,3 +34,10 @@ def test_daemon_parts_times_every_part():
     parts = dict(re.findall(r"^  (.+?) +([\d.]+) ms$", run.stdout, re.M))
     assert {"collect infiniband", "collect infiniband, nothing kept", "pass (the pass thread's own part)",
             "scrape: render"} <= set(parts), run.stdout
+
+
+def test_the_pingmesh_tcp_floor_runs():
+    run = subprocess.run([sys.executable, "benchmarks/pingmesh_tcp_floor.py", "--seconds", "1"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^\d+ connects/s on loopback in 0.1 s ticks: [\d.]+ ms/s of CPU", run.stdout, re.M), run.stdout

@@ -1,0 +1,61 @@
+"""The floor under the pingmesh agent's TCP probes on loopback: the kernel's work for the connects alone.
+
+On loopback both ends of a connect (SYN, SYN-ACK, ACK, the RST that closes it) run in the connecting
+thread, so benchmarks/pingmesh_agent.py charges the agent for its peers' half too. This does only that
+work, at the agent benchmark's rate (33 connects a second out and the same accepted, in 0.1 s ticks
+as the prober does): connect, read TCP_INFO, close with RST, accept and close; nothing else.
+
+    python benchmarks/pingmesh_tcp_floor.py [--seconds 40] [--per-tick 3]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import selectors
+import socket
+import struct
+import time
+
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=40.0)
+    p.add_argument("--per-tick", type=int, default=3, help="connects a tick of 0.1 s")
+    args = p.parse_args()
+    listener = socket.socket()
+    listener.bind(("127.0.0.5", 0))
+    listener.listen(1024)
+    listener.setblocking(False)
+    sel = selectors.DefaultSelector()
+    start, cpu0, made = time.monotonic(), cpu_seconds(), 0
+    while time.monotonic() - start < args.seconds:
+        for _ in range(args.per_tick):
+            s = socket.socket()
+            s.setblocking(False)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.connect_ex(listener.getsockname())
+            sel.register(s, selectors.EVENT_WRITE)
+            made += 1
+        time.sleep(0.1)
+        for key, _ in sel.select(0):
+            key.fileobj.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+            sel.unregister(key.fileobj)
+            key.fileobj.close()
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except BlockingIOError:
+                break
+            conn.close()
+    elapsed, cpu = time.monotonic() - start, cpu_seconds() - cpu0
+    print(f"{made / elapsed:.0f} connects/s on loopback in 0.1 s ticks: {cpu / elapsed * 1000:.2f} ms/s of CPU "
+          f"({cpu / elapsed * 100:.2f} % of a core)")
+
+
+if __name__ == "__main__":
+    main()
