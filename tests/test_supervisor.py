@@ -73,21 +73,35 @@ def test_a_watched_thread_that_ends_before_the_stop_is_reported_dead():
     assert sup.problems() == []  # after the stop, ended is not dead
 
 
-def test_the_daemon_fails_healthz_while_a_worker_is_down_and_recovers(tmp_path, fast_backoff):
+def daemon(tmp_path, **sections) -> Daemon:
+    """A daemon on plain-host after one pass, the configuration's sections updated with `sections`."""
     cfg = config.load(None)
     cfg["daemon"]["state_dir"] = str(tmp_path / "state")
+    for name, values in sections.items():
+        cfg[name].update(values)
     d = Daemon(node_pass.build_engine(cfg, machine("plain-host"), None), cfg, "n")
     d.run_pass()
+    return d
+
+
+def unhealthy_body(d: Daemon) -> bytes:
+    """What /healthz says once it says 503."""
+    healthz = d.routes()["/healthz"]
+
+    def unhealthy():
+        answer = healthz("")
+        return answer if answer[0] == 503 else None
+    return wait_for(unhealthy)[1]
+
+
+def test_the_daemon_fails_healthz_while_a_worker_is_down_and_recovers(tmp_path, fast_backoff):
+    d = daemon(tmp_path)
     worker = Flaky(d.stop)
     d.workers.add("pingmesh-prober", worker)
     d.workers.start()
     try:
         healthz = d.routes()["/healthz"]
-
-        def unhealthy():
-            answer = healthz("")
-            return answer if answer[0] == 503 else None
-        code, body, _ = wait_for(unhealthy)
+        body = unhealthy_body(d)
         assert body.startswith(b"worker pingmesh-prober died (OSError: [Errno 24] Too many open files)"), body
         assert 'nodehealth_worker_up{worker="pingmesh-prober"} 0' in exporter.render(d.metrics()).decode()
         worker.may_run.set()
@@ -104,19 +118,10 @@ def test_a_face_thread_that_ends_early_fails_healthz(tmp_path, monkeypatch):
     from nodehealth.hooks.hook import Hook
 
     monkeypatch.setattr(Hook, "_worker", lambda self: None)  # each worker returns at once, as a dead one
-    cfg = config.load(None)
-    cfg["daemon"]["state_dir"] = str(tmp_path / "state")
-    cfg["hooks"].update(enabled=True, command=["true"])
-    d = Daemon(node_pass.build_engine(cfg, machine("plain-host"), None), cfg, "n")
-    d.run_pass()
+    d = daemon(tmp_path, hooks={"enabled": True, "command": ["true"]})
     d.start()
     try:
-        healthz = d.routes()["/healthz"]
-
-        def unhealthy():
-            answer = healthz("")
-            return answer if answer[0] == 503 else None
-        code, body, _ = wait_for(unhealthy)
+        body = unhealthy_body(d)
         assert b"worker hook-0 is dead" in body, body
         assert 'nodehealth_worker_up{worker="hook-0"} 0' in exporter.render(d.metrics()).decode()
     finally:
