@@ -134,10 +134,7 @@ class Prober:
                 if key.data is not None:  # cut short by our own stop: not measured, so skipped, never lost
                     sel.unregister(key.fileobj)
                     key.fileobj.close()
-                    with self.lock:
-                        self.in_flight -= 1
-                        self.started -= 1
-                        self.skipped += 1
+                    self._skipped_after_admission()
             sel.close()
             self._drop_channels(set())
 
@@ -171,13 +168,16 @@ class Prober:
         with self.lock:
             self.in_flight -= 1
 
-    def _not_started(self, target: Target, error: OSError) -> None:
-        """A probe admitted but not sent for want of this process's own resources: skipped, never
-        lost (the network did not lose it)."""
+    def _skipped_after_admission(self) -> None:
+        """An admitted probe this process did not measure: skipped, never lost (the network did not lose it)."""
         with self.lock:
             self.in_flight -= 1
             self.started -= 1
             self.skipped += 1
+
+    def _not_started(self, target: Target, error: OSError) -> None:
+        """A probe admitted but not sent for want of this process's own resources."""
+        self._skipped_after_admission()
         self.trouble.warning("resources", f"pingmesh: cannot probe {target.address}: {error.strerror or error}; "
                                           "skipped and counted")
 
