@@ -864,7 +864,7 @@ def test_cli_fetches_agents_over_http_and_lists_the_unreachable(tmp_path, capsys
         urls = [f"{base}/{s['node']}/v1/pingmesh" for s in summaries]
         urls += [f"{base}/gone/v1/pingmesh", f"{base}/huge/v1/pingmesh", "http://127.0.0.1:1/v1/pingmesh",
                  "file:///etc/passwd"]
-        code, out, _ = run_cli(capsys, "--from", *urls, "--concurrency", "4", "--timeout", "5", "--json",
+        code, out, _ = run_cli(capsys, "--from", *urls, "--concurrency", "4", "--timeout", "30", "--json",
                                "--save", str(tmp_path / "s.json"))
     finally:
         server.shutdown()
@@ -976,7 +976,7 @@ def test_cli_packed_fetches_and_saves_the_packed_form_and_reads_it_back(tmp_path
     try:
         base = f"http://127.0.0.1:{server.server_address[1]}"
         code, out, _ = run_cli(capsys, "--from", *[f"{base}/{s['node']}/v1/pingmesh" for s in summaries],
-                               "--packed", "--json", "--save", str(tmp_path / "s.json"))
+                               "--packed", "--timeout", "30", "--json", "--save", str(tmp_path / "s.json"))
     finally:
         server.shutdown()
     got = json.loads(out)

@@ -141,7 +141,8 @@ def test_a_clean_mesh_names_nothing_for_many_windows_and_one_lying_agent_frames_
 
 def test_the_cli_analyses_live_agents(mesh):
     urls = [mesh.url(n.name) for n in mesh.topo.nodes]
-    p = subprocess.run([sys.executable, "-m", "nodehealth.cli", "pingmesh", "analyze", "--json", "--from", *urls],
+    p = subprocess.run([sys.executable, "-m", "nodehealth.cli", "pingmesh", "analyze", "--json", "--timeout", "30",
+                        "--from", *urls],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert '"verdicts": []' in p.stdout
