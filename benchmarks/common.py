@@ -27,7 +27,7 @@ def get(url: str, timeout: float = 5.0) -> bytes:
         return r.read()
 
 
-def wait_http(url: str, timeout: float = 20.0) -> None:
+def wait_http(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
