@@ -5,6 +5,7 @@ node, a leaf with lossy uplinks), small, with SYN retransmissions added.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -200,6 +201,13 @@ def test_a_names_list_checked_once_is_taken_again_and_a_bad_one_never(summaries,
         with pytest.raises(stats.SummaryError, match="names"):
             packed.loads(bad)
     assert len(checks) == 3 and len(memo._lists) == 1
+    other = dict(summaries[0], node="someone-else")  # the same list from another node: checked for it
+    packed.loads(packed.dumps(stats.parse_summary(other)))
+    assert len(checks) == 4 and len(memo._lists) == 2
+    changed = copy.deepcopy(summaries[0])  # a node whose list changed: checked again, and kept in its place
+    changed["windows"][0]["peers"][0]["node"] = "n9"
+    got = packed.loads(packed.dumps(stats.parse_summary(changed)))
+    assert len(checks) == 5 and len(memo._lists) == 2 and "n9" in got.windows[0].ready.folded.names
     monkeypatch.setattr(memo, "MAX_NAMES", 1)
     packed.loads(packed.dumps(stats.parse_summary(summaries[1])))
-    assert len(memo._lists) == 1 and len(checks) == 4
+    assert len(memo._lists) == 1 and len(checks) == 6

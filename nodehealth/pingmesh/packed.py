@@ -93,7 +93,7 @@ def loads(data: bytes, stubs: bool = False) -> stats.Summary:
         raise stats.SummaryError(f"windows must be a list of at most {stats.MAX_WINDOWS}")
     # The summary's own fields, checked as in the JSON form (its windows are checked below).
     s = stats.parse_summary(dict(head, windows=[]))
-    names, leaves = _names(head)
+    names, leaves = _names(s.node, head)
     view = memoryview(data)[end:]
     for w in windows:
         if not isinstance(w, dict):
@@ -112,37 +112,38 @@ def loads(data: bytes, stubs: bool = False) -> stats.Summary:
 
 
 class _CheckedNames:
-    """Names lists already checked, as sent -> (names, each one's leaf), in interned strings: an agent sends
-    the same list window after window, and checking it again was a fifth of a steady cycle's decoding.
-    Bounded by the names it holds (10,000 agents' lists fit, ~50 MiB of pointers), then emptied; shared by
-    the fetchers' threads."""
+    """Each agent's names list as it last sent it and checked, by its node: (names, leaves, leaf_of) as
+    sent, and the check's result in interned strings. An agent sends the same list window after window:
+    comparing it with its last one (list equality, in C) costs a fraction of checking it again, which was
+    a fifth of a steady cycle's decoding, or of hashing it as a key. A node whose list changed, or that
+    another agent claims to be, is checked again. Bounded by the names it holds (10,000 agents' lists
+    fit, ~50 MiB of pointers), then emptied; shared by the fetchers' threads."""
 
     MAX_NAMES = 8_000_000
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lists: dict[tuple[tuple[Any, ...], ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._lists: dict[str, tuple[list[str], list[str], list[int], tuple[tuple[str, ...], tuple[str, ...]]]] = {}
         self._names = 0
 
-    def get(self, head: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    def get(self, node: str, head: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
         names, leaves, leaf_of = head.get("names"), head.get("leaves"), head.get("leaf_of")
-        try:
-            key = (tuple(names), tuple(leaves), tuple(leaf_of))  # type: ignore[arg-type]
-            with self._lock:
-                checked = self._lists.get(key)
-        except TypeError:  # not lists, or of what cannot be a name: refused below
-            key, checked = None, None
-        if checked is not None:
-            return checked
+        with self._lock:
+            last = self._lists.get(node)
+        if last is not None and last[0] == names and last[2] == leaf_of and last[1] == leaves:
+            return last[3]
         checked = _checked_names(names, leaves, leaf_of)
-        if key is not None:
-            size = 2 * len(key[0]) + len(key[1])
-            with self._lock:
-                if self._names + size > self.MAX_NAMES:
-                    self._lists.clear()
-                    self._names = 0
-                self._lists[(checked[0], tuple(sys.intern(x) for x in key[1]), key[2])] = checked
-                self._names += size
+        kept = (list(checked[0]), list(map(sys.intern, leaves)), list(leaf_of), checked)
+        size = 2 * len(kept[0]) + len(kept[1])
+        with self._lock:
+            if self._names + size > self.MAX_NAMES:
+                self._lists.clear()
+                self._names = 0
+            old = self._lists.get(node)
+            if old is not None:
+                self._names -= 2 * len(old[0]) + len(old[1])
+            self._lists[node] = kept
+            self._names += size
         return checked
 
 
@@ -200,18 +201,26 @@ def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, nam
         got[attr] = (ints if code == "i" else bytes_)[at:at + n]
         at = 0 if attr == "flat" else at + n
     values, small = np.frombuffer(ints, np.int32), np.frombuffer(bytes_, np.int8)
-    if values.min(initial=0) < 0:
+    if np.minimum.reduce(values, initial=0) < 0:
         raise stats.SummaryError("counts, offsets and buckets must be non-negative")
-    rails, top, p99 = small[:edges], small[edges:2 * edges], small[2 * edges:]
-    if (rails.min(initial=1) < 1 or top.min(initial=-1) < -1 or top.max(initial=-1) > nbuckets
-            or p99.min(initial=0) < 0 or p99.max(initial=0) > folded.NONE):
-        raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in range")
+    most_rails = 0
+    if edges:  # rails, top and p99 in range: the least and the most of each in one pass
+        thirds = (0, edges, 2 * edges)
+        (rails_least, top_least, p99_least), (most_rails, top_most, p99_most) = (np.minimum.reduceat(small, thirds),
+                                                                                 np.maximum.reduceat(small, thirds))
+        if rails_least < 1 or top_least < -1 or top_most > nbuckets or p99_least < 0 or p99_most > folded.NONE:
+            raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in "
+                                     "range")
     flat, offsets = values[5 * edges + 1:], values[4 * edges:5 * edges + 1]
-    if flat[0::2].max(initial=0) > nbuckets or (offsets & 1).any():
+    if np.maximum.reduce(flat[0::2], initial=0) > nbuckets or np.count_nonzero(offsets & 1):
         raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets}, offsets in bucket, count pairs")
-    _check_edges(values, edges, top, len(names), entries, max_sent * int(rails.max(initial=0)), int(rails.sum()))
-    f = folded.Folded.of(tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"])),
-                         *(got[attr] for attr, _ in ARRAYS[1:]))
+    folds = int(np.add.reduce(small[:edges], dtype=np.int64))
+    _check_edges(values, edges, small[edges:2 * edges], len(names), entries, max_sent * int(most_rails), folds)
+    if edges == len(names) and not np.count_nonzero(values[:edges] != np.arange(edges)):
+        peers, their_leaves = names, leaves  # the edges in the names list's order, as dumps() writes one window
+    else:
+        peers, their_leaves = tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"]))
+    f = folded.Folded.of(peers, their_leaves, *(got[attr] for attr, _ in ARRAYS[1:]))
     return folded.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
 
 
@@ -220,29 +229,30 @@ def _check_edges(values: Any, edges: int, top: Any, names: int, entries: int, mo
     the reason where it does not. `values` are the window's 4-byte arrays end to end (numpy)."""
     import numpy as np
 
-    idx, sent, lost, retrans = (values[k * edges:(k + 1) * edges].astype(np.int64) for k in range(4))
+    idx, sent, lost, retrans = values[:4 * edges].astype(np.int64).reshape(4, edges)
     offsets, flat = values[4 * edges:5 * edges + 1], values[5 * edges + 1:]
-    if offsets[0] != 0 or offsets[-1] != len(flat) or (offsets[1:] < offsets[:-1]).any():
+    if offsets[0] != 0 or offsets[-1] != len(flat) or np.count_nonzero(offsets[1:] < offsets[:-1]):
         raise stats.SummaryError("histogram offsets must rise from 0 to the end of the histograms")
     if not edges:
         return
     ordered = np.sort(idx)
-    if ordered[-1] >= names or (ordered[1:] == ordered[:-1]).any():
+    if ordered[-1] >= names or np.count_nonzero(ordered[1:] == ordered[:-1]):
         raise stats.SummaryError("each edge names a distinct peer of the names list")
-    if rails > entries or sent.min() < 1 or sent.max() > most_sent:
+    if rails > entries or np.minimum.reduce(sent) < 1 or np.maximum.reduce(sent) > most_sent:
         raise stats.SummaryError("each edge must have sent a probe, no more than its entries' max_sent each, and "
                                  "fold no more entries than the window lists")
     # Each edge's histogram holds exactly its answered probes (sent - lost - retrans, so never fewer than 0,
     # the offsets rising): the running totals of both agree at every edge.
     pairs = offsets >> 1
-    counted = np.concatenate([[0], np.cumsum(flat[1::2], dtype=np.int64)])[pairs]
-    if not np.array_equal(counted[1:], np.cumsum(sent - lost - retrans)):
+    counted = np.zeros(len(flat) // 2 + 1, np.int64)
+    np.cumsum(flat[1::2], out=counted[1:])
+    if np.count_nonzero(counted[pairs[1:]] != np.cumsum(sent - lost - retrans)):
         raise stats.SummaryError("an edge's histogram does not add up to its answered probes")
     # An edge's top picks what the analysis lists as slow, and only listed edges are trimmed of a liar's
     # probes: a top below the histogram's slowest bucket would slip slow probes past the trim.
     tops = np.full(edges, -1, np.int64)
     answered = pairs[1:] > pairs[:-1]
-    if answered.any():
+    if np.count_nonzero(answered):
         tops[answered] = np.maximum.reduceat(flat[0::2], pairs[:-1][answered])
-    if not np.array_equal(tops, top):
+    if np.count_nonzero(tops != top):
         raise stats.SummaryError("an edge's top must be its histogram's slowest bucket")
