@@ -38,3 +38,10 @@ def test_the_agent_benchmark_runs_with_the_controllers_fetches():
     out = run("pingmesh_agent.py", "--nodes", "2", "--rails", "1", "--seconds", "1", "--interval", "1",
               "--fetch", "both")
     assert "probe agent (packed):" in out and "the controller's fetches" in out, out
+
+
+def test_the_packed_decoding_benchmark_runs_against_another_version():
+    before = os.path.join(os.path.dirname(BENCHMARKS), "nodehealth", "pingmesh", "packed.py")
+    out = run("packed_decode.py", "--agents", "5", "--nodes", "96", "--rails", "2", "--pairs", "1", "--rounds", "2",
+              "--before", before)
+    assert "5 steady answers" in out and "packed.loads" in out and "before" in out and "the floor)" in out, out
