@@ -44,6 +44,8 @@ def guest(tmp_path_factory):
     console = (out / "console.log").read_text(errors="replace")
     assert rc == 0, console[-4000:]
     print(f"one boot and the whole batch: {seconds:.1f} s")
+    steps = [line.split(" ", 1) for line in (out / "steps.txt").read_text().splitlines()]
+    print("each step (seconds since the guest booted):", ", ".join(f"{name} {float(at):.0f}" for at, name in steps))
     return out
 
 

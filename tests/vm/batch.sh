@@ -8,16 +8,21 @@ NH="$PY -m nodehealth.cli"
 export PYTHONDONTWRITEBYTECODE=1
 # the device's resource counts (the kernel's own QP1 and its PD/CQ are always there)
 counts() { rdma resource show | grep rxe0 | sed 's/^[0-9]*: //'; }
+# each step's start, in seconds since the guest booted (the test prints them: where the tier's time goes)
+step() { echo "$(cut -d' ' -f1 /proc/uptime) $1" >> $OUT/steps.txt; }
+step setup
 
 . tests/vm/rxe.sh
 counts > $OUT/res_base.txt
 
+step bandwidth
 # 1. bandwidth (benchmarks/rdma_bw.sh): ib_write_bw and rdma-bw interleaved at each size, ${REPS} rounds
 SIZES=${SIZES-4096 65536 1048576}
 REPS=${REPS:-2}
 . benchmarks/rdma_bw.sh
 port=$bw_port
 
+step memlock
 # 2. memlock: a non-root user with ulimit -l 64 (root ignores the limit)
 chmod 755 /root /root/.pyenv 2>/dev/null; chmod 666 /dev/infiniband/uverbs*
 port=$((port+1))
@@ -30,6 +35,7 @@ setpriv --reuid=65534 --regid=65534 --clear-groups sh -c "ulimit -l 64; $NH rdma
 echo "rc $?" >> $OUT/memlock_nh.txt
 cat $OUT/memlock_perftest.txt $OUT/memlock_nh.txt
 
+step failures
 # 3. failures: wrong GID index, a port set down, a bogus out-of-band message, a peer killed mid-test
 $NH rdma-bw -d rxe0 -x 99 -p 18700 127.0.0.1 > $OUT/wronggid.txt 2>&1; echo "rc $?" >> $OUT/wronggid.txt
 $NH rdma-bw -d rxe0 -x $GID -p 18799 127.0.0.1 > $OUT/unreachable.txt 2>&1; echo "rc $?" >> $OUT/unreachable.txt
@@ -61,6 +67,7 @@ rdma resource show qp >> $OUT/res_after.txt
 rdma resource show > $OUT/rdma_resource.txt
 cat $OUT/wronggid.txt $OUT/unreachable.txt $OUT/portdown.txt $OUT/bogus.txt $OUT/killed.txt $OUT/res_*.txt
 
+step kernel-log
 # 4. kernel log: the daemon's stream takes the printk module's records (facility 0), not a
 # userspace write of the same text (facility 1)
 ip link set lo up
@@ -79,6 +86,7 @@ dmesg -x | grep -E "Xid|blocked for more" > $OUT/kmsg_raw.txt
 kill $dpid; wait $dpid
 cat $OUT/kmsg_raw.txt
 
+step periodic-rdma
 # 5. the daemon's periodic RDMA test: rail rxe0:1 against a peer at 127.0.0.1, which is this same
 # daemon serving rxe0 (one node plays both ends); rxe0 is held to 1000 Gb/s so the check has a
 # rate to judge (Soft-RoCE has no line rate of its own); a client from another address is refused;
@@ -127,6 +135,8 @@ kill $dpid; wait $dpid; echo "daemon rc $?" >> $OUT/rdma_daemon.log
   ports/1/phys_state ports/1/link_layer; do [ -e $f ] && echo "$f: $(cat $f)"; done) > $OUT/rxe0_sysfs.txt
 grep rdma_ $OUT/rdma_metrics.txt; cat $OUT/rxe0_sysfs.txt; tail -20 $OUT/rdma_daemon.log
 
+step netcheck
 # 6. netcheck over rdma-bw between five rxe devices, each on its own cable to a switch namespace
 . tests/vm/netcheck.sh
+step end
 exit 0

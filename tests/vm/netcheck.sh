@@ -29,6 +29,7 @@ for i in $NODES; do
   for t in $(seq 50); do grep -q ACTIVE /sys/class/infiniband/rxe_nc$i/ports/1/state && break; sleep 0.1; done
 done
 ip rule show; rdma link show
+step netcheck-agents
 agents=""
 for i in $NODES; do
   $NH netcheck serve --listen 10.9.0.$i:9460 --name node$i > $OUT/netcheck_agent$i.log 2>&1 &
@@ -39,6 +40,7 @@ until [ "$(ss -ltnH 'sport = :9460' | wc -l)" -ge 5 ] || [ $i -gt 600 ]; do i=$(
 HOSTS=$(for i in $NODES; do printf '10.9.0.%s:9460,' $i; done)
 ncheck() { $NH netcheck run --hosts "$HOSTS" --seconds ${NC_SECONDS:-1} "$@"; }
 
+step netcheck-clean
 log "netcheck over rdma-bw: a clean fabric"
 bytes() { for i in $NODES; do echo $(cat /sys/class/net/nc$i/statistics/tx_bytes /sys/class/net/nc$i/statistics/rx_bytes); done; }
 bytes > $OUT/netcheck_bytes_before.txt
@@ -46,6 +48,7 @@ ncheck --json > $OUT/netcheck_clean.json 2> $OUT/netcheck_clean.err; echo "rc $?
 bytes > $OUT/netcheck_bytes_after.txt  # the writes took the cables, not lo
 cat $OUT/netcheck_clean.json $OUT/netcheck_clean.err $OUT/netcheck_bytes_*.txt
 
+step netcheck-faults
 log "netcheck over rdma-bw: node2's switch port down, node4's cable limited by tbf"
 ip -n nhfabric link set sw2 down
 tc qdisc add dev nc4 root tbf rate 15mbit burst 64kb latency 3s
@@ -55,6 +58,7 @@ cat $OUT/netcheck_faults.json $OUT/netcheck_faults.err
 ip -n nhfabric link set sw2 up
 tc qdisc del dev nc4 root; ip netns exec nhfabric tc qdisc del dev sw4 root
 
+step netcheck-nft
 log "netcheck over rdma-bw: nftables drops RoCE (UDP 4791) arriving at node5"
 for t in $(seq 50); do grep -q ACTIVE /sys/class/infiniband/rxe_nc2/ports/1/state && break; sleep 0.1; done
 nft -f - <<'NFT'
@@ -63,6 +67,7 @@ table inet nhfault {
 }
 NFT
 ncheck --json > $OUT/netcheck_nft.json 2> $OUT/netcheck_nft.err; echo "rc $?" >> $OUT/netcheck_nft.err
+step netcheck-tcp
 # Forced TCP: streams between two addresses of one host take lo here, so it passes where RDMA fails
 ncheck --json --method tcp > $OUT/netcheck_tcp.json 2>> $OUT/netcheck_nft.err; echo "rc $?" >> $OUT/netcheck_nft.err
 cat $OUT/netcheck_nft.json $OUT/netcheck_nft.err
@@ -70,6 +75,7 @@ nft delete table inet nhfault
 kill $agents
 for p in $agents; do wait $p; done
 
+step netcheck-job
 log "netcheck job on every node over rdma-bw, node3's cable limited by tbf"
 tc qdisc add dev nc3 root tbf rate 15mbit burst 64kb latency 3s
 ip netns exec nhfabric tc qdisc add dev sw3 root tbf rate 15mbit burst 64kb latency 3s
