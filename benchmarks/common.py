@@ -54,6 +54,16 @@ def rss_bytes(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def anonymous_bytes(pid: int) -> int:
+    """The part of a process's RSS that is its own memory (heap, stacks, arenas), not the file-backed pages
+    of its libraries' code and data, which the kernel can drop and read again."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no Anonymous in smaps_rollup")
+
+
 def percentile(values, p: float) -> float:
     values = sorted(values)
     k = (len(values) - 1) * p / 100

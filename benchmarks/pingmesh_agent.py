@@ -5,7 +5,8 @@ The peers are a "farm" process: a Ping service on each peer address (127.0.1.1 .
 with its node's name, which also probes the measured daemon the way those peers would (a TCP
 connect per peer and rail, and a Ping per peer, every interval), so the agent serves what it
 would serve in the mesh. CPU comes from /proc/PID/stat over the measurement, RSS from
-/proc/PID/status at its end. Targets: at most 1 % of one core and +20 MiB over the daemon
+/proc/PID/status at its end (and its anonymous part, from smaps_rollup: what is not the libraries'
+file-backed pages). Targets: at most 1 % of one core and +20 MiB over the daemon
 without probes. `--compare-python PY` runs a third daemon with probes, by another checkout's
 interpreter (its .venv/bin/python), as one more node the farm probes, in the same run: a change
 is measured against the code before it under the same load. `--fetch json|packed|both` also
@@ -26,7 +27,17 @@ import tempfile
 import threading
 import time
 
-from common import ROOT, free_port, get, machine, metric_value, process_cpu_seconds, rss_bytes, wait_http
+from common import (
+    ROOT,
+    anonymous_bytes,
+    free_port,
+    get,
+    machine,
+    metric_value,
+    process_cpu_seconds,
+    rss_bytes,
+    wait_http,
+)
 
 sys.path.insert(0, ROOT)
 
@@ -175,6 +186,7 @@ def main() -> None:
             elapsed = time.monotonic() - t0
             cpu = {k: process_cpu_seconds(p.pid) - cpu0[k] for k, p in procs.items()}
             rss = {k: rss_bytes(p.pid) / 2**20 for k, p in procs.items()}
+            anon = {k: anonymous_bytes(p.pid) / 2**20 for k, p in procs.items()}
             text = get(f"http://127.0.0.1:{ports['measured']}/metrics").decode()
         finally:
             stop.set()
@@ -194,11 +206,12 @@ def main() -> None:
         print("the controller's fetches every 30 s: " + ", ".join(
             f"{names[k]} {'packed' if packed else 'json'} {served[k]}" for k, (_, packed) in asked.items()))
     for k in procs:
-        print(f"daemon {names[k]:14s} CPU {cpu[k] / elapsed * 100:5.2f} % of a core   RSS {rss[k]:6.1f} MiB")
+        print(f"daemon {names[k]:14s} CPU {cpu[k] / elapsed * 100:5.2f} % of a core   RSS {rss[k]:6.1f} MiB "
+              f"(anonymous {anon[k]:5.1f} MiB)")
     for k in measured:
         print(f"probe agent{f' ({names[k]})' if k != 'measured' else ''}: "
               f"+{(cpu[k] - cpu['without']) / elapsed * 100:.2f} % of a core (target <= 1 %), "
-              f"+{rss[k] - rss['without']:.1f} MiB (target <= 20 MiB)")
+              f"+{rss[k] - rss['without']:.1f} MiB (target <= 20 MiB; anonymous +{anon[k] - anon['without']:.1f} MiB)")
     print(f"sent ping {sent['ping']:.0f} (lost {lost['ping']:.0f}), tcp {sent['tcp']:.0f} (lost {lost['tcp']:.0f}), "
           f"skipped {skipped:.0f}")
 
