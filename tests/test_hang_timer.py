@@ -103,7 +103,7 @@ def test_gpu_events_complete_in_order_without_torch_cuda(tmp_path):
         stream.enqueued = seq
         op = {"seq": seq, "op": "all_reduce", "enqueued_at": time.time(), "_device": 0}
         stream.pending[seq] = op
-        t.events.append((FakeEvent(ready), op, stream))
+        t.events.append((FakeEvent(ready), op, stream, None))
     t.poll_completions()
     assert sorted(stream.pending) == [1, 2], "a later event must not complete before an earlier one"
     ready_a[0] = True
@@ -228,11 +228,89 @@ def test_event_that_raises_completes_with_an_error_and_unblocks_the_rest(tmp_pat
     t = timer.Timer(str(tmp_path), 1.0)
     t.cuda.method = "torch.cuda.Event.query (holds the GIL)"
     stream = timer._Stream([0])
-    t.events.extend([(BrokenEvent(), pending_op(stream, 1), stream),
-                     (FakeEvent([True]), pending_op(stream, 2), stream)])
+    t.events.extend([(BrokenEvent(), pending_op(stream, 1), stream, None),
+                     (FakeEvent([True]), pending_op(stream, 2), stream, None)])
     t.poll_completions()
     assert stream.pending == {} and not t.events
     assert "querying its CUDA event failed: RuntimeError: CUDA error" in stream.recent[0]["error"]
+
+
+class CountedEvent:
+    """An event on a CUDA stream that completes its events in order: done once the stream reached it."""
+
+    def __init__(self, position: int, reached: list, asked: list):
+        self.position, self.reached, self.asked = position, reached, asked
+
+    def query(self) -> bool:
+        self.asked.append(self.position)
+        if self.reached[0] is None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return self.position < self.reached[0]
+
+
+def test_events_of_one_stream_are_asked_by_bisection_and_complete_in_order(tmp_path):
+    """1,000 events on one stream, 600 done: about ten queries, not a thousand, and only the done ones
+    complete, oldest first; the next poll takes the rest once the stream reached them."""
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.cuda.method = "torch.cuda.Event.query (holds the GIL)"
+    stream, reached, asked = timer._Stream([0]), [600], []
+    t.events.extend((CountedEvent(i, reached, asked), pending_op(stream, i + 1), stream, (7, 0, 1))
+                    for i in range(1000))
+    t.poll_completions()
+    assert len(asked) <= 11 and sorted(stream.pending) == list(range(601, 1001))
+    assert [op["seq"] for op in stream.recent] == list(range(1, 601))[-len(stream.recent):]
+    reached[0], asked[:] = 1000, []
+    t.poll_completions()
+    assert stream.pending == {} and not t.events and len(asked) <= 11
+
+
+def test_a_running_event_of_one_stream_holds_back_the_done_events_of_another_behind_it(tmp_path):
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.cuda.method = "torch.cuda.Event.query (holds the GIL)"
+    stream, asked = timer._Stream([0]), []
+    fast, slow = [10], [0]  # stream A done with all its events, stream B with none
+    for i in range(6):
+        key, reached = ((1, 0, 1), fast) if i != 3 else ((2, 0, 1), slow)
+        t.events.append((CountedEvent(i, reached, asked), pending_op(stream, i + 1), stream, key))
+    t.poll_completions()
+    assert sorted(stream.pending) == [4, 5, 6], "op 4 (stream B) still runs: 5 and 6 wait behind it"
+    slow[0] = 10
+    t.poll_completions()
+    assert stream.pending == {}
+
+
+def test_a_stream_whose_query_fails_is_asked_one_by_one_and_the_error_told(tmp_path):
+    t = timer.Timer(str(tmp_path), 1.0)
+    t.cuda.method = "torch.cuda.Event.query (holds the GIL)"
+    stream, reached, asked = timer._Stream([0]), [None], []
+    t.events.extend((CountedEvent(i, reached, asked), pending_op(stream, i + 1), stream, (7, 0, 1))
+                    for i in range(3))
+    t.poll_completions()
+    assert stream.pending == {} and not t.events
+    assert all("illegal memory access" in op["error"] for op in stream.recent)
+
+
+def test_the_current_stream_is_made_once_per_stream(tmp_path):
+    """torch.cuda.current_stream builds a Stream object at every call; the timer asks torch for the stream's
+    ids and makes each Stream once, and the ids tell the events' streams apart."""
+    t = timer.Timer(str(tmp_path), 1.0)
+    made = []
+
+    class FakeCuda:
+        @staticmethod
+        def Stream(stream_id, device_index, device_type):
+            made.append((stream_id, device_index, device_type))
+            return ("stream", stream_id, device_index)
+    current = {0: (11, 0, 1), 1: (21, 1, 1)}
+    t.torch_cuda, t.current_stream_ids = FakeCuda, current.__getitem__
+    first = [t.current_stream(0) for _ in range(3)] + [t.current_stream(1)]
+    assert first[0] == first[1] == first[2] == (("stream", 11, 0), (11, 0, 1))
+    assert first[3] == (("stream", 21, 1), (21, 1, 1)) and made == [(11, 0, 1), (21, 1, 1)]
+    current[0] = (12, 0, 1)  # another stream made current on device 0
+    assert t.current_stream(0) == (("stream", 12, 0), (12, 0, 1)) and len(made) == 3
+    t.current_stream_ids = None  # a torch without the ids: its own current_stream, streams not told apart
+    FakeCuda.current_stream = staticmethod(lambda device: ("torch's", device))
+    assert t.current_stream(1) == (("torch's", 1), None)
 
 
 def test_watchdog_keeps_heartbeating_when_polling_raises(tmp_path, caplog):

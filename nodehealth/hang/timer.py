@@ -175,7 +175,8 @@ class Timer:
         # async handles the watchdog polls, by id (the dict holds the handle, so the id stays its own):
         # removal is O(1), and a loop issuing thousands before waiting must not cost O(n) per call
         self.works: dict[int, tuple[Any, dict[str, Any], _Stream]] = {}
-        self.events: collections.deque[tuple[Any, dict[str, Any], _Stream]] = collections.deque()  # oldest first
+        # CUDA events, oldest first, each with the CUDA stream it was recorded on (None: not known)
+        self.events: collections.deque[tuple[Any, dict[str, Any], _Stream, Any]] = collections.deque()
         self.regions: list[tuple[str, float]] = []
         self.step = 0
         self.last_error: str | None = None
@@ -187,6 +188,10 @@ class Timer:
         # is_cuda of every CPU tensor costs on every call
         self.cuda_state: Any = _ASSUME_CUDA
         self.torch_cuda: Any = None  # torch.cuda, once installed: the GPU path makes events with it
+        # torch's (stream id, device, device type) of a device's current stream, where this torch has it: a
+        # call where torch.cuda.current_stream also builds a Stream object (2-4 us), made once per stream here
+        self.current_stream_ids: Any = None
+        self.cuda_streams: dict[tuple[int, int, int], Any] = {}
         self.cuda = _CudaQuery()
         self.path: str | None = None
         self.stop = threading.Event()
@@ -218,6 +223,7 @@ class Timer:
         self.torch_cuda = torch.cuda
         if hasattr(torch.cuda, "_initialized"):
             self.cuda_state = torch.cuda
+        self.current_stream_ids = getattr(torch._C, "_cuda_getCurrentStream", None)
         for name in COLLECTIVES + P2P:
             fn = getattr(dist, name, None)
             if fn is not None:
@@ -331,15 +337,27 @@ class Timer:
                 self.wake.set()
             return result
         if op.get("_cuda"):
+            cuda_stream, key = self.current_stream(op["_device"])
             event = self.torch_cuda.Event()
-            event.record(self.torch_cuda.current_stream(op["_device"]))
+            event.record(cuda_stream)
             with self.lock:
-                self.events.append((event, op, stream))
+                self.events.append((event, op, stream, key))
             if self.dozing:
                 self.wake.set()
             return result
         self.complete(op, stream)
         return result
+
+    def current_stream(self, device: int) -> tuple[Any, Any]:
+        """The device's current CUDA stream, and what tells it from the others (None where not known)."""
+        if self.current_stream_ids is None:
+            return self.torch_cuda.current_stream(device), None
+        ids = self.current_stream_ids(device)
+        cuda_stream = self.cuda_streams.get(ids)
+        if cuda_stream is None:  # a stream seen for the first time
+            cuda_stream = self.cuda_streams[ids] = self.torch_cuda.Stream(
+                stream_id=ids[0], device_index=ids[1], device_type=ids[2])
+        return cuda_stream, ids
 
     def complete(self, op: dict[str, Any], stream: _Stream, error: str | None = None) -> None:
         seconds = time.time() - op["enqueued_at"]
@@ -447,16 +465,48 @@ class Timer:
             if done:
                 self._forget_work(work)
                 self.complete(op, stream)
-        for event, op, stream in events:  # in order: stop at the first that is still running
+        done_through = self._done_through(events)
+        for i, (event, op, stream, key) in enumerate(events):  # in order: stop at the first still running
             error = None
-            try:
-                if not self.cuda.done(event, op["_device"]):
+            if key in done_through:  # its stream bisected: done up to there, still running past it
+                if i > done_through[key]:
                     break
-            except Exception as e:  # it will never answer: let the events behind it complete
-                error = f"querying its CUDA event failed: {type(e).__name__}: {e}"
+            else:
+                try:
+                    if not self.cuda.done(event, op["_device"]):
+                        break
+                except Exception as e:  # it will never answer: let the events behind it complete
+                    error = f"querying its CUDA event failed: {type(e).__name__}: {e}"
             with self.lock:
                 self.events.popleft()
             self.complete(op, stream, error=error)
+
+    def _done_through(self, events: list[tuple[Any, dict[str, Any], _Stream, Any]]) -> dict[Any, int]:
+        """For each known CUDA stream, the position in `events` of its newest event that is done (-1: none),
+        found by bisection: events on one stream complete in the order recorded, so every older one on it
+        is done too and every newer one still running, with no query of their own. Each query drops the
+        GIL and takes it back: two thread switches that the training thread waits through, once per op
+        when every event was asked. A stream whose query fails is left out: its events are then asked one
+        by one, where the error is told with its op."""
+        on: dict[Any, list[int]] = {}
+        for i, (_, _, _, key) in enumerate(events):
+            if key is not None:
+                on.setdefault(key, []).append(i)
+        done_through: dict[Any, int] = {}
+        for key, positions in on.items():
+            lo, hi = 0, len(positions)  # positions[:lo] are done, positions[hi:] are not
+            try:
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    event, op = events[positions[mid]][:2]
+                    if self.cuda.done(event, op["_device"]):
+                        lo = mid + 1
+                    else:
+                        hi = mid
+            except Exception:  # noqa: BLE001 (asked again one by one, where the error is told)
+                continue
+            done_through[key] = positions[lo - 1] if lo else -1
+        return done_through
 
     def _forget_work(self, work: Any) -> None:
         with self.lock:
