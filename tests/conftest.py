@@ -112,6 +112,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def started_agent(listen: str, node: str):
+    """A pingmesh Ping service answering as `node` on `listen` (ADDR:PORT), started; stop() it when done."""
+    from nodehealth.pingmesh import agent
+
+    a = agent.Agent(listen, node)
+    a.start()
+    return a
+
+
 def http_get(url: str, timeout: float = 5.0):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:

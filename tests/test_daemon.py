@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import STOP_SECONDS, free_port, http_get, machine, wait_for
+from conftest import STOP_SECONDS, free_port, http_get, machine, started_agent, wait_for
 
 from nodehealth.server import STUCK_EXIT_SECONDS
 
@@ -408,7 +408,6 @@ def test_a_flood_of_idle_connections_leaves_the_daemon_its_descriptors_and_its_p
     and /metrics answer, and the prober goes on probing its peer after the flood."""
     import resource
 
-    from nodehealth.pingmesh import agent
     from nodehealth.server import RESERVED_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 4096:
@@ -425,7 +424,7 @@ def test_a_flood_of_idle_connections_leaves_the_daemon_its_descriptors_and_its_p
     d = daemon_factory(str(plain), str(state), "--config", str(config), "--node-name", "a",
                        "--probe-listen", f"127.0.0.2:{port}", "--probe-inventory", str(inventory),
                        interval=2.0, max_files=1024)
-    peer = agent.serve(f"127.0.0.3:{port}", "b")
+    peer = started_agent(f"127.0.0.3:{port}", "b")
     flood: list[socket.socket] = []
     try:
         d.wait_ready()

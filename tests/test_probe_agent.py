@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from conftest import HERE, free_port, http_get, machine, require_netns, require_tool
+from conftest import HERE, free_port, http_get, machine, require_netns, require_tool, started_agent
 
 from nodehealth.pingmesh import agent
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
@@ -61,7 +61,7 @@ def port():
 
 
 def test_ping_and_tcp_probes_are_answered(port):
-    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
     try:
         rec = Recorder()
         prober = Prober("node-a", cfg(port), rec)
@@ -76,7 +76,7 @@ def test_ping_and_tcp_probes_are_answered(port):
 
 
 def test_a_reply_from_another_node_is_not_an_answer(port):
-    server = agent.serve(f"127.0.0.2:{port}", "somebody-else")
+    server = started_agent(f"127.0.0.2:{port}", "somebody-else")
     try:
         rec = Recorder()
         prober = Prober("node-a", cfg(port), rec)
@@ -127,7 +127,7 @@ def _silent_peer(address: str, port: int, garbage: bool):
 @pytest.mark.parametrize("garbage", [False, True], ids=["never-answers", "sends-garbage"])
 def test_misbehaving_peer_costs_lost_probes_and_never_blocks_the_others(port, garbage):
     close = _silent_peer("127.0.0.3", port, garbage)
-    server = agent.serve(f"127.0.0.2:{port}", "good")
+    server = started_agent(f"127.0.0.2:{port}", "good")
     try:
         rec = Recorder()
         prober = Prober("node-a", cfg(port), rec)
@@ -151,7 +151,7 @@ def test_nothing_listening_loses_pings_and_a_refused_connect_is_answered(port):
 
 
 def test_rate_cap_skips_and_counts_instead_of_queueing(port):
-    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
     try:
         rec = Recorder()
         prober = Prober("node-a", cfg(port, probe_interval_seconds=0.05, max_probes_per_second=4.0), rec)
@@ -169,11 +169,11 @@ def test_port_in_use_is_a_clear_error(port):
     held.listen(1)
     try:
         with pytest.raises(agent.ProbeError, match="cannot listen"):
-            agent.serve(f"127.0.0.2:{port}", "x")
+            started_agent(f"127.0.0.2:{port}", "x")
     finally:
         held.close()
     with pytest.raises(agent.ProbeError, match="ADDR:PORT"):
-        agent.serve("nonsense", "x")
+        started_agent("nonsense", "x")
 
 
 def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_factory):
@@ -229,7 +229,7 @@ def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_facto
 def test_a_flood_of_connects_on_the_tcp_probe_port_never_stops_our_own_probes(port):
     """Anyone can connect to the TCP probe port: the loop answers a bounded number per turn."""
     listener = agent.listen_tcp("127.0.0.6", free_port())
-    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
     stop_flood = threading.Event()
 
     def flood():
@@ -362,7 +362,7 @@ def test_calls_that_never_send_their_request_cannot_stop_the_answers_and_end_at_
     own): Pings are still answered, and the agent ends each stuck call itself, counted."""
     import grpc
     monkeypatch.setattr(agent, "CALL_SECONDS", 1.0)
-    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
     never = threading.Event()
 
     def no_message():
@@ -392,7 +392,7 @@ def test_malformed_requests_are_refused_counted_and_logged_once(port, caplog):
 
     import grpc
     caplog.set_level(logging.DEBUG)
-    server = agent.serve(f"127.0.0.2:{port}", "node-b")
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
     try:
         with grpc.insecure_channel(f"127.0.0.2:{port}") as channel:
             garbled = channel.unary_unary(agent.METHOD)
@@ -441,7 +441,8 @@ port, tcp_port = int(sys.argv[1]), int(sys.argv[2])
 peer = agent.listen_tcp("127.0.0.9", tcp_port)  # the peer's TCP probe port: connects complete in its backlog
 # Our Ping service, as in the daemon. It also keeps gRPC initialized: gRPC aborts the process when it
 # must initialize again (after its last channel closed) with no descriptor left for its epoll.
-ours = agent.serve(f"127.0.0.8:{port}", "a")
+ours = agent.Agent(f"127.0.0.8:{port}", "a")
+ours.start()
 recorded = []
 prober = Prober("a", dict(DEFAULTS, port=port, tcp_port=tcp_port, probe_interval_seconds=0.1, timeout_seconds=1.0),
                 lambda t, probe, sent, rtt, retrans: recorded.append([probe, rtt]))

@@ -176,13 +176,6 @@ class Agent:
         return [refused]
 
 
-def serve(listen: str, node: str) -> Agent:
-    """An Agent, started."""
-    agent = Agent(listen, node)
-    agent.start()
-    return agent
-
-
 def listen_tcp(host: str, port: int) -> socket.socket:
     """The non-blocking listening socket the TCP connect probes of peers reach."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
