@@ -12,12 +12,14 @@ import argparse
 import json
 import logging
 import sys
+import threading
 import time
 from typing import Any
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 KEYS = ("time", "level", "logger", "msg", "check", "reason", "device", "node")
+LOG_EVERY_SECONDS = 60.0  # RateLimitedLog: one line per cause this often at most
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -62,3 +64,26 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             doc["error"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False, default=str)
+
+
+class RateLimitedLog:
+    """At most one line per cause every LOG_EVERY_SECONDS, saying how many like it went unsaid. What
+    a peer sends in a loop must not become a log line (or a traceback) per request: callers count
+    every one in a metric, and the log says that something happens and why."""
+
+    def __init__(self, logger: logging.Logger, every: float = LOG_EVERY_SECONDS):
+        self.logger = logger
+        self.every = every
+        self.said: dict[str, tuple[float, int]] = {}  # cause -> (when last said, how many since)
+        self.lock = threading.Lock()
+
+    def warning(self, cause: str, message: str) -> None:
+        now = time.monotonic()
+        with self.lock:
+            last, unsaid = self.said.get(cause, (-self.every, 0))
+            if now - last < self.every:
+                self.said[cause] = (last, unsaid + 1)
+                return
+            self.said[cause] = (now, 0)
+        more = f" ({unsaid} more like it in the last {self.every:g} s)" if unsaid else ""
+        self.logger.warning("%s%s", message, more)

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
+from nodehealth.logs import RateLimitedLog
 from nodehealth.model import Metric
 from nodehealth.tls.nonblocking import handshake_step, receive
 
@@ -66,7 +67,6 @@ RESERVED_DESCRIPTORS = 256
 # The soft limit is raised at most to this: subprocesses inherit it, and some close every possible
 # descriptor at start.
 MAX_DESCRIPTOR_LIMIT = 65536
-LOG_EVERY_SECONDS = 60.0
 # After the clean-up of a stop, the interpreter's teardown has this long before the stack dump and exit 1.
 STUCK_EXIT_SECONDS = 1.0
 # The listener's thread looks at its stop flag when a connection comes and at least this often. A stop
@@ -78,29 +78,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 Answer = tuple[int, bytes, str]  # status, body, content type
 Routes = dict[str, Callable[[str], Answer]]  # path -> the answer to its query string
 Guard = Callable[[str, object, socket.socket], "int | None"]  # (path, headers, connection) -> status to refuse with
-
-
-class RateLimitedLog:
-    """At most one line per cause every LOG_EVERY_SECONDS, saying how many like it went unsaid. What
-    a peer sends in a loop must not become a log line (or a traceback) per request: callers count
-    every one in a metric, and the log says that something happens and why."""
-
-    def __init__(self, logger: logging.Logger, every: float = LOG_EVERY_SECONDS):
-        self.logger = logger
-        self.every = every
-        self.said: dict[str, tuple[float, int]] = {}  # cause -> (when last said, how many since)
-        self.lock = threading.Lock()
-
-    def warning(self, cause: str, message: str) -> None:
-        now = time.monotonic()
-        with self.lock:
-            last, unsaid = self.said.get(cause, (-self.every, 0))
-            if now - last < self.every:
-                self.said[cause] = (last, unsaid + 1)
-                return
-            self.said[cause] = (now, 0)
-        more = f" ({unsaid} more like it in the last {self.every:g} s)" if unsaid else ""
-        self.logger.warning("%s%s", message, more)
 
 
 class BoundedHTTPServer(HTTPServer):

@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from nodehealth.logs import RateLimitedLog
 from nodehealth.model import Metric
-from nodehealth.server import RateLimitedLog
 from nodehealth.tls.identity import grpc_peer_names
 
 log = logging.getLogger("nodehealth.probe")

@@ -41,8 +41,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from nodehealth.logs import RateLimitedLog
 from nodehealth.pingmesh.pinglist import Target
-from nodehealth.server import RateLimitedLog
 
 log = logging.getLogger("nodehealth.probe")
 

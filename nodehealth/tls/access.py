@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from nodehealth.host import read_bytes
-from nodehealth.server import RateLimitedLog
+from nodehealth.logs import RateLimitedLog
 from nodehealth.tls.identity import Identity, peer_names
 
 log = logging.getLogger("nodehealth.server")

@@ -19,7 +19,7 @@ import threading
 from typing import Any
 
 from nodehealth.host import read_bytes
-from nodehealth.server import RateLimitedLog
+from nodehealth.logs import RateLimitedLog
 
 log = logging.getLogger("nodehealth.tls")
 MAX_PEM_BYTES = 1 << 20  # a CA bundle of a few hundred certificates; more is the wrong file
