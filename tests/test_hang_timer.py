@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -311,6 +312,32 @@ def test_the_current_stream_is_made_once_per_stream(tmp_path):
     t.current_stream_ids = None  # a torch without the ids: its own current_stream, streams not told apart
     FakeCuda.current_stream = staticmethod(lambda device: ("torch's", device))
     assert t.current_stream(1) == (("torch's", 1), None)
+
+
+def test_a_record_taken_earlier_is_never_written_over_a_later_one(world_of_one, monkeypatch):
+    """The watchdog's publish took its snapshot before an op began and is slow to write; the training
+    thread publishes with the op pending meanwhile (as the test worker does before stopping itself): the
+    file ends with the later record, not the watchdog's older one."""
+    t, torch, dist = world_of_one
+    write, first_taken, release = timer.record.write_json, threading.Event(), threading.Event()
+
+    def slow_first(path, snap):
+        if not first_taken.is_set():
+            first_taken.set()
+            release.wait(5)
+        write(path, snap)
+    monkeypatch.setattr(timer.record, "write_json", slow_first)
+    early = threading.Thread(target=t.publish)
+    early.start()
+    assert first_taken.wait(5)
+    later = threading.Thread(target=lambda: (t.step_mark(), t.publish()))
+    t.step_mark = lambda: setattr(t, "step", 4242)
+    later.start()
+    later.join(0.3)
+    release.set()
+    early.join(5)
+    later.join(5)
+    assert record.read_record(t.path)["step"] == 4242  # the file as left, not published again
 
 
 def test_watchdog_keeps_heartbeating_when_polling_raises(tmp_path, caplog):

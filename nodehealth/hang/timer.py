@@ -47,6 +47,7 @@ DEFAULT_DIR = "/run/nodehealth/hang"  # the daemon's default hang.directory
 DEFAULT_INTERVAL = 0.5
 POLL_SECONDS = 0.05
 POLL_BATCH = 64  # async handles queried per poll
+PUBLISH_WAIT_SECONDS = 2.0  # a publish waits this long for another thread's to end, then is skipped
 # Flight Recorder is read every this many publish intervals (10 s by default): its dump holds the GIL
 # for tens of milliseconds, and it only matters for collectives issued from C++, judged in minutes.
 FR_POLL_INTERVALS = 20
@@ -168,6 +169,7 @@ class Timer:
         self.directory = directory
         self.interval = interval
         self.lock = threading.Lock()
+        self.publish_lock = threading.Lock()  # taken before `lock` (publish takes a snapshot under it)
         self.streams: dict[str, _Stream] = {}
         # by the group itself, held weakly: an id() could be reused by a later group
         self.groups: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -540,12 +542,21 @@ class Timer:
                 "flight_recorder": self.flight_recorder_info(self.identity["rank"])}
 
     def publish(self, exited: bool = False) -> None:
-        snap = self.snapshot(exited)
-        if snap is None:
+        """Write the state record. The watchdog, the training thread (a group's end) and the exit all
+        publish: one at a time, so that a record taken earlier is never written over a later one. A
+        publish that cannot have its turn within PUBLISH_WAIT_SECONDS (a disk stalled, or a child forked
+        while another thread held the turn) is skipped: the next one says as much."""
+        if not self.publish_lock.acquire(timeout=PUBLISH_WAIT_SECONDS):
             return
-        if self.path is None:
-            self.path = record.record_path(self.directory, snap["job"], snap["rank"])
-        record.write_json(self.path, snap)
+        try:
+            snap = self.snapshot(exited)
+            if snap is None:
+                return
+            if self.path is None:
+                self.path = record.record_path(self.directory, snap["job"], snap["rank"])
+            record.write_json(self.path, snap)
+        finally:
+            self.publish_lock.release()
 
     # -- Flight Recorder ---------------------------------------------------------------------
     def flight_recorder_info(self, rank: int) -> dict[str, Any] | None:
