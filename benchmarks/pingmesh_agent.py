@@ -59,7 +59,7 @@ def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_addresses: lis
 
     import grpc
 
-    from nodehealth.pingmesh import agent, probe_pb2, probe_pb2_grpc
+    from nodehealth.pingmesh import agent, ping_wire
 
     async def serve_all() -> list:  # every peer's Ping service on one loop, not a thread each
         return [await agent.start_server(f"{peer_address(n * rails + r)}:{port}", f"peer{n:04d}", lambda *_: None)
@@ -67,7 +67,7 @@ def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_addresses: lis
     loop = asyncio.new_event_loop()
     servers = loop.run_until_complete(serve_all())
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    stubs = {a: probe_pb2_grpc.ProbeStub(grpc.insecure_channel(f"{a}:{port}")) for a in daemon_addresses}
+    pings = {a: grpc.insecure_channel(f"{a}:{port}").unary_unary(ping_wire.METHOD) for a in daemon_addresses}
     assert len(servers) == nodes * rails
     sys.stdout.write("ready\n")
     sys.stdout.flush()
@@ -78,8 +78,7 @@ def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_addresses: lis
         for kind, address in work:
             seq += 1
             if kind == "ping":
-                stubs[address].Ping.future(probe_pb2.PingRequest(seq=seq, source="peer", padding=b"\0" * 64),
-                                           timeout=2.0)
+                pings[address].future(ping_wire.encode_request(seq, 0, "peer", b"\0" * 64), timeout=2.0)
             else:
                 with socket.socket() as s:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -119,6 +120,22 @@ def started_agent(listen: str, node: str):
     a = agent.Agent(listen, node)
     a.start()
     return a
+
+
+@pytest.fixture(scope="session")
+def protoc_probe(tmp_path_factory):
+    """protoc's code for probe.proto, generated now (modules probe_pb2 and probe_pb2_grpc): what an agent
+    of a version before ping_wire ran, and the reference ping_wire is held to."""
+    pytest.importorskip("grpc_tools")
+    out = tmp_path_factory.mktemp("protoc")
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-Inodehealth/pingmesh", f"--python_out={out}",
+                    f"--grpc_python_out={out}", "nodehealth/pingmesh/probe.proto"], cwd=os.path.dirname(HERE),
+                   check=True)
+    sys.path.insert(0, str(out))
+    try:
+        yield importlib.import_module("probe_pb2"), importlib.import_module("probe_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
 
 
 def http_get(url: str, timeout: float = 5.0):

@@ -16,7 +16,7 @@ from nodehealth.kube.taints import SUBSYSTEMS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where each package's files are (pyproject.toml maps collectors/ and checks/ into nodehealth).
 FOLDERS = {"nodehealth": "nodehealth", "nodehealth.collectors": "collectors", "nodehealth.checks": "checks"}
-GENERATED = ("probe_pb2.py", "probe_pb2_grpc.py")
+GENERATED = ("podresources_pb2.py", "podresources_pb2_grpc.py")
 LONG, TOO_LONG = 500, 600
 MARKER = "Long on purpose:"
 

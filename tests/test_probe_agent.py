@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import HERE, free_port, http_get, machine, require_netns, require_tool, started_agent
 
-from nodehealth.pingmesh import agent
+from nodehealth.pingmesh import agent, ping_wire
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 from nodehealth.pingmesh.pinglist import Target
 from nodehealth.pingmesh.prober import Prober
@@ -352,9 +352,9 @@ OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]  # grpc shares connecti
 def ping_once(port: int, address: str = "127.0.0.2", timeout: float = 3.0):
     import grpc
 
-    from nodehealth.pingmesh import probe_pb2, probe_pb2_grpc
     with grpc.insecure_channel(f"{address}:{port}", options=OWN_CONNECTION) as channel:
-        return probe_pb2_grpc.ProbeStub(channel).Ping(probe_pb2.PingRequest(seq=7), timeout=timeout)
+        ping = channel.unary_unary(ping_wire.METHOD, response_deserializer=ping_wire.decode_reply)
+        return ping(ping_wire.encode_request(7, 0, "node-a"), timeout=timeout)
 
 
 def test_calls_that_never_send_their_request_cannot_stop_the_answers_and_end_at_the_deadline(port, monkeypatch):
@@ -370,7 +370,7 @@ def test_calls_that_never_send_their_request_cannot_stop_the_answers_and_end_at_
         yield b""
     channels = [grpc.insecure_channel(f"127.0.0.2:{port}", options=OWN_CONNECTION) for _ in range(2)]
     try:
-        stuck = [channels[n % 2].stream_unary(agent.METHOD).future(no_message()) for n in range(10)]
+        stuck = [channels[n % 2].stream_unary(ping_wire.METHOD).future(no_message()) for n in range(10)]
         reply = ping_once(port)
         assert reply.seq == 7 and reply.node == "node-b"
         codes = []
@@ -395,7 +395,7 @@ def test_malformed_requests_are_refused_counted_and_logged_once(port, caplog):
     server = started_agent(f"127.0.0.2:{port}", "node-b")
     try:
         with grpc.insecure_channel(f"127.0.0.2:{port}") as channel:
-            garbled = channel.unary_unary(agent.METHOD)
+            garbled = channel.unary_unary(ping_wire.METHOD)
             for _ in range(20):
                 with pytest.raises(grpc.RpcError) as e:
                     garbled(b"\xff\xff\xff\xff", timeout=3)
@@ -501,3 +501,76 @@ def test_out_of_descriptors_the_prober_skips_its_probes_rests_its_listener_and_l
     result = json.loads(out.splitlines()[-1])
     assert result["skipped"] >= 3 and result["paused"], result
     assert result["answered_after"] >= 3, result
+
+
+# -- agents of the version before ping_wire (protoc's classes) ----------------------------------------
+
+def test_a_prober_of_the_last_version_gets_our_answer(port, protoc_probe):
+    import grpc
+    pb2, pb2_grpc = protoc_probe
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
+    try:
+        with grpc.insecure_channel(f"127.0.0.2:{port}", options=OWN_CONNECTION) as channel:
+            reply = pb2_grpc.ProbeStub(channel).Ping(
+                pb2.PingRequest(seq=9, send_time_ns=-5, source="node-a", padding=b"\0" * 64), timeout=5)
+    finally:
+        server.stop(0)
+    assert (reply.seq, reply.send_time_ns, reply.node) == (9, -5, "node-b")
+
+
+def test_our_prober_times_an_agent_of_the_last_version(port, protoc_probe):
+    """A Ping service of protoc's servicer, as agents before ping_wire ran it: answered, and a reply from
+    another node is still no answer."""
+    from concurrent import futures
+
+    import grpc
+    pb2, pb2_grpc = protoc_probe
+    answered: list = []
+
+    class Servicer(pb2_grpc.ProbeServicer):
+        def Ping(self, request, context):
+            answered.append((request.seq > 0, request.source, len(request.padding)))
+            return pb2.PingReply(seq=request.seq, send_time_ns=request.send_time_ns, node="node-b")
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    pb2_grpc.add_ProbeServicer_to_server(Servicer(), server)
+    server.add_insecure_port(f"127.0.0.2:{port}")
+    server.start()
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port, tcp_probe=False, payload_bytes=100), rec)
+        prober.set_targets([target("node-b", "127.0.0.2"), target("node-c", "127.0.0.2")])
+        run_prober(prober, 1.0)
+    finally:
+        server.stop(0)
+    assert answered and set(answered) == {(True, "node-a", 100)}
+    pings, wrong = rec.of("node-b", "ping"), rec.of("node-c", "ping")
+    assert pings and all(r is not None and r < 0.5 for r in pings), pings
+    assert wrong and all(r is None for r in wrong), wrong
+
+
+def test_the_agent_and_its_prober_never_import_protobuf(port):
+    """The Ping's messages are ping_wire's: a process that answers and times Pings carries no protobuf
+    runtime (2.7 MiB of the agent's memory)."""
+    code = f"""
+import sys, threading, time
+from nodehealth.pingmesh import agent
+from nodehealth.pingmesh.defaults import DEFAULTS
+from nodehealth.pingmesh.pinglist import Target
+from nodehealth.pingmesh.prober import Prober
+server = agent.Agent("127.0.0.2:{port}", "node-b")
+server.start()
+got = []
+prober = Prober("node-a", dict(DEFAULTS, port={port}, tcp_probe=False, probe_interval_seconds=0.2),
+                lambda t, probe, sent, rtt, retrans: got.append(rtt))
+prober.set_targets([Target(node="node-b", address="127.0.0.2", rail=0, leaf="l", group="g")])
+stop = threading.Event()
+threading.Thread(target=prober.run, args=(stop,), daemon=True).start()
+end = time.monotonic() + 20
+while not any(r is not None for r in got) and time.monotonic() < end:
+    time.sleep(0.05)
+stop.set()
+server.stop(0)
+print(any(r is not None for r in got), sorted(m for m in sys.modules if m.startswith("google")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.split("\n")[0] == "True []", (out.stdout, out.stderr[-2000:])

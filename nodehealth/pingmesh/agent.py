@@ -30,6 +30,7 @@ from typing import Any
 
 from nodehealth.logs import RateLimitedLog
 from nodehealth.model import Metric
+from nodehealth.pingmesh import ping_wire
 from nodehealth.tls.identity import grpc_peer_names
 
 log = logging.getLogger("nodehealth.probe")
@@ -42,7 +43,6 @@ MAX_CALLS_PER_CONNECTION = 8  # a prober has one Ping at a time on its channel
 MAX_CONCURRENT_CALLS = 256
 CALL_SECONDS = 5.0  # from a call's headers to its request message
 REFUSED = ("malformed", "deadline", "stranger")  # reasons a call is refused
-METHOD = "/nodehealth.probe.v1.Probe/Ping"  # on the wire: probe.proto keeps its first package name
 
 
 class ProbeError(Exception):
@@ -57,8 +57,6 @@ async def start_server(listen: str, node: str, refuse: Callable[[str, str], None
     calls whose certificate names someone `admit` admits are answered. ProbeError when it cannot
     listen."""
     import grpc
-
-    from nodehealth.pingmesh import probe_pb2
 
     async def ping(requests: Any, context: Any) -> bytes:
         """A unary call, read as a stream of its one message: so the wait for it has our deadline
@@ -75,13 +73,13 @@ async def start_server(listen: str, node: str, refuse: Callable[[str, str], None
         try:
             if not isinstance(raw, bytes):  # the caller closed its side without a message
                 raise ValueError("no request message")
-            request = probe_pb2.PingRequest.FromString(raw)
-        except Exception as e:  # noqa: BLE001 (protobuf's DecodeError and the like: all the peer's fault)
-            refuse("malformed", f"a Ping from {context.peer()} was refused: {type(e).__name__}: {e}")
+            request = ping_wire.decode_request(raw)
+        except ValueError as e:  # the peer's fault: counted, answered INVALID_ARGUMENT
+            refuse("malformed", f"a Ping from {context.peer()} was refused: {e}")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "not a PingRequest")
-        return probe_pb2.PingReply(seq=request.seq, send_time_ns=request.send_time_ns, node=node).SerializeToString()
+        return ping_wire.encode_reply(request.seq, request.send_time_ns, node)
 
-    service, _, method = METHOD[1:].partition("/")
+    service, _, method = ping_wire.METHOD[1:].partition("/")
     handler = grpc.method_handlers_generic_handler(service, {method: grpc.stream_unary_rpc_method_handler(ping)})
     options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

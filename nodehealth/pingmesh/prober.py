@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from nodehealth.logs import RateLimitedLog
+from nodehealth.pingmesh import ping_wire
 from nodehealth.pingmesh.pinglist import Target
 
 log = logging.getLogger("nodehealth.probe")
@@ -189,16 +190,13 @@ class Prober:
 
     # -- gRPC Ping -----------------------------------------------------------------------------
     def _ping(self, target: Target) -> None:
-        from nodehealth.pingmesh import probe_pb2
-
         sent_wall = time.time()
         self.seq += 1
         seq = self.seq
         try:
-            stub = self._stub(target)
+            ping = self._ping_call(target)
             start = time.monotonic_ns()
-            call = stub.Ping.future(probe_pb2.PingRequest(seq=seq, send_time_ns=start, source=self.node,
-                                                          padding=self.padding), timeout=self.timeout)
+            call = ping.future(ping_wire.encode_request(seq, start, self.node, self.padding), timeout=self.timeout)
         except Exception as e:  # a malformed address must cost one probe, not the loop
             log.debug("ping %s: %s", target.address, e)
             self.record(target, "ping", sent_wall, None, False)
@@ -217,10 +215,10 @@ class Prober:
 
         call.add_done_callback(done)
 
-    def _stub(self, target: Target) -> Any:
+    def _ping_call(self, target: Target) -> Any:
+        """The Ping method on the target's channel (made here once): it takes the request's bytes and
+        gives the reply read by ping_wire."""
         import grpc
-
-        from nodehealth.pingmesh import probe_pb2_grpc
 
         endpoint = _endpoint(target, self.cfg)
         entry = self.channels.get(endpoint)
@@ -239,7 +237,9 @@ class Prober:
                 # retry every second at most, so a repaired path stops counting as lossy within one.
                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 1000)])
-            entry = (channel, probe_pb2_grpc.ProbeStub(channel), made_for)
+            ping = channel.unary_unary(ping_wire.METHOD, response_deserializer=ping_wire.decode_reply,
+                                       _registered_method=True)  # as protoc's stubs: the path interned once
+            entry = (channel, ping, made_for)
             self.channels[endpoint] = entry
         return entry[1]
 
