@@ -92,7 +92,7 @@ def test_every_command_has_a_synopsis():
 def test_every_extra_is_documented():
     extras = re.search(r"\[project.optional-dependencies\]\n(.*?)\n\n", read("pyproject.toml"), re.S).group(1)
     names = re.findall(r"^([a-z0-9]+) = ", extras, re.M)
-    assert set(names) == {"k8s", "analysis", "probes", "hang", "zstd", "dashboards", "all", "test"}
+    assert set(names) == {"k8s", "analysis", "probes", "attribution", "hang", "zstd", "dashboards", "all", "test"}
     readme = read("README.md")
     for name in names:
         assert f"| `{name}` |" in readme, name
