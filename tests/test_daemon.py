@@ -472,3 +472,31 @@ def test_a_flood_of_idle_connections_leaves_the_daemon_its_descriptors_and_its_p
             s.close()
         peer.stop(0)
     assert "Traceback" not in d.output()
+
+
+ARENAS_SCRIPT = """
+import ctypes, os, sys, threading
+from nodehealth.daemon import share_malloc_arenas
+took = share_malloc_arenas() if sys.argv[1] == "share" else None
+gate = threading.Barrier(8)
+def allocate():  # eight threads allocating at once, as the daemon's do
+    gate.wait()
+    kept = [bytearray(64 * 1024) for _ in range(50)]
+    gate.wait()
+threads = [threading.Thread(target=allocate) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(took, flush=True)
+ctypes.CDLL(None).malloc_stats()  # one "Arena N:" paragraph per arena, to stderr
+"""
+
+
+@pytest.mark.parametrize("how, env, took, most", [("share", {}, True, 2),  # the daemon's own setting
+                                                   ("share", {"MALLOC_ARENA_MAX": "4"}, False, 4),  # the operator's
+                                                   ("leave", {}, None, 9)])  # glibc's own: an arena per thread
+def test_the_daemons_threads_share_two_malloc_arenas(how, env, took, most):
+    done = subprocess.run([sys.executable, "-c", ARENAS_SCRIPT, how], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+    arenas = len(re.findall(r"^Arena \d+:", done.stderr, re.M))
+    assert done.stdout.strip() == str(took), done.stderr
+    assert 1 <= arenas <= most and (how == "share" or arenas > 2), done.stderr
