@@ -5,7 +5,8 @@ set -u
 . "$OUT/env.sh"
 PY="$PWD/.venv/bin/python"
 NH="$PY -m nodehealth.cli"
-export PYTHONDONTWRITEBYTECODE=1
+# Bytecode is written (into the guest's RAM overlay): a module compiles once a boot, not at each of the
+# batch's ~35 Python starts (this checkout's modules have no bytecode of their own where the host writes none)
 # the device's resource counts (the kernel's own QP1 and its PD/CQ are always there)
 counts() { rdma resource show | grep rxe0 | sed 's/^[0-9]*: //'; }
 # each step's start, in seconds since the guest booted (the test prints them: where the tier's time goes)
