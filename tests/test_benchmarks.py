@@ -41,3 +41,10 @@ def test_the_pingmesh_tcp_floor_runs():
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert re.search(r"^\d+ connects/s on loopback in 0.1 s ticks: [\d.]+ ms/s of CPU", run.stdout, re.M), run.stdout
+
+
+def test_the_pingmesh_grpc_floor_runs():
+    run = subprocess.run([sys.executable, "benchmarks/pingmesh_grpc_floor.py", "--seconds", "1", "--rate", "10",
+                          "--peers", "3"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^10 of 10 Pings answered, [\d.]+ a second, .*: [\d.]+ ms/s of CPU", run.stdout, re.M), run.stdout
