@@ -86,6 +86,7 @@ class BoundedHTTPServer(HTTPServer):
     deadline of `request_seconds` per request."""
 
     DROPPED = ("waiting", "deadline", "too_large", "busy", "descriptors", "handshake")  # why a connection is dropped
+    request_queue_size = 64  # the listen backlog: past socketserver's 5, a burst of connects waited 1 s (a SYN again)
 
     def __init__(self, address, handler, workers: int, request_seconds: float, max_pending: int = MAX_PENDING,
                  priority: tuple[str, ...] = (), reserved: int = 0,
@@ -414,7 +415,6 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
 
     class Server(BoundedHTTPServer):
         allow_reuse_address = True
-        request_queue_size = 64
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
     return Server((host, port), Handler, workers, request_seconds, max_pending, PRIORITY_PATHS,
