@@ -16,6 +16,12 @@ def machine(name: str) -> str:
     return os.path.join(MACHINES, name)
 
 
+def cpu_seconds() -> float:
+    """This process's user and system CPU so far."""
+    t = os.times()
+    return t.user + t.system
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

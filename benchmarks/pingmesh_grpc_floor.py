@@ -12,21 +12,15 @@ one answered, per Ping. With benchmarks/pingmesh_tcp_floor.py, what the agent ca
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
 
-from common import ROOT, free_port
+from common import ROOT, cpu_seconds, free_port
 
 sys.path.insert(0, ROOT)
 
 from nodehealth.pingmesh import agent, ping_wire  # noqa: E402
-
-
-def cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 def main() -> None:

@@ -10,16 +10,12 @@ as the prober does): connect, read TCP_INFO, close with RST, accept and close; n
 from __future__ import annotations
 
 import argparse
-import os
 import selectors
 import socket
 import struct
 import time
 
-
-def cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
+from common import cpu_seconds
 
 
 def main() -> None:
