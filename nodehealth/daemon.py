@@ -444,8 +444,7 @@ class Daemon:
             # The agent runs: the `pingmesh` check has its source, with no verdict until the controller writes one.
             self.pingmesh_verdicts = pingmesh_facts.Verdicts(self.node, "", None, time.time())
         except ImportError as e:
-            raise ConfigError(f"--probe-listen needs grpcio and protobuf: pip install 'nodehealth[probes]' ({e})") \
-                from None
+            raise ConfigError(f"--probe-listen needs grpcio: pip install 'nodehealth[probes]' ({e})") from None
         except ProbeError as e:
             raise ConfigError(str(e)) from None
 

@@ -107,3 +107,15 @@ def test_grpc_is_imported_only_when_the_kubelet_is_asked():
             "print(sorted(m for m in ('grpc', 'google.protobuf') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_without_the_attribution_extra_it_is_one_clear_error(sock, monkeypatch):
+    """No protobuf (an install with `probes` alone, whose Ping needs none): a KubeletError that names the
+    extra, which `check` and the daemon show as AttributionUnavailable, not a traceback."""
+    import nodehealth.attribution
+    monkeypatch.delattr(nodehealth.attribution, "podresources_pb2", raising=False)
+    monkeypatch.setitem(sys.modules, "nodehealth.attribution.podresources_pb2", None)  # as if not installed
+    with pytest.raises(KubeletError, match=r"needs grpcio and protobuf: pip install 'nodehealth\[attribution\]'"):
+        PodResourcesClient(sock).list()
+    with pytest.raises(KubeletError, match=r"nodehealth\[attribution\]"):
+        PodResourcesClient(sock).get("ns", "pod")

@@ -24,6 +24,18 @@ class KubeletError(Exception):
     """No usable PodResources answer; the message says why, for the operator."""
 
 
+def _messages() -> Any:
+    """The PodResources messages (protoc's), and gRPC: both from the `attribution` extra."""
+    try:
+        import grpc  # noqa: F401
+
+        from nodehealth.attribution import podresources_pb2
+    except ImportError as e:
+        raise KubeletError(f"the kubelet's PodResources client needs grpcio and protobuf: pip install "
+                           f"'nodehealth[attribution]' ({e})") from None
+    return podresources_pb2
+
+
 @dataclass(frozen=True)
 class PodResourcesClient:
     socket_path: str = DEFAULT_SOCKET
@@ -32,18 +44,14 @@ class PodResourcesClient:
 
     def list(self) -> tuple[ContainerDevices, ...]:
         """Every container on the node with the devices it was given (List, GA since 1.28)."""
-        from nodehealth.attribution import podresources_pb2 as pb
-
-        answer = self._call("List", pb.ListPodResourcesRequest())
+        answer = self._call("List", _messages().ListPodResourcesRequest())
         return tuple(entry for pod in answer.pod_resources for entry in _entries(pod))
 
     def get(self, namespace: str, pod: str) -> tuple[ContainerDevices, ...]:
         """One pod's containers and devices: Get where the kubelet serves it (1.27+ behind
         KubeletPodResourcesGet, on by default from 1.34), else List filtered to that pod."""
-        from nodehealth.attribution import podresources_pb2 as pb
-
         try:
-            answer = self._call("Get", pb.GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace))
+            answer = self._call("Get", _messages().GetPodResourcesRequest(pod_name=pod, pod_namespace=namespace))
         except _Unimplemented:
             return tuple(e for e in self.list() if (e.namespace, e.pod) == (namespace, pod))
         return _entries(answer.pod_resources)
@@ -59,7 +67,7 @@ class PodResourcesClient:
             raise KubeletError(f"cannot reach {self.socket_path}: {e.strerror}") from None
         if not stat.S_ISSOCK(mode):
             raise KubeletError(f"{self.socket_path} is not a socket, so not the kubelet's PodResources socket")
-        import grpc
+        import grpc  # _messages() found it
 
         from nodehealth.attribution import podresources_pb2_grpc as rpc
 
