@@ -147,6 +147,11 @@ def test_a_hostile_packed_summary_is_refused_with_the_reason(summaries, change, 
         packed.loads(_tampered(summaries[0], change))
 
 
+def test_a_count_past_any_integer_the_checks_hold_is_a_count_like_another(summaries):
+    got = packed.loads(_tampered(summaries[0], _header("max_sent", 10 ** 30)))  # Python's int: numpy's would overflow
+    assert got.windows[0].ready.max_sent == 10 ** 30
+
+
 def test_sizes_are_refused_before_decoding(summaries):
     with pytest.raises(stats.SummaryError, match="more than"):
         packed.loads(b"NHPK" + b"\0" * stats.MAX_SUMMARY_BYTES)
@@ -211,3 +216,80 @@ def test_a_names_list_checked_once_is_taken_again_and_a_bad_one_never(summaries,
     monkeypatch.setattr(memo, "MAX_NAMES", 1)
     packed.loads(packed.dumps(stats.parse_summary(summaries[1])))
     assert len(memo._lists) == 1 and len(checks) == 6
+
+
+def _refused(arrays: packed.Arrays) -> bool:
+    """packed.check's rules in plain Python, an edge at a time: whether the window is refused."""
+    idx, sent, lost, retrans, offsets, flat, rails, top, p99 = (list(a) for a in arrays[:9])
+    edges, nflat, nbuckets, names, entries, max_sent = arrays.limits
+    if min(idx + sent + lost + retrans + offsets + flat, default=0) < 0:
+        return True
+    if any(r < 1 for r in rails) or any(not -1 <= t <= nbuckets for t in top) or any(
+            not 0 <= q <= folded.NONE for q in p99):
+        return True
+    if nflat % 2 or any(o % 2 for o in offsets) or any(b > nbuckets for b in flat[0::2]):
+        return True
+    if offsets[0] != 0 or offsets[-1] != nflat or any(b < a for a, b in zip(offsets, offsets[1:])):
+        return True
+    if any(i >= names for i in idx) or len(set(idx)) != len(idx):
+        return True
+    if sum(rails) > entries or any(s < 1 or s > max_sent * r for s, r in zip(sent, rails)):
+        return True
+    for j in range(edges):
+        pairs = flat[offsets[j]:offsets[j + 1]]
+        if sum(pairs[1::2]) != sent[j] - lost[j] - retrans[j] or top[j] != max(pairs[0::2], default=-1):
+            return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def parsed_windows(summaries) -> list[list[packed.Arrays]]:
+    return [packed.parse(packed.dumps(stats.parse_summary(s)))[1] for s in summaries[:8]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_answers_checked_together_are_refused_exactly_where_each_alone_breaks_a_rule(parsed_windows, data):
+    """check_each() checks many answers' windows in one numpy pass over them all: it must refuse exactly the
+    answers that a rule refuses, one edge at a time in plain Python, whatever the others hold."""
+    answers = []
+    for windows in data.draw(st.lists(st.sampled_from(parsed_windows), min_size=1, max_size=5)):
+        windows = [packed.Arrays(*(array(a.typecode, a) for a in w[:9]), w.limits) for w in windows]
+        for _ in range(data.draw(st.integers(0, 2))):
+            w = data.draw(st.sampled_from(windows))
+            column = w[data.draw(st.integers(0, 8))]
+            if column:
+                value = data.draw(st.one_of(st.integers(-2, 20), st.integers(-128, 127)) if column.typecode == "b"
+                                  else st.one_of(st.integers(-2, 40), st.integers(-(1 << 31), (1 << 31) - 1)))
+                column[data.draw(st.integers(0, len(column) - 1))] = value
+        answers.append(windows)
+    expected = [any(map(_refused, windows)) for windows in answers]
+    assert [e is not None for e in packed.check_each(answers)] == expected
+    for windows, refused in zip(answers, expected):
+        assert (packed.check_each([windows]) != [None]) == refused
+
+
+def test_an_answer_checked_with_others_is_refused_alone_with_its_reason(summaries):
+    good = [packed.dumps(stats.parse_summary(s)) for s in summaries[:3]]
+    bad = _tampered(summaries[3], _set("top", 0, -1))
+    got = packed.loads_each([good[0], bad, good[1], b"not packed", good[2]])
+    assert [type(g).__name__ for g in got] == ["Summary", "SummaryError", "Summary", "SummaryError", "Summary"]
+    assert "slowest bucket" in str(got[1]) and "not a packed" in str(got[3])
+    assert [g.node for g in got[::2]] == [s["node"] for s in summaries[:3]]
+
+
+def test_pingmesh_analyze_decodes_packed_answers_together_and_names_the_one_refused(summaries):
+    """`pingmesh analyze` takes packed answers packed.CHECK_TOGETHER at a time: past a batch, in a batch and
+    in the last one, a refused answer is a problem under its own label and every other one is analysed."""
+    from nodehealth.pingmesh import cli
+
+    count = packed.CHECK_TOGETHER + 6
+    data = [packed.dumps(stats.parse_summary(s)) for s in summaries[:count]]
+    bad = {3, packed.CHECK_TOGETHER + 2}
+    for k in bad:
+        data[k] = _tampered(summaries[k], _set("top", 0, -1))
+    problems: list = []
+    got = list(cli._decoded([iter((f"agent-{k}", d, cli._UNDECODED) for k, d in enumerate(data))], problems, None))
+    assert [s.node for s in got] == [s["node"] for k, s in enumerate(summaries[:count]) if k not in bad]
+    assert [label for label, _ in problems] == [f"agent-{k}" for k in sorted(bad)]
+    assert all("packed summary refused" in why and "slowest bucket" in why for _, why in problems)

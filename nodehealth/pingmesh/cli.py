@@ -198,8 +198,8 @@ def _decoded(sources: list[Iterator[tuple[str, Any, Any]]], problems: list[tuple
     import binascii
 
     from nodehealth.pingmesh import packed
-    from nodehealth.pingmesh.stats import SummaryError
 
+    waiting: list[tuple[str, bytes]] = []
     for source in sources:
         for label, text, obj in source:
             if obj is _UNDECODED and text[:len(packed.MAGIC)] == packed.MAGIC:
@@ -220,13 +220,26 @@ def _decoded(sources: list[Iterator[tuple[str, Any, Any]]], problems: list[tuple
                     problems.append((label, "a string in a bundle is a packed summary in base64: this one is not "
                                             "base64"))
                     continue
-            if isinstance(obj, bytes):
-                try:
-                    obj = packed.loads(obj)
-                except SummaryError as e:
-                    problems.append((label, f"packed summary refused: {e}"))
-                    continue
+            if isinstance(obj, bytes):  # decoded packed.CHECK_TOGETHER at a time
+                waiting.append((label, obj))
+                if len(waiting) == packed.CHECK_TOGETHER:
+                    yield from _unpacked(waiting, problems)
+                continue
             yield obj
+    yield from _unpacked(waiting, problems)
+
+
+def _unpacked(waiting: list[tuple[str, bytes]], problems: list[tuple[str, str]]) -> Iterator[Any]:
+    """The packed answers waiting, decoded together: a summary each, or a problem; `waiting` is emptied."""
+    from nodehealth.pingmesh import packed
+    from nodehealth.pingmesh.stats import SummaryError
+
+    for (label, _), got in zip(waiting, packed.loads_each([data for _, data in waiting])):
+        if isinstance(got, SummaryError):
+            problems.append((label, f"packed summary refused: {got}"))
+        else:
+            yield got
+    waiting.clear()
 
 
 # -- fetching ----------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ p99 bucket is the agent's word, checked for range: it feeds medians a lying hist
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import threading
 from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
 from nodehealth.pingmesh import folded, stats
 
@@ -34,6 +35,10 @@ MAGIC = b"NHPK"
 # Each full window's arrays, in order: (Folded attribute, typecode); "idx" is each edge's peer in `names`.
 ARRAYS = (("idx", "i"), ("sent", "i"), ("lost", "i"), ("retrans", "i"), ("offsets", "i"), ("flat", "i"),
           ("rails", "b"), ("top", "b"), ("p99", "b"))
+# Answers whose arrays check_each() takes at once where they come one by one (the controller's fetchers,
+# `pingmesh analyze`): a check is a numpy call of ~1 us whatever its size, ~40 of them, so one answer
+# alone costs some 100 us to check, 64 together ~15 us each; they wait for that at most.
+CHECK_TOGETHER = 64
 _BIG_ENDIAN = sys.byteorder == "big"
 assert all(array(code).itemsize == size for code, size in (("i", 4), ("b", 1)))
 
@@ -75,6 +80,34 @@ def dumps(summary: stats.Summary) -> bytes:
 def loads(data: bytes, stubs: bool = False) -> stats.Summary:
     """A packed summary, validated; its full windows come made ready (stats.Window.ready). With `stubs`,
     a window may come by its start alone (an answer to `?since=`). Raises stats.SummaryError."""
+    summary, arrays = parse(data, stubs)
+    check(arrays)
+    return summary
+
+
+def loads_each(answers: list[bytes], stubs: bool = False) -> list[stats.Summary | stats.SummaryError]:
+    """loads() of each answer, their arrays checked together (check_each): a summary, or the reason it
+    was refused."""
+    out: list[stats.Summary | stats.SummaryError] = []
+    parsed = []
+    for data in answers:
+        try:
+            summary, arrays = parse(data, stubs)
+        except stats.SummaryError as e:
+            out.append(e)
+            continue
+        out.append(summary)
+        parsed.append((len(out) - 1, arrays))
+    for (k, _), error in zip(parsed, check_each([arrays for _, arrays in parsed])):
+        if error is not None:
+            out[k] = error
+    return out
+
+
+def parse(data: bytes, stubs: bool = False) -> tuple[stats.Summary, list[Arrays]]:
+    """loads() without check(): the summary read, its structure checked and its full windows made ready,
+    and their arrays as they came. Their numbers are the agent's word until check() passes on them, which
+    the controller does for many answers at once (check_each). Raises stats.SummaryError."""
     if len(data) > stats.MAX_SUMMARY_BYTES:
         raise stats.SummaryError(f"summary of {len(data)} bytes, more than {stats.MAX_SUMMARY_BYTES}")
     if data[:4] != MAGIC or len(data) < 8:
@@ -95,6 +128,7 @@ def loads(data: bytes, stubs: bool = False) -> stats.Summary:
     s = stats.parse_summary(dict(head, windows=[]))
     names, leaves = _names(s.node, head)
     view = memoryview(data)[end:]
+    arrays: list[Arrays] = []
     for w in windows:
         if not isinstance(w, dict):
             raise stats.SummaryError("a window must be an object")
@@ -104,11 +138,11 @@ def loads(data: bytes, stubs: bool = False) -> stats.Summary:
                 raise stats.SummaryError(f"window {start:.3f} came without its edges")
             s.windows.append(stats.Window(start, closed, None))
             continue
-        ready, view = _window(w, start, closed, view, names, leaves, len(s.buckets))
+        ready, view = _window(w, start, closed, view, names, leaves, len(s.buckets), arrays)
         s.windows.append(stats.Window(start, closed, None, ready.skipped, ready))
     if len(view):
         raise stats.SummaryError(f"{len(view)} bytes past the last window")
-    return s
+    return s, arrays
 
 
 class _CheckedNames:
@@ -174,85 +208,150 @@ def _checked_names(names: Any, leaves: Any, leaf_of: Any) -> tuple[tuple[str, ..
 
 
 def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, names: tuple[str, ...],
-            leaves: tuple[str, ...], nbuckets: int) -> tuple[folded.PreparedWindow, memoryview]:
+            leaves: tuple[str, ...], nbuckets: int, arrays: list[Arrays]) -> tuple[folded.PreparedWindow, memoryview]:
+    """One full window made ready, its arrays appended to `arrays` for check(), and the bytes after it."""
     edges, nflat, entries, skipped, max_sent = (w.get(k) for k in ("edges", "flat", "entries", "skipped", "max_sent"))
     if not all(type(x) is int and x >= 0 for x in (edges, nflat, entries, skipped, max_sent)):
         raise stats.SummaryError("a window's edges, flat, entries, skipped and max_sent must be counts")
     if entries > stats.MAX_PEERS_PER_WINDOW or edges > entries or nflat > 2 * (nbuckets + 1) * edges:
         raise stats.SummaryError(f"a window of {entries} entries ({stats.MAX_PEERS_PER_WINDOW} at most), {edges} "
                                  f"edges and {nflat} histogram values does not add up")
-    # The 4-byte arrays (idx .. flat) come first, then the 1-byte ones (rails, top, p99); each check is one
-    # numpy pass (imported here, on the controller's side only: the daemon dumps, it never loads).
-    import numpy as np
-
-    n_ints = 5 * edges + 1 + nflat
+    n_ints = 5 * edges + 1 + nflat  # the 4-byte arrays (idx .. flat) come first, then the 1-byte ones
     if 4 * n_ints + 3 * edges > len(view):
         raise stats.SummaryError("the arrays run past the end")
     ints, bytes_ = array("i"), array("b")
     ints.frombytes(view[:4 * n_ints])
     bytes_.frombytes(view[4 * n_ints:4 * n_ints + 3 * edges])
-    view = view[4 * n_ints + 3 * edges:]
     if _BIG_ENDIAN:
         ints.byteswap()
-    got: dict[str, array] = {}
+    columns = []
     at = 0
     for attr, code in ARRAYS:
         n = nflat if attr == "flat" else edges + 1 if attr == "offsets" else edges
-        got[attr] = (ints if code == "i" else bytes_)[at:at + n]
+        columns.append((ints if code == "i" else bytes_)[at:at + n])
         at = 0 if attr == "flat" else at + n
-    values, small = np.frombuffer(ints, np.int32), np.frombuffer(bytes_, np.int8)
-    if np.minimum.reduce(values, initial=0) < 0:
-        raise stats.SummaryError("counts, offsets and buckets must be non-negative")
-    most_rails = 0
-    if edges:  # rails, top and p99 in range: the least and the most of each in one pass
-        thirds = (0, edges, 2 * edges)
-        (rails_least, top_least, p99_least), (most_rails, top_most, p99_most) = (np.minimum.reduceat(small, thirds),
-                                                                                 np.maximum.reduceat(small, thirds))
-        if rails_least < 1 or top_least < -1 or top_most > nbuckets or p99_least < 0 or p99_most > folded.NONE:
-            raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in "
-                                     "range")
-    flat, offsets = values[5 * edges + 1:], values[4 * edges:5 * edges + 1]
-    if np.maximum.reduce(flat[0::2], initial=0) > nbuckets or np.count_nonzero(offsets & 1):
-        raise stats.SummaryError(f"histogram buckets must be 0 to {nbuckets}, offsets in bucket, count pairs")
-    folds = int(np.add.reduce(small[:edges], dtype=np.int64))
-    _check_edges(values, edges, small[edges:2 * edges], len(names), entries, max_sent * int(most_rails), folds)
-    if edges == len(names) and not np.count_nonzero(values[:edges] != np.arange(edges)):
+    # max_sent is the agent's word, of any size: past any 4-byte sent it bounds nothing more
+    arrays.append(Arrays(*columns, (edges, nflat, nbuckets, len(names), entries, min(max_sent, 1 << 31))))
+    idx = columns[0]
+    if edges == len(names) and idx == _counting(edges):
         peers, their_leaves = names, leaves  # the edges in the names list's order, as dumps() writes one window
-    else:
-        peers, their_leaves = tuple(map(names.__getitem__, got["idx"])), tuple(map(leaves.__getitem__, got["idx"]))
-    f = folded.Folded.of(peers, their_leaves, *(got[attr] for attr, _ in ARRAYS[1:]))
-    return folded.PreparedWindow(start, closed, entries, max_sent, f, skipped), view
+    else:  # check() finds a peer named twice; an index out of the list must not name anyone before that
+        if edges and (min(idx) < 0 or max(idx) >= len(names)):
+            raise stats.SummaryError("each edge names a distinct peer of the names list")
+        peers, their_leaves = tuple(map(names.__getitem__, idx)), tuple(map(leaves.__getitem__, idx))
+    f = folded.Folded.of(peers, their_leaves, *columns[1:])
+    return folded.PreparedWindow(start, closed, entries, max_sent, f, skipped), view[4 * n_ints + 3 * edges:]
 
 
-def _check_edges(values: Any, edges: int, top: Any, names: int, entries: int, most_sent: int, rails: int) -> None:
-    """What makes an edge weigh what the JSON form's would, beyond the ranges _window checked: refused with
-    the reason where it does not. `values` are the window's 4-byte arrays end to end (numpy)."""
+@functools.lru_cache(maxsize=64)
+def _counting(n: int) -> array:
+    return array("i", range(n))
+
+
+class Arrays(NamedTuple):
+    """A full window's arrays as its agent sent them (in the order of ARRAYS; all but idx are its Folded's),
+    for check(), and what they are checked against."""
+
+    idx: array
+    sent: array
+    lost: array
+    retrans: array
+    offsets: array
+    flat: array
+    rails: array
+    top: array
+    p99: array
+    limits: tuple[int, int, int, int, int, int]  # edges, flat values, buckets, names, entries, max_sent
+
+
+def check_each(answers: list[list[Arrays]]) -> list[stats.SummaryError | None]:
+    """check() of each answer's windows, all in one: an error for each answer that fails, None for the
+    others. A check is a numpy call of about a microsecond whatever its size, some 25 of them, so checked
+    an answer at a time they cost more than reading it; together they cost a few microseconds an answer.
+    Where the whole fails, each answer is checked alone to name the ones that do."""
+    try:
+        check([w for windows in answers for w in windows])
+        return [None] * len(answers)
+    except stats.SummaryError:
+        pass
+    errors: list[stats.SummaryError | None] = []
+    for windows in answers:
+        try:
+            check(windows)
+            errors.append(None)
+        except stats.SummaryError as e:
+            errors.append(e)
+    return errors
+
+
+def check(windows: list[Arrays]) -> None:
+    """What makes every edge of these windows weigh what the JSON form's would: refused with the reason
+    where one does not. Each check is one numpy pass over all the windows' arrays end to end (numpy is
+    imported here, on the controller's side only: the daemon dumps, it never loads)."""
+    if not windows:
+        return
     import numpy as np
 
-    idx, sent, lost, retrans = values[:4 * edges].astype(np.int64).reshape(4, edges)
-    offsets, flat = values[4 * edges:5 * edges + 1], values[5 * edges + 1:]
-    if offsets[0] != 0 or offsets[-1] != len(flat) or np.count_nonzero(offsets[1:] < offsets[:-1]):
+    limits = np.array([w.limits for w in windows], np.int64)
+    edges, nflat, nbuckets, names, entries, max_sent = limits.T
+    idx, sent, lost, retrans, offsets, flat = (np.frombuffer(b"".join([w[k] for w in windows]), np.int32)
+                                               for k in range(6))
+    rails, top, p99 = (np.frombuffer(b"".join([w[k] for w in windows]), np.int8) for k in range(6, 9))
+    if min(np.minimum.reduce(a, initial=0) for a in (idx, sent, lost, retrans, offsets, flat)) < 0:
+        raise stats.SummaryError("counts, offsets and buckets must be non-negative")
+    if len(idx) and (np.minimum.reduce(rails) < 1 or np.minimum.reduce(top) < -1
+                     or np.count_nonzero(top > np.repeat(nbuckets, edges)) or np.minimum.reduce(p99) < 0
+                     or np.maximum.reduce(p99) > folded.NONE):
+        raise stats.SummaryError("an edge's rails (folded entries) must be 1 to 127, its top and p99 bucket in range")
+    buckets, counts = flat[0::2], flat[1::2]
+    if (np.count_nonzero(nflat & 1) or np.count_nonzero(offsets & 1)
+            or np.count_nonzero(buckets > np.repeat(nbuckets, nflat // 2))):
+        raise stats.SummaryError("histogram buckets must be 0 to the buckets' count, offsets in bucket, count pairs")
+    # Each window's offsets are its edges' and one more: edge j of window w begins at offsets[j + w].
+    first_edge, first_flat = _starts(edges), _starts(nflat)
+    window = np.repeat(np.arange(len(windows)), edges)
+    shifted = offsets.astype(np.int64)
+    shifted += np.repeat(first_flat, edges + 1)  # where in `flat` of all the windows
+    begin, end = shifted[np.arange(len(idx)) + window], shifted[np.arange(len(idx)) + window + 1]
+    if (np.count_nonzero(shifted[first_edge + np.arange(len(windows))] != first_flat)
+            or np.count_nonzero(shifted[first_edge + edges + np.arange(len(windows))] != first_flat + nflat)
+            or np.count_nonzero(end < begin)):
         raise stats.SummaryError("histogram offsets must rise from 0 to the end of the histograms")
-    if not edges:
+    if not len(idx):
         return
-    ordered = np.sort(idx)
-    if ordered[-1] >= names or np.count_nonzero(ordered[1:] == ordered[:-1]):
+    key = (window << 32) + idx  # a window's peers are distinct where its keys rise (dumps writes them so)
+    if np.count_nonzero(key[1:] <= key[:-1]):
+        key = np.sort(key)
+    if np.count_nonzero(idx >= np.repeat(names, edges)) or np.count_nonzero(key[1:] == key[:-1]):
         raise stats.SummaryError("each edge names a distinct peer of the names list")
-    if rails > entries or np.minimum.reduce(sent) < 1 or np.maximum.reduce(sent) > most_sent:
+    folds = np.zeros(len(idx) + 1, np.int64)
+    np.cumsum(rails, out=folds[1:])
+    if (np.count_nonzero(folds[first_edge + edges] - folds[first_edge] > entries) or np.minimum.reduce(sent) < 1
+            or np.count_nonzero(sent > np.repeat(max_sent, edges) * rails)):
         raise stats.SummaryError("each edge must have sent a probe, no more than its entries' max_sent each, and "
                                  "fold no more entries than the window lists")
-    # Each edge's histogram holds exactly its answered probes (sent - lost - retrans, so never fewer than 0,
-    # the offsets rising): the running totals of both agree at every edge.
-    pairs = offsets >> 1
-    counted = np.zeros(len(flat) // 2 + 1, np.int64)
-    np.cumsum(flat[1::2], out=counted[1:])
-    if np.count_nonzero(counted[pairs[1:]] != np.cumsum(sent - lost - retrans)):
+    # Each edge's histogram holds exactly its answered probes (sent - lost - retrans, so never fewer than 0).
+    counted = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=counted[1:])
+    answers = sent.astype(np.int64)
+    answers -= lost
+    answers -= retrans
+    if np.count_nonzero(counted[end >> 1] - counted[begin >> 1] != answers):
         raise stats.SummaryError("an edge's histogram does not add up to its answered probes")
     # An edge's top picks what the analysis lists as slow, and only listed edges are trimmed of a liar's
     # probes: a top below the histogram's slowest bucket would slip slow probes past the trim.
-    tops = np.full(edges, -1, np.int64)
-    answered = pairs[1:] > pairs[:-1]
+    tops = np.full(len(idx), -1, np.int64)
+    answered = end > begin
     if np.count_nonzero(answered):
-        tops[answered] = np.maximum.reduceat(flat[0::2], pairs[:-1][answered])
+        tops[answered] = np.maximum.reduceat(np.ascontiguousarray(buckets), (begin >> 1)[answered])
     if np.count_nonzero(tops != top):
         raise stats.SummaryError("an edge's top must be its histogram's slowest bucket")
+
+
+def _starts(lengths: Any) -> Any:
+    """Where each of these lengths starts, laid end to end (numpy)."""
+    import numpy as np
+
+    out = np.zeros(len(lengths), np.int64)
+    np.cumsum(lengths[:-1], out=out[1:])
+    return out
