@@ -32,6 +32,7 @@ from nodehealth.kube import taints as kube_taints
 from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.model import Action, Report, Severity, verdict
 from nodehealth.pingmesh import controller, packed, stats, verdicts
+from nodehealth.pingmesh.fetch import fetch_summary
 from nodehealth.server import STUCK_EXIT_SECONDS
 
 W = 30.0  # window seconds
@@ -763,7 +764,7 @@ def test_a_dripping_agent_is_cut_off_at_its_timeout(agents):
     agents.behaviour["gpu-01"] = "drip"
     started = time.monotonic()
     with pytest.raises(controller.FetchError) as e:
-        controller.fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
+        fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
     assert e.value.reason == "timeout"
     assert time.monotonic() - started < 1.5
 
@@ -773,7 +774,7 @@ def test_an_agent_dripping_its_status_line_or_headers_is_cut_off_at_its_timeout(
     """The deadline covers the whole answer, its head included: each byte comes in time, the head never does."""
     agents.behaviour["gpu-01"] = how
     with pytest.raises(controller.FetchError) as e:
-        controller.fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
+        fetch_summary(agents.addresses["gpu-01"], agents.port, 10, 0.5)
     assert e.value.reason == "timeout"
     wait_for(lambda: "gpu-01" in agents.hung_up)  # hung up while the agent was still dripping
 
@@ -791,7 +792,7 @@ def test_a_cycle_ends_at_its_budget_with_the_dripping_agents_counted(cluster, ag
 
 def test_an_agent_that_is_not_there_is_unreachable(agents):
     with pytest.raises(controller.FetchError) as e:
-        controller.fetch_summary("127.0.0.1", agents.port, 10, 1.0)  # nothing listens on 127.0.0.1 there
+        fetch_summary("127.0.0.1", agents.port, 10, 1.0)  # nothing listens on 127.0.0.1 there
     assert e.value.reason == "unreachable"
 
 

@@ -24,7 +24,7 @@ from nodehealth import config, daemon, inventory, registry
 from nodehealth.engine import Engine
 from nodehealth.host import HostPaths
 from nodehealth.pingmesh import analysis as pingmesh
-from nodehealth.pingmesh import controller, fetch, folded, stats
+from nodehealth.pingmesh import controller, fetch, folded, packed, stats
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
 from nodehealth.pingmesh.mesh import Pingmesh
 
@@ -125,12 +125,16 @@ class Mesh:
                     doc = how(query)
                 else:
                     doc = mesh.agents[name].summary(daemon._windows_param(query), daemon._since_param(query))
+                if isinstance(doc, bytes):  # the packed form
+                    head = json.loads(doc[8:8 + int.from_bytes(doc[4:8], "little")])
+                    return self._send(200, doc, sum("edges" in w for w in head["windows"]), packed.CONTENT_TYPE)
                 return self._send(200, json.dumps(doc).encode(), sum("peers" in w for w in doc["windows"]))
 
-            def _send(self, code: int, body: bytes, full: int) -> None:
+            def _send(self, code: int, body: bytes, full: int, media: str = "application/json") -> None:
                 with mesh.lock:
                     mesh.requests.append((name, self.path, full))
                 self.send_response(code)
+                self.send_header("Content-Type", media)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -337,6 +341,42 @@ def test_garbage_answers_fail_that_agent_alone(ctl, mesh):
     mesh.how.pop("gpu-b0")
     cycle(ctl, mesh)
     assert ctl.last["failed"] == {}
+
+
+def test_a_packed_answer_whose_numbers_do_not_add_up_fails_that_agent_alone(ctl, mesh):
+    """The packed answers that arrive together have their arrays checked together (packed.check_each):
+    one agent's lie fails that agent alone, nothing of it is kept, and every other agent's windows are
+    kept and judged; its next honest answer is asked for whole."""
+    def packed_answer(name: str, lie: bool = False):
+        def answer(query: str) -> bytes:
+            data = bytearray(mesh.agents[name].packed_summary(daemon._windows_param(query), daemon._since_param(query)))
+            if lie:
+                data[-1] = 100  # its last window's last edge: a p99 bucket past the histogram's
+            return bytes(data)
+        return answer
+    for name in NAMES:
+        mesh.how[name] = packed_answer(name)
+    for _ in range(FETCH):
+        cycle(ctl, mesh)
+    assert ctl.last["failed"] == {} and len(ctl.kept) == len(NAMES)
+    mesh.how["gpu-b1"] = packed_answer("gpu-b1", lie=True)
+    cycle(ctl, mesh, [n for n in NAMES if n != "gpu-b1"])
+    assert ctl.last["failed"] == {"invalid": 1}
+    assert "gpu-b1" not in ctl.kept and len(ctl.kept) == len(NAMES) - 1
+    mesh.how["gpu-b1"] = packed_answer("gpu-b1")
+    cycle(ctl, mesh)
+    ((path, full),) = asked(mesh, "gpu-b1")
+    assert "since" not in path and full == FETCH and ctl.last["failed"] == {}
+
+
+def test_a_failure_while_checking_answers_fails_those_agents_not_the_analysis(ctl, mesh, monkeypatch):
+    cycle(ctl, mesh)
+
+    def broken(answers):
+        raise RuntimeError("a bug in the checks")
+    monkeypatch.setattr(controller.packed, "check_each", broken)
+    assert ctl.cycle(mesh.next_window())
+    assert ctl.last["failed"] == {"internal": len(NAMES)} and not ctl.kept
 
 
 def test_a_window_sent_by_its_start_alone_that_the_controller_lacks_is_asked_for_in_full(ctl, mesh):

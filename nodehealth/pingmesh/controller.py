@@ -31,8 +31,8 @@ from nodehealth.kube.defaults import DEFAULTS as KUBE_DEFAULTS
 from nodehealth.kube.election import LEASE_SECONDS, RENEW_SECONDS, LeaderElector
 from nodehealth.model import Metric
 from nodehealth.pingmesh import analysis as pingmesh
-from nodehealth.pingmesh import folded, stats, verdicts
-from nodehealth.pingmesh.fetch import FetchError, fetch_summary
+from nodehealth.pingmesh import folded, packed, stats, verdicts
+from nodehealth.pingmesh.fetch import FetchError, fetch_parsed
 from nodehealth.process_metrics import process_metrics
 from nodehealth.tls.access import Access, http_options
 from nodehealth.tls.identity import load_identity
@@ -45,6 +45,9 @@ FETCH_BUDGET_FRACTION = 0.6
 MAX_VERDICT_SERIES = 50  # nodehealth_pingmesh_verdict series; nodehealth_pingmesh_verdicts counts them all
 KIND_ORDER = {"node": 0, "leaf": 1, "path": 2, "inconclusive": 3}  # what the cap keeps first: taints
 FAILURE_EXAMPLES = 5  # failed agents named in the analysis's log line
+# How long the analysis waits for one more answer to check with those it has (packed.check_each): a
+# fetch is a few milliseconds, and while the analysis is busy the answers wait in the queue anyway.
+CHECK_WAIT_SECONDS = 0.02
 # A stop that hangs anyway prints every thread's stack and exits 1: within the Deployment's grace
 # period of 10 s, and once the Lease is given up, at once (server.STUCK_EXIT_SECONDS).
 STUCK_STOP_SECONDS = 9.0
@@ -222,9 +225,11 @@ class Controller:
         """Every agent's summary, fetched `fetch_concurrency` at a time and handed on as it arrives.
 
         Each agent is asked only for the windows after those kept from its last answer (`since`), and
-        the new ones are made ready (folded) here, once. An agent that fails loses what was kept of it:
-        its next answer comes whole. A short queue holds the fetchers back while the analysis is busy.
-        `failed` gets reason -> node names.
+        the new ones are made ready (folded) by its fetcher, once. Their arrays are checked here, for all
+        the answers that arrived while the analysis was busy at once (packed.check_each): only then are
+        they kept and handed on. An agent that fails loses what was kept of it: its next answer comes
+        whole. A short queue holds the fetchers back while the analysis is busy. `failed` gets reason ->
+        node names.
         """
         timeout = float(self.pm["fetch_timeout_seconds"])
         windows = int(self.pm["fetch_windows"])
@@ -240,15 +245,15 @@ class Controller:
                 except queue.Full:
                     continue
 
-        def fetch(name: str, address: str, since: float | None) -> stats.Summary:
+        def fetch(name: str, address: str, since: float | None) -> tuple[stats.Summary, list[packed.Arrays]]:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise FetchError("deadline", "the analysis ran out of time before this agent")
-            summary = fetch_summary(address, self.agent_port, windows, min(timeout, left), since, self.tls, name,
-                                    self.access.token() if self.tls is None else None, packed=True)
+            summary, arrays = fetch_parsed(address, self.agent_port, windows, min(timeout, left), since, self.tls,
+                                           name, self.access.token() if self.tls is None else None, packed=True)
             if summary.node != name:
                 raise FetchError("wrong_node", f"the agent at {address} says it is {summary.node!r}")
-            return summary
+            return summary, arrays
 
         def one(name: str, address: str) -> None:
             try:
@@ -259,16 +264,15 @@ class Controller:
                     raise FetchError("deadline", "the analysis ran out of time before this agent")
                 kept = self.kept.pop(name, None)
                 try:
-                    prepared, kept, parsed = keep_windows(kept, fetch(name, address, kept and kept.since()), now)
+                    summary, arrays = fetch(name, address, kept and kept.since())
+                    prepared, kept, parsed = keep_windows(kept, summary, now)
                 except FetchError as e:
                     if e.reason != "incomplete":
                         raise
                     log.debug("agent %s: %s; asking for all of it", name, e)
-                    prepared, kept, parsed = keep_windows(None, fetch(name, address, None), now)
-                self.kept[name] = kept
-                with self._lock:
-                    self.parsed += parsed
-                hand_on((name, prepared))
+                    summary, arrays = fetch(name, address, None)
+                    prepared, kept, parsed = keep_windows(None, summary, now)
+                hand_on((name, (prepared, kept, parsed, arrays)))
             except FetchError as e:
                 hand_on((name, e))
             except Exception as e:  # one agent's answer must not stop the analysis of all the others
@@ -279,16 +283,40 @@ class Controller:
         try:
             for name, address in targets:
                 pool.submit(one, name, address)
-            for _ in targets:
-                name, got = arrived.get()
-                if isinstance(got, FetchError):
-                    failed.setdefault(got.reason, []).append(name)
-                    log.debug("agent %s: %s", name, got)
-                else:
-                    yield got
+            left = len(targets)
+            while left:  # answers are checked packed.CHECK_TOGETHER at a time, or as many as come
+                batch = [arrived.get()]
+                while len(batch) < min(left, packed.CHECK_TOGETHER):
+                    try:
+                        batch.append(arrived.get(timeout=CHECK_WAIT_SECONDS))
+                    except queue.Empty:
+                        break
+                left -= len(batch)
+                yield from self._checked(batch, failed)
         finally:
             done.set()
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def _checked(self, batch: list[tuple[str, Any]], failed: dict[str, list[str]]) -> Iterator[folded.Prepared]:
+        """The answers of `batch` (name, and a FetchError or (prepared, kept, parsed, arrays)) whose arrays
+        pass packed.check_each, checked together, kept and handed on; the others go into `failed`."""
+        answers = [(name, got) for name, got in batch if not isinstance(got, FetchError)]
+        try:
+            errors = [e and FetchError("invalid", str(e)) for e in packed.check_each([got[3] for _, got in answers])]
+        except Exception as e:  # as in a fetcher: a failure here must not stop the analysis of the others
+            log.exception("the arrays of %d agents' answers could not be checked", len(answers))
+            errors = [FetchError("internal", str(e))] * len(answers)
+        outcomes = [(name, got) for name, got in batch if isinstance(got, FetchError)]
+        outcomes += [(name, error or got) for (name, got), error in zip(answers, errors)]
+        for name, got in outcomes:
+            if isinstance(got, FetchError):
+                failed.setdefault(got.reason, []).append(name)
+                log.debug("agent %s: %s", name, got)
+                continue
+            prepared, self.kept[name], parsed = got[:3]
+            with self._lock:
+                self.parsed += parsed
+            yield prepared
 
     def _document(self, analysis: dict[str, Any], now: float, reporting: int,
                   failed: dict[str, list[str]]) -> dict[str, Any]:

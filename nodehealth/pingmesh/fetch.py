@@ -134,10 +134,22 @@ def fetch_summary(address: str, port: int, windows: int, timeout: float, since: 
     without their peers (see Pingmesh.summary); with `tls`, only from the agent whose certificate names
     `name`. With `packed`, the packed form is asked for: an agent that does not know it ignores the
     question and answers JSON, read as ever (a rolling upgrade)."""
+    summary, arrays = fetch_parsed(address, port, windows, timeout, since, tls, name, token, packed)
+    error = packed_form.check_each([arrays])[0]
+    if error is not None:
+        raise FetchError("invalid", str(error))
+    return summary
+
+
+def fetch_parsed(address: str, port: int, windows: int, timeout: float, since: float | None = None,
+                 tls: Identity | None = None, name: str = "", token: bytes | None = None,
+                 packed: bool = False) -> tuple[stats.Summary, list[packed_form.Arrays]]:
+    """fetch_summary() without checking a packed answer's arrays: they come with it, for
+    packed.check_each() on many answers at once (a JSON answer comes whole, with none)."""
     data, media = fetch_typed(summary_url(address, port, windows, since, packed), timeout, tls, name, token)
     try:
         if media == packed_form.CONTENT_TYPE:
-            return packed_form.loads(data, stubs=since is not None)
-        return stats.loads_summary(data, stubs=since is not None)
+            return packed_form.parse(data, stubs=since is not None)
+        return stats.loads_summary(data, stubs=since is not None), []
     except stats.SummaryError as e:
         raise FetchError("invalid", str(e)) from None
