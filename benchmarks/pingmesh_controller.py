@@ -1,27 +1,28 @@
 """The controller's analysis cycle at 10,000 agents: the first one, then the steady state, JSON and packed.
 
-The cluster, its faults and its peer entries are benchmarks/pingmesh_analyze.py's. Each cycle one
-more window closes. Every agent answers what its `/v1/pingmesh?windows=6[&since=S]` would (the
-newest window open, with a third of its peers so far; with `since`, the windows up to S and the
-open one by their start alone), as bytes, in the form asked for: JSON, or the packed form
-(`&format=packed1`, packed.py; the agent folds each window it sends). The controller's own code
-takes it from there: stats.loads_summary or packed.loads, controller.keep_windows (fold the new
-windows, take the kept ones) and pingmesh.Analyzer.run, with the summaries streaming into it as the
-fetchers hand them on. No HTTP: fetching overlaps with this work in the controller, and its cost is
-the network's. With both forms (the default), each cycle runs for JSON, then for packed, each with
-its own controller state, in one process. Timed per cycle: decoding (with validation), preparing
-(folding), the analysis, and the floor: the same bytes parsed by the serialization alone (json.loads
-of a JSON answer; json.loads of a packed answer's header and array.frombytes of its arrays), on
-every --floor-every'th answer. Memory: RSS after each cycle and what is kept (RSS covers both
-controllers with both forms: run one form for the controller's own). Past 10,000 nodes the analysis's
-caps (MAX_SUMMARIES, MAX_PEER_ENTRIES) are raised for the measurement, in proportion: how cost grows
-past what one controller takes (docs/pingmesh.md, "Past one controller").
+The cluster, its faults and its peer entries are benchmarks/pingmesh_analyze.py's. Each cycle one more
+window closes. Every agent answers what its `/v1/pingmesh?windows=6[&since=S]` would (the newest window
+open, with a third of its peers so far; with `since`, the windows up to S and the open one by their
+start alone), as bytes, in the form asked for: JSON, or the packed form (`&format=packed1`, packed.py;
+the agent folds each window it sends). The controller's own code takes it from there:
+stats.loads_summary, or packed.parse and packed.check_each (64 answers at a time),
+controller.keep_windows (fold the new windows, take the kept ones) and pingmesh.Analyzer.run, with the
+summaries streaming into it as the fetchers hand them on. No HTTP: fetching overlaps with this work in
+the controller, and its cost is the network's. With both forms (the default), each cycle runs for JSON,
+then for packed, each with its own controller state, in one process. Timed per cycle: decoding (with
+validation), preparing (folding), the analysis, and the floor: the same bytes parsed by the
+serialization alone (json.loads of a JSON answer; json.loads of a packed answer's header and
+array.frombytes of its arrays), on every --floor-every'th answer. Memory: RSS after each cycle and what
+is kept (RSS covers both controllers with both forms: run one form for the controller's own). Past
+10,000 nodes the analysis's caps (MAX_SUMMARIES, MAX_PEER_ENTRIES) are raised for the measurement, in
+proportion: how cost grows past what one controller takes (docs/pingmesh.md, "Past one controller").
 Usage: python benchmarks/pingmesh_controller.py [--nodes 10000] [--rails 2 --pairs 5] [--cycles 4]
-       [--format both|json|packed] [--floor-every 10] [--pregenerate]
+       [--format both|json|packed] [--floor-every 10] [--check-together 64] [--pregenerate]
 """
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import os
 import random
@@ -110,34 +111,41 @@ def kept_bytes(kept: dict[str, controller.KeptWindows]) -> tuple[int, int]:
     return edges, size
 
 
-def stream(items, kept, since, now, spent, counts, form, floor_every):
-    """The prepared summaries, as the controller's fetchers hand them on; time and counts into the dicts."""
-    decode = loads_summary if form == "json" else packed.loads
+def stream(items, kept, since, now, spent, counts, form, floor_every, together):
+    """The prepared summaries, as the controller's fetchers and its loop hand them on; time and counts into
+    the dicts. Packed answers are checked `together` at a time (packed.check_each), as the controller
+    checks those that arrived while the analysis was busy (up to twice fetch_concurrency)."""
     k = 0
     while True:
         t0 = time.perf_counter()
-        item = next(items, None)
+        batch = list(itertools.islice(items, together if form == "packed" else 1))
         t1 = time.perf_counter()
         spent["generate"] += t1 - t0
-        if item is None:
+        if not batch:
             return
-        name, data = item
-        summary = decode(data, stubs=name in since)
+        if form == "json":
+            parsed = [(loads_summary(data, stubs=name in since), []) for name, data in batch]
+        else:
+            parsed = [packed.parse(data, stubs=name in since) for name, data in batch]
+            assert packed.check_each([arrays for _, arrays in parsed]) == [None] * len(batch)
         t2 = time.perf_counter()
-        prepared, kept[name], parsed = controller.keep_windows(kept.get(name), summary, now)
-        t3 = time.perf_counter()
         spent["parse"] += t2 - t1
-        spent["prepare"] += t3 - t2
-        if k % floor_every == 0:  # a sample: the floor, and the decoding of the same answers
-            floor(data, form)
-            spent["floor"] += time.perf_counter() - t3
-            spent["sampled"] += t2 - t1
-        k += 1
-        counts["bytes"] += len(data)
-        counts["windows"] += parsed
-        counts["entries"] += sum(w.ready.entries if w.ready is not None else len(w.peers) for w in summary.windows
-                                 if w.peers is not None or w.ready is not None)
-        yield prepared
+        for (name, data), (summary, _) in zip(batch, parsed):
+            t2 = time.perf_counter()
+            prepared, kept[name], n = controller.keep_windows(kept.get(name), summary, now)
+            t3 = time.perf_counter()
+            spent["prepare"] += t3 - t2
+            if k % floor_every == 0:  # a sample: the floor of one answer in floor_every
+                floor(data, form)
+                spent["floor"] += time.perf_counter() - t3
+                counts["sampled"] += 1
+            k += 1
+            counts["answers"] += 1
+            counts["bytes"] += len(data)
+            counts["windows"] += n
+            counts["entries"] += sum(w.ready.entries if w.ready is not None else len(w.peers)
+                                     for w in summary.windows if w.peers is not None or w.ready is not None)
+            yield prepared
 
 
 def cycle(c, args, cluster_, analyzer, inv, kept, form):
@@ -146,14 +154,15 @@ def cycle(c, args, cluster_, analyzer, inv, kept, form):
     newest = FETCH - 1 + c  # the first cycle finds the agents with fetch_windows windows
     now = T0 + newest * WS + 3
     since = {n: k.since() for n, k in kept.items() if k.since() is not None}
-    spent = {"generate": 0.0, "parse": 0.0, "prepare": 0.0, "floor": 0.0, "sampled": 0.0}
-    counts = {"bytes": 0, "windows": 0, "entries": 0}
+    spent = {"generate": 0.0, "parse": 0.0, "prepare": 0.0, "floor": 0.0}
+    counts = {"bytes": 0, "windows": 0, "entries": 0, "answers": 0, "sampled": 0}
     items = answers(names, leaf, inter, args.leaf_size, args.rails, newest, since, form)
     if args.pregenerate:  # all answers made before the time, and their garbage collected
         items = iter(list(items))
         gc.collect()
     t0 = time.perf_counter()
-    analysis = analyzer.run(stream(items, kept, since, now, spent, counts, form, args.floor_every), now, inv)
+    analysis = analyzer.run(stream(items, kept, since, now, spent, counts, form, args.floor_every,
+                                        args.check_together), now, inv)
     total = time.perf_counter() - t0
     work = total - spent["generate"] - spent["floor"]
     analyze = work - spent["parse"] - spent["prepare"]
@@ -164,8 +173,9 @@ def cycle(c, args, cluster_, analyzer, inv, kept, form):
     print(f"  decode {spent['parse']:.2f} s + prepare {spent['prepare']:.2f} s + analyze {analyze:.2f} s "
           f"= {work:.2f} s (generating the answers, not counted: {made})")
     if spent["floor"]:
-        print(f"  decode / floor on 1 answer in {args.floor_every}: {spent['sampled']:.3f} s / {spent['floor']:.3f} s "
-              f"= {spent['sampled'] / spent['floor']:.2f}x")
+        per_answer, floor_per_answer = spent["parse"] / counts["answers"], spent["floor"] / counts["sampled"]
+        print(f"  decode / floor per answer (the floor on 1 answer in {args.floor_every}): {per_answer * 1e6:.1f} us / "
+              f"{floor_per_answer * 1e6:.1f} us = {per_answer / floor_per_answer:.2f}x")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10
     windows = sum(len(k.windows) for k in kept.values())
     print(f"  RSS {rss_bytes(os.getpid()) / 2**20:.0f} MiB, max {peak:.0f} MiB; kept: {edges} folded edges in "
@@ -181,6 +191,8 @@ def main() -> None:
                    help="make each cycle's answers before timing it (the packed form's fit in memory): the "
                         "generator's garbage is not collected inside the controller's time")
     p.add_argument("--floor-every", type=int, default=10, help="measure the floor on every n-th answer")
+    p.add_argument("--check-together", type=int, default=64,
+                   help="packed answers checked together (the controller: those that arrived while it was busy)")
     args = p.parse_args()
     forms = ("json", "packed") if args.format == "both" else (args.format,)
     pingmesh_analysis.MAX_SUMMARIES = max(pingmesh_analysis.MAX_SUMMARIES, args.nodes)
