@@ -293,3 +293,20 @@ def test_pingmesh_analyze_decodes_packed_answers_together_and_names_the_one_refu
     assert [s.node for s in got] == [s["node"] for k, s in enumerate(summaries[:count]) if k not in bad]
     assert [label for label, _ in problems] == [f"agent-{k}" for k in sorted(bad)]
     assert all("packed summary refused" in why and "slowest bucket" in why for _, why in problems)
+
+
+def test_the_names_memo_gives_only_lists_checked_for_that_node(summaries):
+    """The memo compares the header's bytes from "names" to "windows": a key written again past them (which
+    json takes last) can only get the node the lists it sent and had checked before, never unchecked ones."""
+    data = packed.dumps(stats.parse_summary(summaries[5]))
+    honest = packed.loads(data)
+    end = 8 + int.from_bytes(data[4:8], "little")
+    text = data[8:end][:-1] + b',"n\\u0061mes":["x"]}'
+    again = packed.loads(packed.MAGIC + len(text).to_bytes(4, "little") + text + data[end:])
+    assert again.windows[0].ready.folded.names == honest.windows[0].ready.folded.names
+    stranger = dict(summaries[5], node="never-seen")
+    data = packed.dumps(stats.parse_summary(stranger))
+    end = 8 + int.from_bytes(data[4:8], "little")
+    text = data[8:end][:-1] + b',"n\\u0061mes":["x"]}'
+    with pytest.raises(stats.SummaryError, match="names"):
+        packed.loads(packed.MAGIC + len(text).to_bytes(4, "little") + text + data[end:])
