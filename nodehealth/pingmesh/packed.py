@@ -20,6 +20,7 @@ p99 bucket is the agent's word, checked for range: it feeds medians a lying hist
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import sys
 import threading
@@ -212,8 +213,10 @@ def _checked_names(names: Any, leaves: Any, leaf_of: Any) -> tuple[tuple[str, ..
 def _window(w: dict[str, Any], start: float, closed: bool, view: memoryview, names: tuple[str, ...],
             leaves: tuple[str, ...], nbuckets: int, arrays: list[Arrays]) -> tuple[folded.PreparedWindow, memoryview]:
     """One full window made ready, its arrays appended to `arrays` for check(), and the bytes after it."""
-    edges, nflat, entries, skipped, max_sent = (w.get(k) for k in ("edges", "flat", "entries", "skipped", "max_sent"))
-    if not all(type(x) is int and x >= 0 for x in (edges, nflat, entries, skipped, max_sent)):
+    edges, nflat, entries, skipped, max_sent = w.get("edges"), w.get("flat"), w.get("entries"), w.get("skipped"), \
+        w.get("max_sent")
+    if not (type(edges) is type(nflat) is type(entries) is type(skipped) is type(max_sent) is int
+            and min(edges, nflat, entries, skipped, max_sent) >= 0):
         raise stats.SummaryError("a window's edges, flat, entries, skipped and max_sent must be counts")
     if entries > stats.MAX_PEERS_PER_WINDOW or edges > entries or nflat > 2 * (nbuckets + 1) * edges:
         raise stats.SummaryError(f"a window of {entries} entries ({stats.MAX_PEERS_PER_WINDOW} at most), {edges} "
@@ -294,8 +297,8 @@ def check(windows: list[Arrays]) -> None:
         return
     import numpy as np
 
-    limits = np.array([w.limits for w in windows], np.int64)
-    edges, nflat, nbuckets, names, entries, max_sent = limits.T
+    limits = np.array(list(itertools.chain.from_iterable(w.limits for w in windows)), np.int64)
+    edges, nflat, nbuckets, names, entries, max_sent = limits.reshape(len(windows), 6).T
     idx, sent, lost, retrans, offsets, flat = (np.frombuffer(b"".join([w[k] for w in windows]), np.int32)
                                                for k in range(6))
     rails, top, p99 = (np.frombuffer(b"".join([w[k] for w in windows]), np.int8) for k in range(6, 9))

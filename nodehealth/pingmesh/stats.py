@@ -167,7 +167,8 @@ def parse_summary(obj: Any, stubs: bool = False) -> Summary:
             peers = [p for p in peers if p is not None]
         out.append(Window(start, w.get("closed") is True, peers, skipped))
     return Summary(node, _name(obj.get("leaf"), "leaf"), _name(obj.get("pod"), "pod"),
-                   number(obj.get("time"), "time"), window_seconds, tuple(float(b) for b in buckets), out)
+                   number(obj.get("time"), "time"), window_seconds,
+                   BUCKETS_SECONDS if buckets == _BUCKETS else tuple(float(b) for b in buckets), out)
 
 
 def loads_summary(data: bytes, stubs: bool = False) -> Summary:
