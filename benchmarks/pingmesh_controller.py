@@ -123,6 +123,14 @@ def stream(items, kept, since, now, spent, counts, form, floor_every, together):
         spent["generate"] += t1 - t0
         if not batch:
             return
+        for _, data in batch:  # a sample: the floor of one answer in floor_every, before its decoding
+            if k % floor_every == 0:
+                t = time.perf_counter()
+                floor(data, form)
+                spent["floor"] += time.perf_counter() - t
+                counts["sampled"] += 1
+            k += 1
+        t1 = time.perf_counter()
         if form == "json":
             parsed = [(loads_summary(data, stubs=name in since), []) for name, data in batch]
         else:
@@ -135,11 +143,6 @@ def stream(items, kept, since, now, spent, counts, form, floor_every, together):
             prepared, kept[name], n = controller.keep_windows(kept.get(name), summary, now)
             t3 = time.perf_counter()
             spent["prepare"] += t3 - t2
-            if k % floor_every == 0:  # a sample: the floor of one answer in floor_every
-                floor(data, form)
-                spent["floor"] += time.perf_counter() - t3
-                counts["sampled"] += 1
-            k += 1
             counts["answers"] += 1
             counts["bytes"] += len(data)
             counts["windows"] += n
