@@ -37,8 +37,8 @@ MAGIC = b"NHPK"
 ARRAYS = (("idx", "i"), ("sent", "i"), ("lost", "i"), ("retrans", "i"), ("offsets", "i"), ("flat", "i"),
           ("rails", "b"), ("top", "b"), ("p99", "b"))
 # Answers whose arrays check_each() takes at once where they come one by one (the controller's fetchers,
-# `pingmesh analyze`): a check is a numpy call of ~1 us whatever its size, ~40 of them, so one answer
-# alone costs some 100 us to check, 64 together ~15 us each; they wait for that at most.
+# `pingmesh analyze`): a check is a numpy call of a few us whatever its size, ~45 of them, so an answer
+# alone costs ~130 us to check (reading it, ~65 us), 64 together ~12 us each (benchmarks/RESULTS.md).
 CHECK_TOGETHER = 64
 _BIG_ENDIAN = sys.byteorder == "big"
 assert all(array(code).itemsize == size for code, size in (("i", 4), ("b", 1)))
