@@ -135,9 +135,10 @@ def fetch_summary(address: str, port: int, windows: int, timeout: float, since: 
     `name`. With `packed`, the packed form is asked for: an agent that does not know it ignores the
     question and answers JSON, read as ever (a rolling upgrade)."""
     summary, arrays = fetch_parsed(address, port, windows, timeout, since, tls, name, token, packed)
-    error = packed_form.check_each([arrays])[0]
-    if error is not None:
-        raise FetchError("invalid", str(error))
+    try:
+        packed_form.check(arrays)
+    except stats.SummaryError as e:
+        raise FetchError("invalid", str(e)) from None
     return summary
 
 
