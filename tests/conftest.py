@@ -107,10 +107,19 @@ def wait_for(predicate, timeout: float = 5.0, step: float = 0.01):
     return None
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing is bound to now, and never one handed out before in this run: the kernel may give
+    the same free port to two binds in a row, and a test that asked for two then had one port twice."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def started_agent(listen: str, node: str):

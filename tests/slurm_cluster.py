@@ -12,16 +12,10 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 
-from conftest import require_tool, unavailable
+from conftest import free_port, require_tool, unavailable
 
 NODE = "nh1"
 TOOLS = ("munged", "slurmctld", "slurmd", "scontrol", "sbatch", "scancel")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class SlurmCluster:
@@ -42,7 +36,7 @@ class SlurmCluster:
             f.write(os.urandom(1024))
         os.chmod(os.path.join(top, "munge", "munge.key"), 0o600)
         host = socket.gethostname().split(".")[0]
-        self._write_conf(host, _free_port(), _free_port(), prolog)
+        self._write_conf(host, free_port(), free_port(), prolog)
 
     def _write_conf(self, host: str, ctld_port: int, slurmd_port: int, prolog: str | None) -> None:
         t = self.top
