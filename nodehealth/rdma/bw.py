@@ -47,7 +47,7 @@ REFUSED = b"refused:"  # the line a server answers a client it does not admit wi
 STALL_SECONDS = 10.0
 STOP_POLL_SECONDS = 0.5  # how soon a wait for a client or a peer's bytes sees a stop request
 # What a test's writes may take, per message: 10 ms, or its size at 10 Mbit/s (the slowest link
-# a test waits for; the VM tier's tbf-limited cables run at 15 Mbit/s, rxe under QEMU at ~600)
+# a test waits for; the VM tier's tbf-limited cable runs at 10 Mbit/s, rxe under QEMU at 40-150)
 SECONDS_PER_MESSAGE = 0.01
 FLOOR_BITS_PER_SECOND = 10e6
 CANCELLED = "the test was cancelled (the daemon is stopping)"

@@ -38,9 +38,11 @@ done
 i=0
 until [ "$(ss -ltnH 'sport = :9460' | wc -l)" -ge 5 ] || [ $i -gt 600 ]; do i=$((i+1)); sleep 0.1; done
 HOSTS=$(for i in $NODES; do printf '10.9.0.%s:9460,' $i; done)
-# Soft-RoCE under emulation is bound by the guest's two CPUs, shared by a round's concurrent tests: on a
-# loaded host a clean test measured 0.32 of the others' median (node2, twice, with two partners), where
-# tbf's 15 mbit measures 0.08-0.11. Slow is judged at a fifth of the median here, between the two.
+# Soft-RoCE under emulation is bound by the guest's two CPUs, shared by a round's concurrent tests (40-150
+# Mbit/s): on a loaded host a clean test measured 0.32 of the others' median (node2, twice, with two
+# partners), where tbf's 15 Mbit/s measured 0.08-0.19 and once above 0.2 (its ratio rises as the host
+# slows, the clean one does not). Slow is judged at a fifth of the median here, and the slow cable runs
+# at 10 Mbit/s, the slowest link a test waits for (nodehealth/rdma/bw.py).
 SLOW="--slow-fraction 0.2"
 ncheck() { $NH netcheck run --hosts "$HOSTS" --seconds ${NC_SECONDS:-1} $SLOW "$@"; }
 
@@ -55,8 +57,8 @@ cat $OUT/netcheck_clean.json $OUT/netcheck_clean.err $OUT/netcheck_bytes_*.txt
 step netcheck-faults
 log "netcheck over rdma-bw: node2's switch port down, node4's cable limited by tbf"
 ip -n nhfabric link set sw2 down
-tc qdisc add dev nc4 root tbf rate 15mbit burst 64kb latency 3s
-ip netns exec nhfabric tc qdisc add dev sw4 root tbf rate 15mbit burst 64kb latency 3s
+tc qdisc add dev nc4 root tbf rate 10mbit burst 64kb latency 3s
+ip netns exec nhfabric tc qdisc add dev sw4 root tbf rate 10mbit burst 64kb latency 3s
 ncheck --json > $OUT/netcheck_faults.json 2> $OUT/netcheck_faults.err; echo "rc $?" >> $OUT/netcheck_faults.err
 cat $OUT/netcheck_faults.json $OUT/netcheck_faults.err
 ip -n nhfabric link set sw2 up
@@ -80,9 +82,12 @@ kill $agents
 for p in $agents; do wait $p; done
 
 step netcheck-job
-log "netcheck job on every node over rdma-bw, node3's cable limited by tbf"
-tc qdisc add dev nc3 root tbf rate 15mbit burst 64kb latency 3s
-ip netns exec nhfabric tc qdisc add dev sw3 root tbf rate 15mbit burst 64kb latency 3s
+# A fault whose verdict does not hang on the emulation's speed (a 15 Mbit/s cable once read above a fifth
+# of the others' median here, and every node said sound), and that fails node3's tests at once (RoCE
+# dropped by nftables stalls each for 10 s): the faults step proves slow; this one proves that every node
+# runs the job and prints the same verdict. The agents' TCP between the nodes' addresses takes lo.
+log "netcheck job on every node over rdma-bw, node3's switch port down"
+ip -n nhfabric link set sw3 down
 agents=""
 for i in $NODES; do
   ( $NH netcheck job --hosts "$HOSTS" --listen 10.9.0.$i --name node$i --seconds ${NC_SECONDS:-1} $SLOW --wait 60 \
@@ -90,6 +95,6 @@ for i in $NODES; do
   agents="$agents $!"
 done
 for p in $agents; do wait $p; done
-tc qdisc del dev nc3 root; ip netns exec nhfabric tc qdisc del dev sw3 root
+ip -n nhfabric link set sw3 up
 cat $OUT/netcheck_job1.json $OUT/netcheck_job*.err
 cat $OUT/netcheck_agent*.log
