@@ -12,12 +12,14 @@ the controller, and its cost is the network's. With both forms (the default), ea
 then for packed, each with its own controller state, in one process. Timed per cycle: decoding (with
 validation), preparing (folding), the analysis, and the floor: the same bytes parsed by the
 serialization alone (json.loads of a JSON answer; json.loads of a packed answer's header and
-array.frombytes of its arrays), on every --floor-every'th answer. Memory: RSS after each cycle and what
+array.frombytes of its arrays), on every --floor-every'th answer; and the cyclic collector's share of the
+cycle (gc.callbacks). After each cycle, as the controller does once its verdicts are written,
+controller.freeze_survivors (--no-freeze: not, as before). Memory: RSS after each cycle and what
 is kept (RSS covers both controllers with both forms: run one form for the controller's own). Past
 10,000 nodes the analysis's caps (MAX_SUMMARIES, MAX_PEER_ENTRIES) are raised for the measurement, in
 proportion: how cost grows past what one controller takes (docs/pingmesh.md, "Past one controller").
 Usage: python benchmarks/pingmesh_controller.py [--nodes 10000] [--rails 2 --pairs 5] [--cycles 4]
-       [--format both|json|packed] [--floor-every 10] [--check-together 64] [--pregenerate]
+       [--format both|json|packed] [--floor-every 10] [--check-together 64] [--pregenerate] [--no-freeze]
 """
 from __future__ import annotations
 
@@ -163,10 +165,22 @@ def cycle(c, args, cluster_, analyzer, inv, kept, form):
     if args.pregenerate:  # all answers made before the time, and their garbage collected
         items = iter(list(items))
         gc.collect()
+    collector = {"started": 0.0, 0: 0.0, 1: 0.0, 2: 0.0}
+
+    def timed(phase, info):  # the cyclic collector's time inside the timed cycle, by generation
+        if phase == "start":
+            collector["started"] = time.perf_counter()
+        else:
+            collector[info["generation"]] += time.perf_counter() - collector["started"]
+
+    gc.callbacks.append(timed)
     t0 = time.perf_counter()
-    analysis = analyzer.run(stream(items, kept, since, now, spent, counts, form, args.floor_every,
-                                        args.check_together), now, inv)
-    total = time.perf_counter() - t0
+    try:
+        analysis = analyzer.run(stream(items, kept, since, now, spent, counts, form, args.floor_every,
+                                            args.check_together), now, inv)
+    finally:
+        total = time.perf_counter() - t0
+        gc.callbacks.remove(timed)
     work = total - spent["generate"] - spent["floor"]
     analyze = work - spent["parse"] - spent["prepare"]
     edges, size = kept_bytes(kept)
@@ -174,7 +188,9 @@ def cycle(c, args, cluster_, analyzer, inv, kept, form):
     print(f"cycle {c + 1} {form}: {counts['windows']} windows parsed ({counts['entries']} peer entries, "
           f"{counts['bytes'] / 2**20:.0f} MiB); {analyzer.rebuilt} of {analysis.windows_seen} windows judged again")
     print(f"  decode {spent['parse']:.2f} s + prepare {spent['prepare']:.2f} s + analyze {analyze:.2f} s "
-          f"= {work:.2f} s (generating the answers, not counted: {made})")
+          f"= {work:.2f} s (generating the answers, not counted: {made}); the cyclic collector "
+          f"{collector[0] + collector[1] + collector[2]:.2f} s of it (generations 0, 1, 2: "
+          f"{collector[0]:.2f}, {collector[1]:.2f}, {collector[2]:.2f} s)")
     if spent["floor"]:
         per_answer, floor_per_answer = spent["parse"] / counts["answers"], spent["floor"] / counts["sampled"]
         print(f"  decode / floor per answer (the floor on 1 answer in {args.floor_every}): {per_answer * 1e6:.1f} us / "
@@ -183,6 +199,11 @@ def cycle(c, args, cluster_, analyzer, inv, kept, form):
     windows = sum(len(k.windows) for k in kept.values())
     print(f"  RSS {rss_bytes(os.getpid()) / 2**20:.0f} MiB, max {peak:.0f} MiB; kept: {edges} folded edges in "
           f"{windows} windows, {size / 2**20:.0f} MiB of arrays and tuples", flush=True)
+    if args.freeze:  # what the controller does once the verdicts are written, not in its cycle's time
+        t = time.perf_counter()
+        controller.freeze_survivors(c + 1)
+        print(f"  after the cycle, controller.freeze_survivors: {time.perf_counter() - t:.2f} s, "
+              f"{gc.get_freeze_count()} objects hidden from the collector")
     return work, analysis
 
 
@@ -193,6 +214,8 @@ def main() -> None:
     p.add_argument("--pregenerate", action="store_true",
                    help="make each cycle's answers before timing it (the packed form's fit in memory): the "
                         "generator's garbage is not collected inside the controller's time")
+    p.add_argument("--no-freeze", dest="freeze", action="store_false",
+                   help="do not call controller.freeze_survivors after each cycle (as before it was)")
     p.add_argument("--floor-every", type=int, default=10, help="measure the floor on every n-th answer")
     p.add_argument("--check-together", type=int, default=64,
                    help="packed answers checked together (the controller: those that arrived while it was busy)")

@@ -8,6 +8,7 @@ that refuses.
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import math
 import os
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -849,6 +851,40 @@ def test_the_loops_ride_out_a_refused_lease_and_then_analyze(cluster, agents, ma
     wait_for(lambda: cluster.configmap("nodehealth", "nodehealth-pingmesh"), 5.0)
     assert stored_doc(cluster)["window_seconds"] == 1.0
     assert c.health() == (True, "ok: leading")
+
+
+def test_what_survives_an_analysis_is_hidden_from_the_collector_until_the_loop_stops(cluster, agents, make):
+    agents.now = time.time()
+    c = make(window_seconds=1.0, **SHORT)
+    gc.unfreeze()
+    threads = c.start()
+    wait_for(lambda: cluster.configmap("nodehealth", "nodehealth-pingmesh"), 5.0)
+    wait_for(lambda: gc.get_freeze_count() > 0, 5.0)  # after the analysis that wrote it
+    c.stop.set()
+    for t in threads:
+        t.join(5.0)
+    assert gc.get_freeze_count() == 0  # a process that goes on (here, pytest) gets its collector back
+
+
+def test_a_reference_cycle_that_became_garbage_while_hidden_lives_until_the_next_thaw():
+    class Cyclic:
+        pass
+
+    gc.unfreeze()
+    try:
+        garbage = Cyclic()
+        garbage.me = garbage
+        gone = weakref.ref(garbage)
+        controller.freeze_survivors(1)
+        assert gc.get_freeze_count() > 0
+        del garbage
+        for cycles in range(2, controller.THAW_EVERY_CYCLES):
+            controller.freeze_survivors(cycles)
+            assert gone() is not None, cycles  # hidden: the collector does not see it
+        controller.freeze_survivors(controller.THAW_EVERY_CYCLES)
+        assert gone() is None  # walked once again and freed
+    finally:
+        gc.unfreeze()
 
 
 def test_an_oversized_configmap_is_refused_not_written(cluster, make, monkeypatch, caplog):
