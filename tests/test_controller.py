@@ -92,9 +92,7 @@ class Agents:
         self.packed: set[str] = set()  # agents of this version: asked for the packed form, they answer it
         self.served_packed: set[str] = set()
         for _ in range(20):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
+            self.port = free_port()
             try:
                 self.servers = [self._server(name, address) for name, address in self.addresses.items()]
                 break

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import test_pingmesh_analysis as synthetic
-from conftest import http_get, machine
+from conftest import free_port, http_get, machine
 from fake_kube_apiserver import FakeApiServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,9 +60,7 @@ class Mesh:
         self.requests: list[tuple[str, str, int]] = []  # node, path, windows sent with their peers
         self.lock = threading.Lock()
         for _ in range(20):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                self.port = s.getsockname()[1]
+            self.port = free_port()
             try:
                 self.servers = [self._server(n) for n in NAMES]
                 break

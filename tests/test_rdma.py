@@ -17,6 +17,7 @@ import time
 import types
 
 import pytest
+from conftest import free_port
 
 from nodehealth.host import HostPaths
 from nodehealth.rdma import bw as rdma
@@ -361,9 +362,7 @@ def test_the_daemons_server_rests_as_long_as_each_session_took(monkeypatch):
     monkeypatch.setattr(rdma, "preflight", lambda opts, host, length: "rxe0")
     monkeypatch.setattr(rdma, "_Verbs", lambda stack, opts, device: None)
     monkeypatch.setattr(rdma, "_session", session)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     stop, outcomes = threading.Event(), []
     server = threading.Thread(target=rdma.serve, args=(rdma.Options(port=port), stop, outcomes.append, "127.0.0.1"))
     server.start()
@@ -439,12 +438,6 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(rdma, "preflight", lambda opts, host, need: "rxe0")
     monkeypatch.setattr(rdma, "_Verbs", verbs)
     return links
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_serving(opts, timeout):
