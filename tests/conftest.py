@@ -226,6 +226,21 @@ def daemon_factory():
             d.proc.wait()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _vm_tier_booted_first(request, tmp_path_factory):
+    """A session with VM tests boots their guest as it starts: it runs beside the other tests instead of
+    after them (tests/vm/tier.py), and tests/test_vm_tier.py reads what it left."""
+    if not any(item.get_closest_marker("vm") for item in request.session.items):
+        yield
+        return
+    from vm import tier
+
+    boot = tier.Boot(str(tmp_path_factory.mktemp("vm-out")), str(tmp_path_factory.mktemp("vm-work")))
+    request.config.stash[tier.BOOT] = boot
+    yield
+    boot.stop()
+
+
 @pytest.fixture(autouse=True)
 def _root_logging_restored():
     """A test that runs a command in-process (logs.setup) leaves a root handler on a stream pytest then

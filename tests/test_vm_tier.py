@@ -1,7 +1,8 @@
 """The VM tier: real verbs on Soft-RoCE (rdma_rxe) in Debian's stock kernel under QEMU, one boot.
 
 tests/vm/harness.py boots the guest with the host's root read-only over 9p and runs
-tests/vm/batch.sh, every scenario in one boot; the tests here read what it left. rdma-bw runs against
+tests/vm/batch.sh, every scenario in one boot; the tests here read what it left. The boot starts with
+the session and runs beside the other tests, on the guest's instruction clock (tests/vm/tier.py). rdma-bw runs against
 perftest's ib_write_bw on the same rxe device, interleaved (benchmarks/rdma_bw.sh); the tests assert
 function (bytes written and verified, a peak the link had, clear errors, no leaked verbs objects),
 and the bandwidth ratio is written to vm-bandwidth.txt, not asserted (TCG speed swings with host
@@ -11,36 +12,29 @@ Skipped where QEMU, the kernel or the packages are missing; under CI=true that i
 from __future__ import annotations
 
 import json
-import os
+import pathlib
 import statistics
 
 import pytest
 from conftest import unavailable
-from vm import harness
+from vm import harness, tier
 
 from nodehealth.netcheck import preflight
 
 pytestmark = pytest.mark.vm
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-NEEDED = ("/usr/bin/ib_write_bw", "/usr/lib/python3/dist-packages/pyverbs", "/usr/bin/rdma")
 
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory):
-    if os.geteuid() != 0:
-        unavailable("the VM tier shares the host's root over 9p: it needs root")
-    missing = [p for p in NEEDED if not os.path.exists(p)]
-    if missing:
-        unavailable(f"missing {', '.join(missing)} (.ci/run installs perftest, python3-pyverbs, iproute2)")
-    out = tmp_path_factory.mktemp("vm-out")
-    work = tmp_path_factory.mktemp("vm-work")
+def guest(request, tmp_path_factory):
+    boot = request.config.stash.get(tier.BOOT, None)  # conftest booted it as the session started
+    if boot is None:
+        boot = tier.Boot(str(tmp_path_factory.mktemp("vm-out")), str(tmp_path_factory.mktemp("vm-work")))
     try:
-        harness.build_module(harness.kernel()[1], os.path.join(HERE, "vm", "printk"), str(out))
-        rc, serial, seconds = harness.run_batch(os.path.join(HERE, "vm", "batch.sh"), str(out), str(work), REPO)
+        rc, serial, seconds = boot.wait()
     except harness.Unavailable as e:
         unavailable(str(e))
+    out = pathlib.Path(boot.out)
     console = (out / "console.log").read_text(errors="replace")
     assert rc == 0, console[-4000:]
     print(f"one boot and the whole batch: {seconds:.1f} s")

@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import time
+from typing import Callable
 
 ROOT_MODULES = ("virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
                 "netfs", "fscache", "9pnet", "9pnet_virtio", "9p", "overlay")
@@ -112,12 +113,14 @@ def build_module(release: str, source: str, dest: str) -> str:
 
 
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
-              memory_mb: int = 3072, env: dict[str, str] | None = None, icount: bool = False
+              memory_mb: int = 3072, env: dict[str, str] | None = None, icount: bool = False,
+              nice: int = 0, started: Callable[[subprocess.Popen], None] | None = None
               ) -> tuple[int, str, float]:
     """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds).
     With `icount` the guest's clock counts its instructions (one nanosecond each) instead of following
     the host's: what it measures no longer depends on the host's load. It has one vCPU then (QEMU 7.2
-    hangs bringing up a second one under -icount)."""
+    hangs bringing up a second one under -icount). `nice` lowers QEMU's priority on the host; `started`
+    is given the QEMU process as soon as it runs (a caller in another thread can kill it)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise Unavailable("qemu-system-x86_64 is not installed (.ci/run installs qemu-system-x86)")
@@ -135,13 +138,19 @@ def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float
            "-virtfs", f"local,path={out_dir},mount_tag=out,security_model=none",
            "-net", "none"] + (["-icount", "shift=0"] if icount else [])
     start = time.monotonic()
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, errors="replace", preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    if started:
+        started(p)
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        raise Unavailable(f"the guest did not finish in {timeout:g} s: {(e.stdout or b'')[-2000:]!r}") from None
+        serial, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        serial, _ = p.communicate()
+        raise Unavailable(f"the guest did not finish in {timeout:g} s: {serial[-2000:]!r}") from None
     elapsed = time.monotonic() - start
     rc_file = os.path.join(out_dir, "rc")
     if not os.path.exists(rc_file):
-        raise Unavailable(f"the guest never ran the batch (qemu exit {p.returncode}): {(p.stdout + p.stderr)[-3000:]}")
+        raise Unavailable(f"the guest never ran the batch (qemu exit {p.returncode}): {serial[-3000:]}")
     with open(rc_file) as f:
-        return int(f.read().strip() or 99), p.stdout, elapsed
+        return int(f.read().strip() or 99), serial, elapsed
