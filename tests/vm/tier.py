@@ -13,6 +13,7 @@ import subprocess
 import threading
 
 import pytest
+
 from vm import harness
 
 HERE = os.path.dirname(os.path.abspath(__file__))
