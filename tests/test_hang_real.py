@@ -255,8 +255,9 @@ STRAGGLER_WORKER = os.path.join(HERE, "fixtures", "hang", "straggler_worker.py")
 
 
 def test_real_gloo_straggler_is_named_with_1_4_and_8_collectives_a_step(tmp_path):
-    """Rank 2 computes three times as long every step; only the first collective of a step absorbs
-    the others' wait for it. It is named in each of the three phases' groups, live and in the report."""
+    """Rank 2 computes longer every step (tests/fixtures/hang/straggler_worker.py); only the first
+    collective of a step absorbs the others' wait for it. It is named in each of the three phases'
+    groups, live and in the report."""
     require_torch()
     records, control, bundles = (str(tmp_path / d) for d in ("records", "control", "bundles"))
     os.makedirs(control)
