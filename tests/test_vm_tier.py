@@ -5,8 +5,8 @@ tests/vm/batch.sh, every scenario in one boot; the tests here read what it left.
 the session and runs beside the other tests, on the guest's instruction clock (tests/vm/tier.py). rdma-bw runs against
 perftest's ib_write_bw on the same rxe device, interleaved (benchmarks/rdma_bw.sh); the tests assert
 function (bytes written and verified, a peak the link had, clear errors, no leaked verbs objects),
-and the bandwidth ratio is written to vm-bandwidth.txt, not asserted (TCG speed swings with host
-load; benchmarks/rdma_bw_vm.py measures it for benchmarks/RESULTS.md).
+and the bandwidth ratio is written to vm-bandwidth.txt, not asserted (one round is no measurement;
+benchmarks/rdma_bw_vm.py measures it for benchmarks/RESULTS.md).
 Skipped where QEMU, the kernel or the packages are missing; under CI=true that is a failure.
 """
 from __future__ import annotations

@@ -18,8 +18,8 @@ counts > $OUT/res_base.txt
 
 step bandwidth
 # 1. bandwidth (benchmarks/rdma_bw.sh): ib_write_bw and rdma-bw interleaved at each size, ${REPS} rounds
-# (one for the tests, which assert what each run did, not its speed: a round of the three sizes is ~40 s
-# under TCG; benchmarks/rdma_bw_vm.py runs more for benchmarks/RESULTS.md)
+# (one for the tests, which assert what each run did, not its speed: a round of the three sizes is ~12 s
+# of the guest's instruction clock; benchmarks/rdma_bw_vm.py runs more for benchmarks/RESULTS.md)
 SIZES=${SIZES-4096 65536 1048576}
 REPS=${REPS:-1}
 . benchmarks/rdma_bw.sh

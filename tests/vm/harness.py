@@ -112,15 +112,20 @@ def build_module(release: str, source: str, dest: str) -> str:
     return shutil.copy(ko, os.path.join(dest, "nh_printk.ko"))
 
 
+def _idle_only() -> None:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
               memory_mb: int = 3072, env: dict[str, str] | None = None, icount: bool = False,
-              nice: int = 0, started: Callable[[subprocess.Popen], None] | None = None
+              idle: bool = False, started: Callable[[subprocess.Popen], None] | None = None
               ) -> tuple[int, str, float]:
     """Boot, run `script` (a path on the host) in the guest, power off. Returns (rc, serial log, seconds).
     With `icount` the guest's clock counts its instructions (one nanosecond each) instead of following
     the host's: what it measures no longer depends on the host's load. It has one vCPU then (QEMU 7.2
-    hangs bringing up a second one under -icount). `nice` lowers QEMU's priority on the host; `started`
-    is given the QEMU process as soon as it runs (a caller in another thread can kill it)."""
+    hangs bringing up a second one under -icount). With `idle` QEMU runs on the host's idle time only
+    (SCHED_IDLE): whatever else wants a CPU takes it first. `started` is given the QEMU process as soon as it
+    runs (a caller in another thread can kill it)."""
     qemu = shutil.which("qemu-system-x86_64")
     if not qemu:
         raise Unavailable("qemu-system-x86_64 is not installed (.ci/run installs qemu-system-x86)")
@@ -139,7 +144,7 @@ def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float
            "-net", "none"] + (["-icount", "shift=0"] if icount else [])
     start = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, errors="replace", preexec_fn=(lambda: os.nice(nice)) if nice else None)
+                         text=True, errors="replace", preexec_fn=_idle_only if idle else None)
     if started:
         started(p)
     try:
