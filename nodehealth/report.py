@@ -52,9 +52,9 @@ def to_table(report: Report, width: int = 0, verbose: bool = False, checks: Sequ
         lines.append("no findings")
     if failed:
         lines.append("")
-        folded = {f.reason for f in shown}
+        folded = {(f.check, f.reason) for f in shown}  # the engine's one finding for a failed collector
         for c in failed:  # a failure its checks gave as one finding is shown in full there
-            said = c.failed_reason in folded
+            said = (c.name, c.failed_reason) in folded
             lines.append(f"could not read {c.name}: " + (f"{c.failed_reason} above" if said else c.error))
             names = sorted(x.NAME for x in checks if c.name in x.NEEDS)
             if names:

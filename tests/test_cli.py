@@ -10,7 +10,8 @@ import yaml
 from conftest import machine
 
 from nodehealth import cli, config, node_pass, registry
-from nodehealth.model import Severity
+from nodehealth.model import CollectorResult, Finding, Report, Severity, Status
+from nodehealth.report import to_table
 
 
 def test_select_by_check_and_collector_names():
@@ -317,3 +318,16 @@ def test_the_analysis_without_numpy_says_so_and_exits_2(command):
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == (f"nodehealth {' '.join(command[:2]) if command[0] == 'pingmesh' else command[0]}: the "
                            "pingmesh analysis needs numpy: pip install 'nodehealth[analysis]'\n")
+
+
+def test_a_failed_collector_is_said_above_only_where_its_own_finding_is():
+    """The engine folds a failed collector's checks into one finding under the collector's name; the table
+    points at it ("... above") only when that finding is shown, not at another with the same reason."""
+    failed = CollectorResult("kmsg", True, False, error="/dev/kmsg: Permission denied",
+                             failed_reason="KernelLogUnreadable")
+    own = Finding("kmsg", Severity.UNKNOWN, "KernelLogUnreadable", "Could not judge xid: collector kmsg failed.")
+    other = Finding("journal_check", Severity.UNKNOWN, "KernelLogUnreadable", "Another source's words.")
+    with_own = to_table(Report("n", Status.UNKNOWN, [own], [failed]), width=120)
+    assert "could not read kmsg: KernelLogUnreadable above" in with_own
+    with_other = to_table(Report("n", Status.UNKNOWN, [other], [failed]), width=120)
+    assert "could not read kmsg: /dev/kmsg: Permission denied" in with_other
