@@ -26,10 +26,8 @@ pytestmark = pytest.mark.vm
 
 
 @pytest.fixture(scope="module")
-def guest(request, tmp_path_factory):
-    boot = request.config.stash.get(tier.BOOT, None)  # conftest booted it as the session started
-    if boot is None:
-        boot = tier.Boot(str(tmp_path_factory.mktemp("vm-out")), str(tmp_path_factory.mktemp("vm-work")))
+def guest(request):
+    boot = request.config.stash[tier.BOOT]  # booted as the session started (tests/conftest.py)
     try:
         rc, serial, seconds = boot.wait()
     except harness.Unavailable as e:

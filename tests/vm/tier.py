@@ -44,6 +44,7 @@ class Boot:
         self._result: tuple[int, str, float] | None = None
         self._error: BaseException | None = None
         self._process: subprocess.Popen | None = None
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name="vm-tier", daemon=True)
         self._thread.start()
 
@@ -61,6 +62,8 @@ class Boot:
 
     def _started(self, process: subprocess.Popen) -> None:
         self._process = process
+        if self._stopping:  # the session ended while the module was building
+            process.kill()
 
     def wait(self) -> tuple[int, str, float]:
         """(rc, serial log, seconds), once the guest has powered off; raises what the boot raised."""
@@ -72,6 +75,7 @@ class Boot:
 
     def stop(self) -> None:
         """An ended session leaves no guest behind."""
+        self._stopping = True
         if self._process is not None and self._process.poll() is None:
             self._process.kill()
         self._thread.join(timeout=30)
