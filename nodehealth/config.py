@@ -194,7 +194,8 @@ def check_ranges(cfg: dict[str, Any]) -> None:
             raise ConfigError(f"slurm.{key}: must be at least {least}, not {cfg['slurm'][key]!r}")
     pm = cfg["pingmesh"]
     # A probe may outlive the interval (timeout_seconds >= probe_interval_seconds): it is not refused.
-    for key in ("probe_interval_seconds", "timeout_seconds", "max_probes_per_second", "fetch_timeout_seconds"):
+    for key in ("probe_interval_seconds", "ping_interval_seconds", "timeout_seconds", "max_probes_per_second",
+                "fetch_timeout_seconds"):
         positive(f"pingmesh.{key}", pm[key])
     for key in ("window_seconds", "windows_kept", "max_concurrency", "fetch_concurrency"):
         if not pm[key] >= 1:

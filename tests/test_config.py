@@ -63,6 +63,7 @@ def test_empty_file_means_defaults(tmp_path):
     ("fetch_timeout_seconds: 0", "pingmesh.fetch_timeout_seconds: must be greater than 0"),
     ("fetch_timeout_seconds: .nan", "pingmesh.fetch_timeout_seconds: must be greater than 0, not nan"),
     ("probe_interval_seconds: -1", "pingmesh.probe_interval_seconds: must be greater than 0"),
+    ("ping_interval_seconds: 0", "pingmesh.ping_interval_seconds: must be greater than 0"),
     ("timeout_seconds: 0", "pingmesh.timeout_seconds: must be greater than 0"),
     ("window_seconds: 0.5", "pingmesh.window_seconds: must be at least 1, not 0.5"),
     ("windows_kept: 0", "pingmesh.windows_kept: must be at least 1"),

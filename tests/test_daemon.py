@@ -419,7 +419,7 @@ def test_a_flood_of_idle_connections_leaves_the_daemon_its_descriptors_and_its_p
                                                {"name": "b", "leaf": "l0", "address": "127.0.0.3"}]}))
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"pingmesh": {"port": port, "tcp_port": tcp_port, "probe_interval_seconds": 0.2,
-                                               "timeout_seconds": 1.0}}))
+                                               "ping_interval_seconds": 0.2, "timeout_seconds": 1.0}}))
     state = tmp_path / "state"
     d = daemon_factory(str(plain), str(state), "--config", str(config), "--node-name", "a",
                        "--probe-listen", f"127.0.0.2:{port}", "--probe-inventory", str(inventory),

@@ -236,7 +236,7 @@ def fleet(tmp_path_factory):
         mesh_cfg = tmp / "mesh.json"
         mesh_cfg.write_text(json.dumps({"pingmesh": {
             "window_seconds": 2.0, "port": mesh_port, "tcp_port": tcp_port, "refresh_seconds": 1.0,
-            "probe_interval_seconds": 0.5, "timeout_seconds": 0.5,
+            "probe_interval_seconds": 0.5, "ping_interval_seconds": 0.5, "timeout_seconds": 0.5,
             # every answered peer gets its p99 series, not only a slow one: loopback is never slow
             "peer_series_p99_seconds": 1e-9}}))
         extra = {

@@ -100,7 +100,7 @@ def test_a_pingmesh_verdict_about_the_node_taints_network_through_its_own_daemon
             "kube": {"kubeconfig": server.kubeconfig(str(tmp_path / "kubeconfig")), "retry_initial_seconds": 0.1,
                      "retry_max_seconds": 0.5, "max_quarantined_fraction": 1.0, "resync_seconds": 1.0},
             "pingmesh": {"window_seconds": 2.0, "port": port, "tcp_port": free_port(), "refresh_seconds": 1.0,
-                         "probe_interval_seconds": 0.5}}))
+                         "probe_interval_seconds": 0.5, "ping_interval_seconds": 0.5}}))
         d = daemon_factory(machine("plain-host"), str(tmp_path / "state"), "--kube", "--config", str(cfg),
                            "--node-name", "gpu-a", "--only", "modules,pingmesh", "--probe-listen", f"127.0.0.2:{port}",
                            interval=1.0)

@@ -25,7 +25,8 @@ from netns.mesh import Mesh  # noqa: E402 (after the skip: it needs grpc in the 
 from netns.topology import Topology, Unavailable  # noqa: E402
 
 WINDOW = 4.0
-PINGMESH = {"probe_interval_seconds": 0.25, "window_seconds": WINDOW, "timeout_seconds": 2.0,
+PINGMESH = {"probe_interval_seconds": 0.25, "ping_interval_seconds": 0.25, "window_seconds": WINDOW,
+            "timeout_seconds": 2.0,
             "windows_kept": 20, "max_probes_per_second": 200.0}
 ANALYSIS = dict(PINGMESH_DEFAULTS["analysis"])
 MAX_WINDOWS_TO_DETECT = 6  # open_windows (2) plus slack for the window the fault started in

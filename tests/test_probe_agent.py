@@ -24,6 +24,7 @@ pytest.importorskip("grpc")
 def cfg(port: int, **over) -> dict:
     c = dict(PINGMESH_DEFAULTS, port=port, probe_interval_seconds=0.2, timeout_seconds=0.5)
     c.update(over)
+    c["ping_interval_seconds"] = over.get("ping_interval_seconds", c["probe_interval_seconds"])  # a Ping a probe
     return c
 
 
@@ -73,6 +74,31 @@ def test_ping_and_tcp_probes_are_answered(port):
     assert len(pings) >= 5 and len(connects) >= 5
     assert all(r is not None and r < 0.5 for r in pings + connects)
     assert prober.in_flight == 0
+
+
+def test_a_peer_is_pinged_with_every_third_probe_at_the_default_ratio(port):
+    """ping_interval_seconds three probe intervals (30 s against 10 s by default): each peer gets a Ping with
+    every third TCP probe, and the peers' Pings fall in different rounds, not all in the same one."""
+    server = started_agent(f"127.0.0.2:{port}", "node-b")
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port, probe_interval_seconds=0.1, ping_interval_seconds=0.3), rec)
+        assert prober.ping_every == round(PINGMESH_DEFAULTS["ping_interval_seconds"] /
+                                          PINGMESH_DEFAULTS["probe_interval_seconds"]) == 3
+        prober.set_targets([target("node-b", "127.0.0.2"), Target(node="node-b", address="127.0.0.2", rail=1,
+                                                                   leaf="leaf0", group="same-leaf")])
+        run_prober(prober, 1.5)
+    finally:
+        server.stop(0)
+    pings, connects = rec.of("node-b", "ping"), rec.of("node-b", "tcp")
+    assert len(connects) >= 18  # two rails, a probe each every 0.1 s
+    assert 1 <= len(pings) and abs(len(pings) - len(connects) / 2 / 3) <= 1, (len(pings), len(connects))
+    assert all(r is not None for r in pings)
+
+
+def test_without_tcp_probes_every_probe_is_a_ping(port):
+    prober = Prober("node-a", cfg(port, ping_interval_seconds=30.0, tcp_probe=False), Recorder())
+    assert prober.ping_every == 1
 
 
 def test_a_reply_from_another_node_is_not_an_answer(port):
@@ -185,8 +211,8 @@ def test_two_daemons_probe_each_other_and_publish_windows(tmp_path, daemon_facto
                                                {"name": "c", "leaf": "l1", "address": "127.0.0.5"}]}))
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"pingmesh": {"port": port, "tcp_port": free_port(),
-                                               "probe_interval_seconds": 0.2, "window_seconds": 2.0,
-                                               "timeout_seconds": 2.0}}))
+                                               "probe_interval_seconds": 0.2, "ping_interval_seconds": 0.2,
+                                               "window_seconds": 2.0, "timeout_seconds": 2.0}}))
     daemons = {}
     for name, address in (("a", "127.0.0.2"), ("b", "127.0.0.3")):
         daemons[name] = daemon_factory(machine("plain-host"), str(tmp_path / name), "--only", "modules,pingmesh",
@@ -444,7 +470,8 @@ peer = agent.listen_tcp("127.0.0.9", tcp_port)  # the peer's TCP probe port: con
 ours = agent.Agent(f"127.0.0.8:{port}", "a")
 ours.start()
 recorded = []
-prober = Prober("a", dict(DEFAULTS, port=port, tcp_port=tcp_port, probe_interval_seconds=0.1, timeout_seconds=1.0),
+prober = Prober("a", dict(DEFAULTS, port=port, tcp_port=tcp_port, probe_interval_seconds=0.1,
+                            ping_interval_seconds=0.1, timeout_seconds=1.0),
                 lambda t, probe, sent, rtt, retrans: recorded.append([probe, rtt]))
 prober.accept_probes(agent.listen_tcp("127.0.0.8", tcp_port))
 peers = [Target(node="b", address="127.0.0.9", rail=0, leaf="l", group="g")]

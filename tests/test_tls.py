@@ -410,7 +410,8 @@ def test_two_daemons_with_tls_ping_each_other_and_only_the_controller_reads_them
         d = certs / "cluster" / name
         config = tmp_path / f"{name}.json"
         config.write_text(json.dumps({
-            "pingmesh": {"port": port, "tcp_port": free_port(), "probe_interval_seconds": 0.2, "window_seconds": 2.0,
+            "pingmesh": {"port": port, "tcp_port": free_port(), "probe_interval_seconds": 0.2,
+                         "ping_interval_seconds": 0.2, "window_seconds": 2.0,
                          "timeout_seconds": 1.0},
             "tls": {"enabled": True, "ca_file": str(d / "ca.crt"), "cert_file": str(d / "tls.crt"),
                     "key_file": str(d / "tls.key")}}))

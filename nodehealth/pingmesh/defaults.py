@@ -20,6 +20,9 @@ DEFAULTS: dict[str, Any] = {
     # The gRPC Ping goes to each peer on the first rail both share; every rail costs a channel and
     # calls per rail (at 8 rails over the agent's CPU and memory budget, benchmarks/RESULTS.md).
     "ping_all_rails": False,
+    # A peer's Ping goes with every third of its TCP probes: the verdicts rest on those, and a Ping costs
+    # gRPC Python milliseconds of CPU (benchmarks/RESULTS.md). With tcp_probe off, with every probe.
+    "ping_interval_seconds": 30.0,
     "payload_bytes": 64,
     "max_concurrency": 16,  # probes in flight at once
     "max_probes_per_second": 100.0,  # across all peers; past it probes are skipped and counted
@@ -119,6 +122,8 @@ MEANINGS = {  # what each key means, in docs/configuration.md
     "tcp_probe": "time a TCP connect to each peer on each rail",
     "ping_all_rails": ("send the gRPC Ping on every rail, not only the first both peers share (costs a channel per "
                        "rail)"),
+    "ping_interval_seconds": ("seconds between two gRPC Pings of the same peer, in whole probe intervals (at most one "
+                              "a probe); with `tcp_probe` off, every probe is a Ping"),
     "payload_bytes": "padding of a Ping",
     "max_concurrency": "probes in flight at once",
     "max_probes_per_second": "probes started per second, across all peers; past it probes are skipped and counted",

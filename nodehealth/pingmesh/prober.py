@@ -16,7 +16,10 @@ gRPC calls are futures and TCP connects are non-blocking sockets under one selec
   timeout (lost), a reply from another node as lost. By default only on the first rail the two
   nodes share (`ping_all_rails` pings every rail): each channel costs about 47 KiB and each call
   a few hundred microseconds of CPU in gRPC Python, which at 8 rails would put the agent over
-  its budget (benchmarks/RESULTS.md), while the rails' paths are what the TCP probes measure.
+  its budget (benchmarks/RESULTS.md), while the rails' paths are what the TCP probes measure. For
+  the same reason a peer is pinged every `ping_interval_seconds` (30 s), with every third of its
+  TCP probes: the verdicts rest on the TCP probes, and the Ping adds the application's round trip
+  and whether the peer's agent answers. With `tcp_probe` off, every probe is a Ping.
 - TCP: a fresh connect per probe to the peer's TCP probe port (`tcp_port`), from a fresh source
   port (ECMP spreads them over paths), timed
   SYN to SYN-ACK and reset at once. Linux retransmits a SYN after 1 s and again after 3 s, so a
@@ -67,6 +70,9 @@ class Prober:
         self.cfg = cfg
         self.record = record
         self.interval = float(cfg["probe_interval_seconds"])
+        # A pinged peer gets its Ping with every `ping_every`-th probe (ping_interval_seconds); with no TCP
+        # probes the Pings are the evidence, and go with every probe.
+        self.ping_every = max(1, round(float(cfg["ping_interval_seconds"]) / self.interval)) if cfg["tcp_probe"] else 1
         self.timeout = float(cfg["timeout_seconds"])
         self.max_in_flight = int(cfg["max_concurrency"])
         self.rate = float(cfg["max_probes_per_second"])
@@ -110,6 +116,7 @@ class Prober:
             sel.register(self.listener, selectors.EVENT_READ, None)
         self.accept_paused_until = None
         heap: list[tuple[float, int, Target]] = []
+        rounds: list[int] = []  # probes of each target so far, by its index in the heap's entries
         try:
             while not stop.is_set():
                 if self.accept_paused_until is not None and time.monotonic() >= self.accept_paused_until:
@@ -118,11 +125,13 @@ class Prober:
                 if self.changed.is_set():
                     self.changed.clear()
                     heap = self._schedule()
+                    rounds = [0] * len(heap)
                     self._drop_channels({_endpoint(t, self.cfg) for _, _, t in heap})
                 now = time.monotonic()
                 while heap and heap[0][0] <= now + TICK_SECONDS:
                     due, n, target = heapq.heappop(heap)
-                    self._probe(target, sel)
+                    self._probe(target, sel, ping=(rounds[n] + n) % self.ping_every == 0)  # Pings spread out too
+                    rounds[n] += 1
                     heapq.heappush(heap, (max(due + self.interval, now), n, target))
                 self._poll_connects(sel, 0.0)
                 if heap or sel.get_map():
@@ -182,8 +191,8 @@ class Prober:
         self.trouble.warning("resources", f"pingmesh: cannot probe {target.address}: {error.strerror or error}; "
                                           "skipped and counted")
 
-    def _probe(self, target: Target, sel: selectors.BaseSelector) -> None:
-        if (target.node, target.rail) in self.pinged and self._admit():
+    def _probe(self, target: Target, sel: selectors.BaseSelector, ping: bool) -> None:
+        if ping and (target.node, target.rail) in self.pinged and self._admit():
             self._ping(target)
         if self.cfg["tcp_probe"] and self._admit():
             self._connect(target, sel)
