@@ -41,6 +41,7 @@ from common import (
 
 sys.path.insert(0, ROOT)
 
+from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS  # noqa: E402
 from nodehealth.pingmesh.fetch import FetchError, fetch_summary  # noqa: E402
 
 
@@ -49,9 +50,10 @@ def peer_address(i: int) -> str:
 
 
 def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_addresses: list[str], interval: float,
-         pings_per_node: int) -> None:
+         pings: list[int]) -> None:
     """The peers: a Ping service per peer address; and, towards each measured daemon, what they would
-    send it each interval: a TCP connect per peer and rail and `pings_per_node` Pings per peer."""
+    send it each interval: a TCP connect per peer and rail and `pings[i]` Pings towards the i-th daemon
+    (the peers run its version, which pings each peer every probe or every few)."""
     import asyncio
     import socket
     import struct
@@ -67,18 +69,17 @@ def farm(nodes: int, rails: int, port: int, tcp_port: int, daemon_addresses: lis
     loop = asyncio.new_event_loop()
     servers = loop.run_until_complete(serve_all())
     threading.Thread(target=loop.run_forever, daemon=True).start()
-    pings = {a: grpc.insecure_channel(f"{a}:{port}").unary_unary(ping_wire.METHOD) for a in daemon_addresses}
+    calls = {a: grpc.insecure_channel(f"{a}:{port}").unary_unary(ping_wire.METHOD) for a in daemon_addresses}
     assert len(servers) == nodes * rails
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    work = [(kind, a) for a in daemon_addresses
-            for kind in ["tcp"] * (nodes * rails) + ["ping"] * (nodes * pings_per_node)]
+    work = [(kind, a) for a, n in zip(daemon_addresses, pings) for kind in ["tcp"] * (nodes * rails) + ["ping"] * n]
     seq = 0
     while True:
         for kind, address in work:
             seq += 1
             if kind == "ping":
-                pings[address].future(ping_wire.encode_request(seq, 0, "peer", b"\0" * 64), timeout=2.0)
+                calls[address].future(ping_wire.encode_request(seq, 0, "peer", b"\0" * 64), timeout=2.0)
             else:
                 with socket.socket() as s:
                     s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -121,6 +122,9 @@ def main() -> None:
     p.add_argument("--ping-all-rails", action="store_true", help="a gRPC Ping on every rail, not only the first")
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--interval", type=float, default=10.0, help="seconds between probes of one peer")
+    p.add_argument("--compare-ping-interval", type=float, metavar="S",
+                   help="the compared checkout's seconds between Pings of one peer (default: --interval, a Ping "
+                        "with every probe, as before pingmesh.ping_interval_seconds)")
     p.add_argument("--compare-python", metavar="PY", help="also a daemon with probes run by this interpreter "
                                                             "(another checkout's venv), side by side")
     p.add_argument("--fetch", choices=("none", "json", "packed", "both"), default="none",
@@ -128,10 +132,11 @@ def main() -> None:
     p.add_argument("--farm", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--probe-port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--targets", default="127.0.0.1", help=argparse.SUPPRESS)
+    p.add_argument("--target-pings", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.farm:
         farm(args.nodes, args.rails, args.probe_port, args.probe_port + 1, args.targets.split(","), args.interval,
-             args.rails if args.ping_all_rails else 1)
+             [int(n) for n in args.target_pings.split(",")])
         return
     # The measured node's rails (and the compared one's) sit on loopback addresses of their own.
     measured = {"measured": [f"127.0.0.{r + 1}" for r in range(args.rails)]}
@@ -155,10 +160,21 @@ def main() -> None:
             json.dump({"pingmesh": {"port": probe_port, "tcp_port": probe_port + 1,
                                     "probe_interval_seconds": args.interval,
                                     "ping_all_rails": args.ping_all_rails}}, f)
+        pinged = args.nodes * (args.rails if args.ping_all_rails else 1)
+
+        def pings_towards(k: str) -> int:
+            """The peers' Pings towards daemon k each interval: each pings it every ping interval of k's version."""
+            if k == "compared":
+                every = args.compare_ping_interval or args.interval
+            else:
+                every = PINGMESH_DEFAULTS["ping_interval_seconds"]
+            return round(pinged * args.interval / max(every, args.interval))
+
         farm_proc = subprocess.Popen([sys.executable, __file__, "--farm", "--nodes", str(args.nodes),
                                       "--rails", str(args.rails), "--probe-port", str(probe_port),
                                       "--interval", str(args.interval),
-                                      "--targets", ",".join(a[0] for a in measured.values())]
+                                      "--targets", ",".join(a[0] for a in measured.values()),
+                                      "--target-pings", ",".join(str(pings_towards(k)) for k in measured)]
                                      + (["--ping-all-rails"] if args.ping_all_rails else []),
                                      stdout=subprocess.PIPE, text=True)
         assert farm_proc.stdout.readline().strip() == "ready", "the peer farm did not start"
@@ -197,9 +213,10 @@ def main() -> None:
     lost = {k: metric_value(text, "nodehealth_pingmesh_lost_total", peer_group="same-leaf", probe=k) or 0
             for k in ("ping", "tcp")}
     skipped = metric_value(text, "nodehealth_pingmesh_probes_skipped_total") or 0
-    pings = args.nodes * (args.rails if args.ping_all_rails else 1)
     print(f"peers {args.nodes} nodes x {args.rails} rails; every {args.interval:g}s a TCP connect to each peer "
-          f"address and a gRPC Ping to {pings} of them (the same towards this node); {elapsed:.0f}s, side by side")
+          f"address, and every {PINGMESH_DEFAULTS['ping_interval_seconds']:g}s a gRPC Ping to {pinged} of them (the "
+          f"same towards this node; towards the compared one, {pings_towards('compared')} every {args.interval:g}s); "
+          f"{elapsed:.0f}s, side by side")
     names = {"measured": "with probes", "compared": "compared", "packed": "packed", "without": "without probes"}
     if asked:
         print("the controller's fetches every 30 s: " + ", ".join(
