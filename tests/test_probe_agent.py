@@ -77,8 +77,8 @@ def test_ping_and_tcp_probes_are_answered(port):
 
 
 def test_a_peer_is_pinged_with_every_third_probe_at_the_default_ratio(port):
-    """ping_interval_seconds three probe intervals (30 s against 10 s by default): each peer gets a Ping with
-    every third TCP probe, and the peers' Pings fall in different rounds, not all in the same one."""
+    """ping_interval_seconds three probe intervals (30 s against 10 s by default): a pinged peer gets a Ping
+    with every third TCP probe; the rail it is not pinged on gets TCP probes alone."""
     server = started_agent(f"127.0.0.2:{port}", "node-b")
     try:
         rec = Recorder()
