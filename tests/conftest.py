@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import os
+import random
 import resource
 import shutil
 import signal
@@ -108,14 +109,27 @@ def wait_for(predicate, timeout: float = 5.0, step: float = 0.01):
 
 
 _HANDED_OUT: set[int] = set()
+_PORTS = random.Random()
+
+
+def _ephemeral_low() -> int:
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        return int(f.read().split()[0])
 
 
 def free_port() -> int:
-    """A port nothing is bound to now, and never one handed out before in this run: the kernel may give
-    the same free port to two binds in a row, and a test that asked for two then had one port twice."""
+    """A port nothing is bound to now, never one handed out before in this run, and below the kernel's
+    ephemeral range: the test hands it to another process to bind later, and meanwhile a port from that
+    range can become any connection's local port or another bind(0)'s (CI once failed on a torchrun's
+    EADDRINUSE so). Checked by binding the wildcard address, which clashes with a bind on any address."""
+    low = _ephemeral_low()
     while True:
+        port = _PORTS.randrange(10000, low) if low > 10000 + 1000 else 0
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
             port = s.getsockname()[1]
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
