@@ -3,9 +3,11 @@
 On loopback both ends of a connect (SYN, SYN-ACK, ACK, the RST that closes it) run in the connecting
 thread, so benchmarks/pingmesh_agent.py charges the agent for its peers' half too. This does only that
 work, at the agent benchmark's rate (33 connects a second out and the same accepted, in 0.1 s ticks
-as the prober does): connect, read TCP_INFO, close with RST, accept and close; nothing else.
+as the prober does): connect, read TCP_INFO, close with RST, accept and close; nothing else. With
+--defer-accept the listener is the agent's (TCP_DEFER_ACCEPT): the resets end the connections in the
+kernel and there is nothing to accept.
 
-    python benchmarks/pingmesh_tcp_floor.py [--seconds 40] [--per-tick 3]
+    python benchmarks/pingmesh_tcp_floor.py [--seconds 40] [--per-tick 3] [--defer-accept]
 """
 from __future__ import annotations
 
@@ -22,8 +24,11 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=40.0)
     p.add_argument("--per-tick", type=int, default=3, help="connects a tick of 0.1 s")
+    p.add_argument("--defer-accept", action="store_true", help="the listener as the agent's (TCP_DEFER_ACCEPT)")
     args = p.parse_args()
     listener = socket.socket()
+    if args.defer_accept:
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
     listener.bind(("127.0.0.5", 0))
     listener.listen(1024)
     listener.setblocking(False)
@@ -49,8 +54,8 @@ def main() -> None:
                 break
             conn.close()
     elapsed, cpu = time.monotonic() - start, cpu_seconds() - cpu0
-    print(f"{made / elapsed:.0f} connects/s on loopback in 0.1 s ticks: {cpu / elapsed * 1000:.2f} ms/s of CPU "
-          f"({cpu / elapsed * 100:.2f} % of a core)")
+    print(f"{'deferred ' if args.defer_accept else ''}{made / elapsed:.0f} connects/s on loopback in 0.1 s ticks: "
+          f"{cpu / elapsed * 1000:.2f} ms/s of CPU ({cpu / elapsed * 100:.2f} % of a core)")
 
 
 if __name__ == "__main__":

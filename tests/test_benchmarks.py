@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import require_tool
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,11 +37,14 @@ def test_daemon_parts_times_every_part():
             "scrape: render"} <= set(parts), run.stdout
 
 
-def test_the_pingmesh_tcp_floor_runs():
-    run = subprocess.run([sys.executable, "benchmarks/pingmesh_tcp_floor.py", "--seconds", "1"], cwd=ROOT,
+@pytest.mark.parametrize("defer", [[], ["--defer-accept"]])
+def test_the_pingmesh_tcp_floor_runs(defer):
+    run = subprocess.run([sys.executable, "benchmarks/pingmesh_tcp_floor.py", "--seconds", "1", *defer], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    assert re.search(r"^\d+ connects/s on loopback in 0.1 s ticks: [\d.]+ ms/s of CPU", run.stdout, re.M), run.stdout
+    assert re.search(r"^(deferred )?\d+ connects/s on loopback in 0.1 s ticks: [\d.]+ ms/s of CPU", run.stdout,
+                     re.M), run.stdout
+    assert run.stdout.startswith("deferred ") == bool(defer)
 
 
 def test_the_pingmesh_grpc_floor_runs():

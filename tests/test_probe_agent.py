@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import threading
 import time
 
 import pytest
-from conftest import HERE, free_port, http_get, machine, require_netns, require_tool, started_agent
+from conftest import HERE, free_port, http_get, machine, require_netns, require_tool, started_agent, wait_for
 
 from nodehealth.pingmesh import agent, ping_wire
 from nodehealth.pingmesh.defaults import DEFAULTS as PINGMESH_DEFAULTS
@@ -280,6 +281,28 @@ def test_a_flood_of_connects_on_the_tcp_probe_port_never_stops_our_own_probes(po
         listener.close()
     pings = rec.of("node-b", "ping")
     assert len(pings) >= 6 and all(r is not None for r in pings)
+
+
+def test_a_probe_that_resets_at_once_never_reaches_the_peers_accept(port):
+    """The handshake is the answer: a probe the prober resets once its connect completes stays in the
+    peer's kernel (TCP_DEFER_ACCEPT), so the peer's loop never accepts nor closes it; a connection
+    that stays open is still handed to accept(), where the loop closes it."""
+    listener = agent.listen_tcp("127.0.0.7", port)
+    rec = Recorder()
+    prober = Prober("node-a", cfg(port, tcp_port=port, ping_interval_seconds=10.0, timeout_seconds=3.0), rec)
+    sel = selectors.DefaultSelector()
+    try:
+        for _ in range(20):
+            prober._connect(target("node-b", "127.0.0.7"), sel)
+        assert wait_for(lambda: (prober._poll_connects(sel, 0.1), len(rec.results) == 20)[1], timeout=10)
+        ready, _, _ = select.select([listener], [], [], 0.5)
+        assert ready == [] and all(rtt is not None for _, _, rtt, _ in rec.results), rec.results
+        with socket.create_connection(listener.getsockname(), timeout=5):  # a client that stays
+            ready, _, _ = select.select([listener], [], [], 10)
+        assert ready == [listener]
+    finally:
+        sel.close()
+        listener.close()
 
 
 def test_a_starved_prober_reports_the_kernels_round_trip_not_its_own_delay(port):

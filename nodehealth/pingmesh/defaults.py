@@ -13,7 +13,7 @@ DEFAULTS: dict[str, Any] = {
     "labels": {"leaf": "nodehealth.io/leaf", "pod": "nodehealth.io/pod"},
     "addresses_annotation": "nodehealth.io/probe-addresses",  # "10.0.1.1,10.1.1.1": one per rail
     "port": 9457,  # the peers' Ping port
-    "tcp_port": 9459,  # the peers' TCP probe port: accepted and closed at once, cheaper than gRPC's
+    "tcp_port": 9459,  # the peers' TCP probe port: the kernel's handshake answers, cheaper than gRPC's
     "probe_interval_seconds": 10.0,  # between two probes of the same peer (Pingmesh: >= 10 s)
     "timeout_seconds": 2.0,  # an unanswered probe is lost after this (kubeservice pingmesh-agent: 2 s)
     "tcp_probe": True,  # time a TCP connect to each peer on each rail (SYN round trip; retransmits infer drops)
@@ -116,7 +116,8 @@ MEANINGS = {  # what each key means, in docs/configuration.md
     "addresses_annotation": ("Node annotation with one probe address per rail (`10.0.1.1,10.1.1.1`); else the "
                              "InternalIP as rail 0"),
     "port": "the peers' Ping port",
-    "tcp_port": "the peers' TCP probe port (accepted and closed at once)",
+    "tcp_port": "the peers' TCP probe port (the kernel's handshake answers; a connection that stays is accepted "
+                "and closed)",
     "probe_interval_seconds": "seconds between two probes of the same peer",
     "timeout_seconds": "a probe unanswered after this long is lost",
     "tcp_probe": "time a TCP connect to each peer on each rail",

@@ -6,7 +6,7 @@ finished since the last one (connects, peers' probes to accept), so it wakes ten
 rather than once per probe, its completions and its peers' connects; a wake-up costs 65-105 us of CPU
 on a VM before any work (benchmarks/RESULTS.md). Timing does not suffer: the TCP round trip is the
 kernel's (below) and the Ping's is taken in gRPC's callback; a peer's connect is answered by the
-kernel's handshake, which accept() only dequeues afterwards. A token
+kernel's handshake, and a probe reset at once never reaches accept() (agent.listen_tcp). A token
 bucket caps probes per second and a counter caps probes in flight; a probe that cannot start is
 skipped and counted, never queued (a backlog would only measure ourselves). Nothing here blocks:
 gRPC calls are futures and TCP connects are non-blocking sockets under one selector.
@@ -90,7 +90,7 @@ class Prober:
         self.seq = 0
         self.tokens = self.rate
         self.refilled = time.monotonic()
-        self.listener: socket.socket | None = None  # peers' TCP probes land here: accepted, closed
+        self.listener: socket.socket | None = None  # peers' TCP probes that stay land here: accepted, closed
         self.accept_paused_until: float | None = None  # out of descriptors: not accepting until then
         self.trouble = RateLimitedLog(log)
 
@@ -316,7 +316,8 @@ class Prober:
                 self._finish_connect(sel, key.fileobj, key.data, None)
 
     def _accept_all(self, sel: selectors.BaseSelector) -> None:
-        """Accept and close pending probe connections: the handshake was the answer. At most
+        """Accept and close the probe connections the kernel hands over (one that stayed open or closed with
+        a FIN; a prober's reset one ends in the kernel): the handshake was the answer. At most
         MAX_ACCEPTS_PER_WAKE at a time, so a flood of connects from anyone delays our own probes by a
         bounded amount (the kernel's backlog drops the excess). Out of descriptors, the listener
         stays readable and this loop would spin: it rests for ACCEPT_PAUSE_SECONDS."""
