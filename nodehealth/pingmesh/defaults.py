@@ -24,7 +24,7 @@ DEFAULTS: dict[str, Any] = {
     # gRPC Python milliseconds of CPU (benchmarks/RESULTS.md). With tcp_probe off, with every probe.
     "ping_interval_seconds": 30.0,
     "payload_bytes": 64,
-    "max_concurrency": 16,  # probes in flight at once
+    "max_concurrency": 64,  # probes in flight at once (from its start to the loop's next wake-up at least)
     "max_probes_per_second": 100.0,  # across all peers; past it probes are skipped and counted
     "window_seconds": 30.0,  # R-Pingmesh's window; windows are aligned to the wall clock
     # Windows an agent keeps for /v1/pingmesh: the controller reads fetch_windows (6) of them; ten
@@ -126,7 +126,8 @@ MEANINGS = {  # what each key means, in docs/configuration.md
     "ping_interval_seconds": ("seconds between two gRPC Pings of the same peer, in whole probe intervals (at most one "
                               "a probe); with `tcp_probe` off, every probe is a Ping"),
     "payload_bytes": "padding of a Ping",
-    "max_concurrency": "probes in flight at once",
+    "max_concurrency": "probes in flight at once; a probe counts until the loop's next wake-up (up to 0.5 s) "
+                       "at least, so keep it over `max_probes_per_second` / 2",
     "max_probes_per_second": "probes started per second, across all peers; past it probes are skipped and counted",
     "window_seconds": "length of a window, aligned to the wall clock",
     "windows_kept": "windows an agent keeps for `/v1/pingmesh`",

@@ -1,11 +1,13 @@
 """The prober: times a gRPC Ping and a TCP connect to every peer of the pinglist, on one thread.
 
 Probes of a peer are spread over the interval by a per-peer phase, so load is even. The loop wakes
-once a tick (TICK_SECONDS): it starts the probes due within the tick together and takes what
-finished since the last one (connects, peers' probes to accept), so it wakes ten times a second
-rather than once per probe, its completions and its peers' connects; a wake-up costs 65-105 us of CPU
-on a VM before any work (benchmarks/RESULTS.md). Timing does not suffer: the TCP round trip is the
-kernel's (below) and the Ping's is taken in gRPC's callback; a peer's connect is answered by the
+once a tick: it takes what finished since the last one (connects, peers' probes to accept) and starts
+the probes due within the tick together, so it wakes twice a second at the default 10 s interval
+rather than once per probe, its completions and its peers' connects. On a VM a wake-up costs more
+than the work it then does: 30 connects a second cost 6-7 ms/s of CPU in 0.1 s ticks and 2.5-3 in
+0.5 s ones (benchmarks/RESULTS.md). The tick is a twentieth of the interval, at most MAX_TICK_SECONDS,
+so a probe starts at most 5 % of its interval early. Timing does not suffer: the TCP round trip is
+the kernel's (below) and the Ping's is taken in gRPC's callback; a peer's connect is answered by the
 kernel's handshake, and a probe reset at once never reaches accept() (agent.listen_tcp). A token
 bucket caps probes per second and a counter caps probes in flight; a probe that cannot start is
 skipped and counted, never queued (a backlog would only measure ourselves). Nothing here blocks:
@@ -54,7 +56,8 @@ SYN_RETRANSMIT_SECONDS = 0.9  # Linux's initial RTO is 1 s: a connect this slow 
 # struct tcp_info (linux/tcp.h), stable since 2.6: tcpi_rtt (us) at byte 68, tcpi_total_retrans at byte 100.
 TCP_INFO_BYTES, TCPI_RTT, TCPI_TOTAL_RETRANS = 104, 68, 100
 MAX_WAIT_SECONDS = 0.5  # with nothing to probe or answer, the loop still looks for a new pinglist this often
-TICK_SECONDS = 0.1  # otherwise it wakes once a tick: probes start up to a tick early, finished ones are seen late
+MAX_TICK_SECONDS = 0.5  # otherwise it wakes once a tick: probes start up to a tick early, finished ones are seen late
+TICKS_PER_INTERVAL = 20
 MAX_ACCEPTS_PER_WAKE = 64  # peers' TCP probes answered per turn of the loop (330 peers send 33 a second)
 ACCEPT_PAUSE_SECONDS = 1.0  # out of descriptors, peers' probes wait in the kernel's backlog this long
 OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
@@ -70,6 +73,7 @@ class Prober:
         self.cfg = cfg
         self.record = record
         self.interval = float(cfg["probe_interval_seconds"])
+        self.tick = min(MAX_TICK_SECONDS, self.interval / TICKS_PER_INTERVAL)
         # A pinged peer gets its Ping with every `ping_every`-th probe (ping_interval_seconds); with no TCP
         # probes the Pings are the evidence, and go with every probe.
         self.ping_every = max(1, round(float(cfg["ping_interval_seconds"]) / self.interval)) if cfg["tcp_probe"] else 1
@@ -127,15 +131,15 @@ class Prober:
                     heap = self._schedule()
                     rounds = [0] * len(heap)
                     self._drop_channels({_endpoint(t, self.cfg) for _, _, t in heap})
+                self._poll_connects(sel, 0.0)  # first: what finished is no longer in flight
                 now = time.monotonic()
-                while heap and heap[0][0] <= now + TICK_SECONDS:
+                while heap and heap[0][0] <= now + self.tick:
                     due, n, target = heapq.heappop(heap)
                     self._probe(target, sel, ping=(rounds[n] + n) % self.ping_every == 0)  # Pings spread out too
                     rounds[n] += 1
                     heapq.heappush(heap, (max(due + self.interval, now), n, target))
-                self._poll_connects(sel, 0.0)
                 if heap or sel.get_map():
-                    stop.wait(TICK_SECONDS)
+                    stop.wait(self.tick)
                 else:
                     self.changed.wait(MAX_WAIT_SECONDS)  # nothing to probe or answer: a new pinglist wakes it
         finally:
@@ -307,7 +311,8 @@ class Prober:
             rtt, retransmitted = handshake(key.fileobj)
             if retransmitted is None:
                 retransmitted = seen >= SYN_RETRANSMIT_SECONDS
-            # A retransmitted handshake's sample is the last SYN's alone: the probe's time is the one seen.
+            # A retransmitted handshake's sample is the last SYN's alone: the probe's time is the one seen
+            # (over a second, and late by up to a tick).
             self._finish_connect(sel, key.fileobj, key.data, seen if rtt is None or retransmitted else rtt,
                                  retransmitted)
         now = time.monotonic()
