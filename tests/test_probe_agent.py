@@ -151,6 +151,27 @@ def _silent_peer(address: str, port: int, garbage: bool):
     return close
 
 
+def test_a_ping_our_own_stop_cuts_short_is_skipped_not_lost(port):
+    """The prober's stop closes its channels, which cancels the Pings in flight: the network lost nothing,
+    so they are skipped, as the TCP probes its stop cuts short are."""
+    close = _silent_peer("127.0.0.3", port, garbage=False)
+    try:
+        rec = Recorder()
+        prober = Prober("node-a", cfg(port, timeout_seconds=30.0, tcp_probe=False), rec)
+        prober.set_targets([target("silent", "127.0.0.3")])
+        stop = threading.Event()
+        thread = threading.Thread(target=prober.run, args=(stop,))
+        thread.start()
+        assert wait_for(lambda: prober.started >= 1)
+        stop.set()
+        thread.join(5)
+        assert wait_for(lambda: prober.in_flight == 0)
+    finally:
+        close()
+    assert rec.of("silent", "ping") == [] and prober.skipped >= 1 and prober.started == 0, \
+        (rec.results, prober.skipped, prober.started)
+
+
 @pytest.mark.parametrize("garbage", [False, True], ids=["never-answers", "sends-garbage"])
 def test_misbehaving_peer_costs_lost_probes_and_never_blocks_the_others(port, garbage):
     close = _silent_peer("127.0.0.3", port, garbage)
@@ -349,21 +370,27 @@ def test_at_the_10000_node_load_the_loop_wakes_twice_a_second_and_skips_nothing(
     """41 peers x 8 rails at the default settings (33 TCP probes a second): the loop wakes twice a
     second (a wake-up costs more than the work it then does: benchmarks/RESULTS.md), its half-second
     batches of ~17 probes fit the cap on probes in flight, and every probe is answered."""
-    listener = agent.listen_tcp("127.0.0.9", port)
+    listener = agent.listen_tcp("0.0.0.0", port)  # every peer's address: 127.0.9.1 ...
     rec = Recorder()
     prober = Prober("node-a", dict(PINGMESH_DEFAULTS, port=free_port(), tcp_port=port), rec)
-    prober.set_targets([Target(node=f"n{i}", address="127.0.0.9", rail=r, leaf="leaf0", group="same-leaf")
+    prober.set_targets([Target(node=f"n{i}", address=f"127.0.9.{i + 1}", rail=r, leaf="leaf0", group="same-leaf")
                         for i in range(41) for r in range(8)])
     turns = []
     poll = prober._poll_connects
     monkeypatch.setattr(prober, "_poll_connects", lambda sel, wait: (turns.append(wait), poll(sel, wait)))
+    stop = threading.Event()
+    thread = threading.Thread(target=prober.run, args=(stop,))
     try:
-        run_prober(prober, 3.0)
+        thread.start()
+        time.sleep(3.0)
+        skipped = prober.skipped  # before the stop, which skips the Pings (to no agent here) it cuts short
+        stop.set()
+        thread.join(5)
     finally:
         listener.close()
     tcp = [r for r in rec.results if r[1] == "tcp"]
     assert len(tcp) >= 60 and all(rtt is not None for _, _, rtt, _ in tcp), [r for r in tcp if r[2] is None][:5]
-    assert prober.skipped == 0
+    assert skipped == 0
     assert len(turns) <= 3.0 * 2 + 3, len(turns)
 
 

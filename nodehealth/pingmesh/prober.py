@@ -207,9 +207,9 @@ class Prober:
         self.seq += 1
         seq = self.seq
         try:
-            ping = self._ping_call(target)
+            endpoint, entry = self._ping_call(target)
             start = time.monotonic_ns()
-            call = ping.future(ping_wire.encode_request(seq, start, self.node, self.padding), timeout=self.timeout)
+            call = entry[1].future(ping_wire.encode_request(seq, start, self.node, self.padding), timeout=self.timeout)
         except Exception as e:  # a malformed address must cost one probe, not the loop
             log.debug("ping %s: %s", target.address, e)
             self.record(target, "ping", sent_wall, None, False)
@@ -222,15 +222,18 @@ class Prober:
                 reply = f.result()
                 ok = reply.seq == seq and reply.node == target.node
             except Exception:  # deadline, unavailable, a garbled peer: the probe is lost
+                if self.channels.get(endpoint) is not entry:  # we closed its channel (our stop, a new pinglist)
+                    self._skipped_after_admission()
+                    return
                 ok = False
             self.record(target, "ping", sent_wall, rtt if ok else None, False)
             self._done()
 
         call.add_done_callback(done)
 
-    def _ping_call(self, target: Target) -> Any:
-        """The Ping method on the target's channel (made here once): it takes the request's bytes and
-        gives the reply read by ping_wire."""
+    def _ping_call(self, target: Target) -> tuple[str, tuple[Any, Any, tuple[int, str]]]:
+        """The target's endpoint and channel entry (made here once): (channel, the Ping method, what it was
+        made for); the method takes the request's bytes and gives the reply read by ping_wire."""
         import grpc
 
         endpoint = _endpoint(target, self.cfg)
@@ -254,7 +257,7 @@ class Prober:
                                        _registered_method=True)  # as protoc's stubs: the path interned once
             entry = (channel, ping, made_for)
             self.channels[endpoint] = entry
-        return entry[1]
+        return endpoint, entry
 
     def _drop_channels(self, keep: set[str]) -> None:
         for endpoint in [e for e in self.channels if e not in keep]:
