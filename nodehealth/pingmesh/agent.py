@@ -88,7 +88,7 @@ async def start_server(listen: str, node: str, refuse: Callable[[str, str], None
                ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_SECONDS * 1000)),
                ("grpc.max_connection_idle_ms", int(IDLE_SECONDS * 1000)),
                ("grpc.max_concurrent_streams", MAX_CALLS_PER_CONNECTION),
-               ("grpc.so_reuseport", 0)]
+               ("grpc.so_reuseport", 0), ("grpc.http2.bdp_probe", 0)]
     server = grpc.aio.server(options=options, maximum_concurrent_rpcs=MAX_CONCURRENT_CALLS)
     server.add_generic_rpc_handlers((handler,))
     _bind(server, listen, tls)

@@ -249,6 +249,7 @@ class Prober:
             channel = _channel(grpc, endpoint, credentials, secure + [
                 ("grpc.max_receive_message_length", 64 * 1024),
                 ("grpc.enable_http_proxy", 0), ("grpc.enable_retries", 0),  # a probe is never proxied nor retried
+                ("grpc.http2.bdp_probe", 0),  # Pings are small: no flow-control window to size by PING frames
                 # A Ping to a peer whose connection is down fails at once (lost) until gRPC reconnects:
                 # retry every second at most, so a repaired path stops counting as lossy within one.
                 ("grpc.initial_reconnect_backoff_ms", 200), ("grpc.min_reconnect_backoff_ms", 200),
