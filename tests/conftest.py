@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import logging
@@ -112,7 +113,9 @@ _HANDED_OUT: set[int] = set()
 _PORTS = random.Random()
 
 
-def _ephemeral_low() -> int:
+@functools.cache
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (net.ipv4.ip_local_port_range)."""
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         return int(f.read().split()[0])
 
@@ -122,7 +125,7 @@ def free_port() -> int:
     ephemeral range: the test hands it to another process to bind later, and meanwhile a port from that
     range can become any connection's local port or another bind(0)'s (CI once failed on a torchrun's
     EADDRINUSE so). Checked by binding the wildcard address, which clashes with a bind on any address."""
-    low = _ephemeral_low()
+    low = ephemeral_low()
     while True:
         port = _PORTS.randrange(10000, low) if low > 10000 + 1000 else 0
         with socket.socket() as s:

@@ -1,6 +1,7 @@
 """The gRPC Ping agent and the prober on loopback, with well-behaved and misbehaving peers."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -47,14 +48,23 @@ class Recorder:
             return [r[2] for r in self.results if r[0] == node and r[1] == probe]
 
 
-def run_prober(prober: Prober, seconds: float) -> None:
+@contextlib.contextmanager
+def running(prober: Prober):
+    """The prober's loop on a thread of its own for the block; stopped, and seen to stop, after it."""
     stop = threading.Event()
     thread = threading.Thread(target=prober.run, args=(stop,))
     thread.start()
-    time.sleep(seconds)
-    stop.set()
-    thread.join(5)
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
     assert not thread.is_alive(), "the prober did not stop"
+
+
+def run_prober(prober: Prober, seconds: float) -> None:
+    with running(prober):
+        time.sleep(seconds)
 
 
 @pytest.fixture
@@ -159,12 +169,8 @@ def test_a_ping_our_own_stop_cuts_short_is_skipped_not_lost(port):
         rec = Recorder()
         prober = Prober("node-a", cfg(port, timeout_seconds=30.0, tcp_probe=False), rec)
         prober.set_targets([target("silent", "127.0.0.3")])
-        stop = threading.Event()
-        thread = threading.Thread(target=prober.run, args=(stop,))
-        thread.start()
-        assert wait_for(lambda: prober.started >= 1)
-        stop.set()
-        thread.join(5)
+        with running(prober):
+            assert wait_for(lambda: prober.started >= 1)
         assert wait_for(lambda: prober.in_flight == 0)
     finally:
         close()
@@ -378,14 +384,10 @@ def test_at_the_10000_node_load_the_loop_wakes_twice_a_second_and_skips_nothing(
     turns = []
     poll = prober._poll_connects
     monkeypatch.setattr(prober, "_poll_connects", lambda sel, wait: (turns.append(wait), poll(sel, wait)))
-    stop = threading.Event()
-    thread = threading.Thread(target=prober.run, args=(stop,))
     try:
-        thread.start()
-        time.sleep(3.0)
-        skipped = prober.skipped  # before the stop, which skips the Pings (to no agent here) it cuts short
-        stop.set()
-        thread.join(5)
+        with running(prober):
+            time.sleep(3.0)
+            skipped = prober.skipped  # before the stop, which skips the Pings (to no agent here) it cuts short
     finally:
         listener.close()
     tcp = [r for r in rec.results if r[1] == "tcp"]
