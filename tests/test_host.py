@@ -4,10 +4,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 from conftest import live_root, machine
 
+from nodehealth import host as host_module
 from nodehealth.host import HostPaths, KeptFiles, read_attr
 
 
@@ -42,8 +44,6 @@ def test_a_live_root_without_its_sysfs_says_so_and_a_fixture_folder_never_does(t
 def test_the_sysfs_mount_is_looked_up_once_a_minute_not_by_every_collector(tmp_path, monkeypatch):
     """On a Kubernetes node the mount table has hundreds of lines: the /sys collectors' twice-a-pass
     question reads it once a SYSFS_RECHECK_SECONDS, and a mount that went is seen after that."""
-    from nodehealth import host as host_module
-
     reads = []
     real = host_module.read_text
     monkeypatch.setattr(host_module, "read_text", lambda path, *a, **k: (reads.append(path), real(path, *a, **k))[1])
@@ -108,6 +108,35 @@ def test_kept_files_read_what_is_there_now_through_descriptors_kept_between_read
     assert kept.count == 1
     kept.sweep()  # not read since: closed
     assert kept.count == 0 and open_descriptors() == before
+
+
+def test_kept_files_list_a_directory_again_only_once_it_changed(tmp_path, monkeypatch):
+    """A directory's files come and go with its device (sysfs counters are fixed while it lives): a
+    directory whose modification time is what it was at the last listing, made well after that time,
+    is read through its kept files without being listed; one that changed, or changed just before it
+    was listed (a coarse clock could give the next change the same time), is listed again."""
+    counters = tmp_path / "counters"
+    counters.mkdir()
+    for name, value in (("a", "1"), ("b", "2")):
+        (counters / name).write_text(value + "\n")
+    settled = time.time() - 10
+    os.utime(counters, (settled, settled))
+    listed = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(host_module.os, "listdir", lambda path: listed.append(path) or real_listdir(path))
+    kept = KeptFiles(100)
+    assert kept.read_int_dir(str(counters)) == {"a": 1, "b": 2} and len(listed) == 1
+    (counters / "a").write_text("11\n")  # in place, as the kernel's attributes change: not listed again
+    assert kept.read_int_dir(str(counters)) == kept.read_int_dir(str(counters)) == {"a": 11, "b": 2}
+    assert len(listed) == 1
+    (counters / "c").write_text("3\n")  # a file came: the directory changed now
+    assert kept.read_int_dir(str(counters)) == {"a": 11, "b": 2, "c": 3} and len(listed) == 2
+    assert kept.read_int_dir(str(counters)) == {"a": 11, "b": 2, "c": 3} and len(listed) == 3  # changed just before
+    os.utime(counters, (settled, settled))
+    assert kept.read_int_dir(str(counters)) == {"a": 11, "b": 2, "c": 3} and len(listed) == 4
+    assert kept.read_int_dir(str(counters)) == {"a": 11, "b": 2, "c": 3} and len(listed) == 4
+    (counters / "b").write_text("N/A\n")  # a kept file that no longer reads as a number: file by file, listed
+    assert kept.read_int_dir(str(counters)) == {"a": 11, "b": None, "c": 3} and len(listed) == 5
 
 
 def test_kept_files_hold_at_most_their_limit_and_close_when_dropped(tmp_path):
