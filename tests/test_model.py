@@ -54,6 +54,13 @@ def test_metric_rejects_bad_shapes_and_skips_absent_values():
         m.add((), 1)
     m.add((3,), 2)
     assert m.samples == [(("3",), 2.0)]
+    # put: labels a hot loop made once, already strings; the same checks on the shape and on absence
+    labels = ("4",)
+    m.put(labels, 5)
+    m.put(labels, None)
+    assert m.samples[1:] == [(("4",), 5.0)] and m.samples[1][0] is labels
+    with pytest.raises(ValueError):
+        m.put(("4", "5"), 1)
 
 
 def test_the_json_report_is_strict_json_without_nan_or_infinity():
