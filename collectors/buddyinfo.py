@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from nodehealth.collectors import CollectError
+from nodehealth.collectors import MAX_COUNT_DIGITS, CollectError
 from nodehealth.host import HostPaths, read_text
 from nodehealth.model import Metric
 
@@ -23,8 +23,7 @@ DEFAULTS: dict = {}
 HUGE_BLOCK_BYTES = 2 << 20
 FIXTURE_PAGE_SIZE = 4096
 
-# A kernel counter is at most 20 decimal digits (u64); longer is garbage, not a number to convert.
-_COUNT = re.compile(r"[0-9]{1,20}")
+_COUNT = re.compile(rf"[0-9]{{1,{MAX_COUNT_DIGITS}}}")
 
 
 @dataclass(frozen=True)
@@ -214,9 +213,11 @@ def counters(facts: Buddyinfo) -> dict[str, float]:
 
 
 def _counts(fields: list[str], where: str) -> tuple[int, ...]:
-    if not fields or not all(_COUNT.fullmatch(f) for f in fields):
+    """Fields of _COUNT, checked together (int() alone takes signs, underscores and other digits)."""
+    joined = "".join(fields)
+    if not fields or not (joined.isascii() and joined.isdigit()) or len(max(fields, key=len)) > MAX_COUNT_DIGITS:
         raise CollectError(f"{where}: expected counts, got {' '.join(fields)[:80]!r}")
-    return tuple(int(f) for f in fields)
+    return tuple(map(int, fields))
 
 
 def _node_zone(fields: list[str], where: str) -> tuple[int, str]:

@@ -135,6 +135,9 @@ def test_fewer_orders_than_the_huge_page_order():
     ("Nodes 0, zone Normal 1 2\n", "expected 'Node <n>, zone <name>"),
     ("Node 0, zone Normal 1 2\nNode 0, zone Normal 1 2\n", "appears twice"),
     ("Node 0, zone Normal 1 " + "9" * 30 + "\n", "expected counts"),
+    ("Node 0, zone Normal 1 +2 3\n", "expected counts"),  # int() takes a sign,
+    ("Node 0, zone Normal 1 2_000 3\n", "expected counts"),  # underscores,
+    ("Node 0, zone Normal 1 \u0663 3\n", "expected counts"),  # and other scripts' digits: counts do not
 ])
 def test_malformed_buddyinfo(text, fragment):
     with pytest.raises(CollectError, match="/proc/buddyinfo") as err:
