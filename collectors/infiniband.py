@@ -1,8 +1,9 @@
 """InfiniBand and RoCE ports from /sys/class/infiniband: state, rate, link layer and counters.
 
-Every attribute is read once through read_attr (bounded, non-blocking; some drivers answer EAGAIN
-forever to retries), paths are built by plain concatenation, and no path is checked before it
-is read: a pass over an 8-rail node costs its few hundred small reads and little more.
+Every attribute is read once a pass (bounded, non-blocking; some drivers answer EAGAIN forever to
+retries) through a descriptor kept open between passes (host.KeptFiles: a read at offset 0 runs
+the attribute's show() again), paths are built by plain concatenation, and no path is checked
+before it is read: a pass over an 8-rail node costs its few hundred small reads and little more.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 from nodehealth.collectors import require_sysfs
 from nodehealth.collectors.pcie import PCI_ADDRESS
-from nodehealth.host import HostPaths, KeptFiles, list_dir, read_attr
+from nodehealth.host import HostPaths, KeptFiles, list_dir
 from nodehealth.model import Metric
 
 NAME = "infiniband"
@@ -25,6 +26,9 @@ PHYS_STATE_LINK_UP = 5
 # port_xmit_data / port_rcv_data (and their counters_ext _64 forms) count 4-byte words.
 BYTES_PER_DATA_WORD = 4
 BYTES_PER_SECOND_PER_GBPS = 125_000_000
+
+PORT_ATTRIBUTES = ("state", "phys_state", "rate", "link_layer")
+DEVICE_ATTRIBUTES = ("fw_ver", "board_id", "hca_type", "node_guid")
 
 # hw_counters/lifespan is the driver's cache time for the other hw counters (ms), not a counter.
 NOT_COUNTERS = frozenset({"lifespan"})
@@ -191,13 +195,14 @@ def parse_rate(text: str | None) -> tuple[float | None, str | None]:
 
 def _read_port(device: str, number: int, directory: str, kept: KeptFiles) -> Port:
     prefix = directory + "/"
-    state_id, state = parse_state(read_attr(prefix + "state"))
-    phys_state_id, phys_state = parse_state(read_attr(prefix + "phys_state"))
-    rate_gbps, rate_text = parse_rate(read_attr(prefix + "rate"))
+    attributes = kept.read_texts(directory, PORT_ATTRIBUTES)
+    state_id, state = parse_state(attributes["state"])
+    phys_state_id, phys_state = parse_state(attributes["phys_state"])
+    rate_gbps, rate_text = parse_rate(attributes["rate"])
     return Port(
         device=device, port=number, state_id=state_id, state=state,
         phys_state_id=phys_state_id, phys_state=phys_state,
-        rate_gbps=rate_gbps, rate_text=rate_text, link_layer=read_attr(prefix + "link_layer"),
+        rate_gbps=rate_gbps, rate_text=rate_text, link_layer=attributes["link_layer"],
         counters=kept.read_int_dir(prefix + "counters", NOT_COUNTERS),
         counters_ext=kept.read_int_dir(prefix + "counters_ext", NOT_COUNTERS),
         hw_counters=kept.read_int_dir(prefix + "hw_counters", NOT_COUNTERS),
@@ -208,9 +213,10 @@ def _read_device(name: str, directory: str, kept: KeptFiles) -> Device:
     prefix = directory + "/"
     ports = tuple(_read_port(name, int(p), prefix + "ports/" + p, kept)
                   for p in list_dir(prefix + "ports") if p.isascii() and p.isdigit())
+    attributes = kept.read_texts(directory, DEVICE_ATTRIBUTES)  # after its ports: one that went reads None
     return Device(
-        name=name, fw_version=read_attr(prefix + "fw_ver"), board_id=read_attr(prefix + "board_id"),
-        hca_type=read_attr(prefix + "hca_type"), node_guid=read_attr(prefix + "node_guid"),
+        name=name, fw_version=attributes["fw_ver"], board_id=attributes["board_id"],
+        hca_type=attributes["hca_type"], node_guid=attributes["node_guid"],
         ports=tuple(sorted(ports, key=lambda p: p.port)), pci_bus_id=_pci_bus_id(prefix + "device"),
     )
 
@@ -226,7 +232,8 @@ def _pci_bus_id(link: str) -> str | None:
 
 def collect(host: HostPaths, cfg: dict) -> InfiniBand:
     """A device that vanishes mid-walk reads as a device with no ports and None attributes. The
-    counter directories (~50 files a port) are read through descriptors kept between passes."""
+    attributes and the counter directories (~50 files a port) are read through descriptors kept
+    between passes."""
     require_sysfs(host)
     root = host.sys("class", "infiniband") + "/"
     kept = host.kept(NAME)

@@ -194,9 +194,14 @@ def read_attr(path: str) -> str | None:
 
 
 class KeptFiles:
-    """Directories of integer attributes (IB counters/) read pass after pass through descriptors kept
-    open between passes: a read at offset 0 runs a sysfs attribute's show() again, and costs a quarter
-    to a third of open, read and close (benchmarks/RESULTS.md).
+    """Directories of integer attributes (IB counters/), and attributes read by name (a port's state and
+    rate), read pass after pass through descriptors kept open between passes: a read at offset 0 runs a
+    sysfs attribute's show() again, and costs a quarter to a third of open, read and close
+    (benchmarks/RESULTS.md).
+
+    read_texts gives the named files of a directory as read_attr does (stripped; None where absent or
+    unreadable); a file whose kept descriptor fails to read is opened again, and one that cannot be
+    read is not kept.
 
     read_int_dir gives every file of a directory, one read each: a file that does not hold a decimal
     number (`N/A (no PMA)`) or cannot be read is None; an absent or vanished directory is an empty dict.
@@ -223,11 +228,52 @@ class KeptFiles:
         self._read: set[str] = set()  # directories read since the last sweep
         self.count = 0  # descriptors held
 
+    def read_texts(self, directory: str, names: tuple[str, ...]) -> dict[str, str | None]:
+        with self._lock:
+            self._start_reading(directory)
+            try:
+                st = os.stat(directory)
+            except OSError:
+                self._close(directory)
+                return dict.fromkeys(names)
+            files = self._kept_dir(directory, st).files
+            out: dict[str, str | None] = {}
+            for name in names:
+                fd = files.get(name)
+                if fd is not None:
+                    try:
+                        out[name] = os.pread(fd, 65536, 0).decode("utf-8", "replace").strip()
+                        continue
+                    except OSError:
+                        self._close_file(files, name)  # opened again below
+                out[name] = self._open_text(directory + "/" + name, files, name)
+            return out
+
+    def _open_text(self, path: str, files: dict[str, int], name: str) -> str | None:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            os.close(fd)
+            return None
+        if self.count < self._limit:
+            files[name] = fd
+            self.count += 1
+        else:
+            os.close(fd)
+        return data.decode("utf-8", "replace").strip()
+
+    def _start_reading(self, directory: str) -> None:
+        if self._limit is None:
+            self._limit = kept_files_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self._read.add(directory)
+
     def read_int_dir(self, directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:
         with self._lock:
-            if self._limit is None:
-                self._limit = kept_files_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-            self._read.add(directory)
+            self._start_reading(directory)
             try:
                 st = os.stat(directory)
             except OSError:

@@ -139,6 +139,33 @@ def test_kept_files_list_a_directory_again_only_once_it_changed(tmp_path, monkey
     assert kept.read_int_dir(str(counters)) == {"a": 11, "b": None, "c": 3} and len(listed) == 5
 
 
+def test_kept_files_read_named_attributes_as_read_attr_does_through_kept_descriptors(tmp_path):
+    port = tmp_path / "1"
+    port.mkdir()
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "rate").write_text("400 Gb/sec (4X NDR)\n")
+    os.mkfifo(port / "fifo")  # read as empty, never a wait
+    (port / "dir").mkdir()  # cannot be read: None
+    names = ("state", "rate", "absent", "fifo", "dir")
+    kept = KeptFiles(100)
+    before = open_descriptors()
+    want = {"state": "4: ACTIVE", "rate": "400 Gb/sec (4X NDR)", "absent": None, "fifo": "", "dir": None}
+    assert kept.read_texts(str(port), names) == want == {n: read_attr(str(port / n)) for n in names}
+    assert kept.count == 3 and open_descriptors() == before + 3  # what could be read is kept
+    (port / "state").write_text("1: DOWN\n")  # in place, as the kernel's attributes change
+    (port / "absent").write_text("here\n")  # a file that came is opened
+    assert kept.read_texts(str(port), names) == dict(want, state="1: DOWN", absent="here")
+    assert kept.count == 4 and open_descriptors() == before + 4
+    shutil.rmtree(port)  # the device went: nothing read, every descriptor closed
+    assert kept.read_texts(str(port), names) == dict.fromkeys(names)
+    assert kept.count == 0 and open_descriptors() == before
+    port.mkdir()  # and came back: its files are opened again
+    (port / "state").write_text("4: ACTIVE\n")
+    assert kept.read_texts(str(port), ("state",)) == {"state": "4: ACTIVE"} and kept.count == 1
+    assert KeptFiles(0).read_texts(str(port), ("state",)) == {"state": "4: ACTIVE"}  # nothing kept
+    assert open_descriptors() == before + 1
+
+
 def test_kept_files_hold_at_most_their_limit_and_close_when_dropped(tmp_path):
     counters = tmp_path / "counters"
     counters.mkdir()

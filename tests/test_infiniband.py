@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from nodehealth.checks import infiniband as infiniband_check
 from nodehealth.collectors import infiniband
-from nodehealth.host import HostPaths
+from nodehealth.host import HostPaths, KeptFiles
 from nodehealth.model import Observed
 
 HERE = os.path.dirname(__file__)
@@ -179,14 +179,14 @@ def test_supported():
 
 def test_a_device_that_vanishes_mid_walk_reads_as_partial(h100_copy, monkeypatch):
     victim = h100_copy / "sys" / "class" / "infiniband" / "mlx5_1"
-    real_read_attr = infiniband.read_attr
+    real_read_texts = KeptFiles.read_texts
 
-    def read_attr(path):
-        if path.endswith("mlx5_1/ports/1/state") and victim.exists():
+    def read_texts(kept, directory, names):
+        if directory.endswith("mlx5_1/ports/1") and victim.exists():
             shutil.rmtree(victim)
-        return real_read_attr(path)
+        return real_read_texts(kept, directory, names)
 
-    monkeypatch.setattr(infiniband, "read_attr", read_attr)
+    monkeypatch.setattr(KeptFiles, "read_texts", read_texts)
     facts = collect(h100_copy)
     gone = port(facts, "mlx5_1:1")
     assert (gone.state_id, gone.rate_gbps, gone.link_layer, gone.counters) == (None, None, None, {})
