@@ -24,19 +24,6 @@ class CollectError(Exception):
     """The source exists but could not be read or parsed; the message says which file and why."""
 
 
-MAX_COUNT_DIGITS = 20  # a kernel counter is at most 20 decimal digits (u64): longer is garbage, not a number
-
-
-def kernel_integer(text: str, signed: bool = False) -> int | None:
-    """A field of a /proc table as the kernel prints a number: ASCII digits, at most MAX_COUNT_DIGITS,
-    after a minus where `signed`; None otherwise (int() alone takes a plus, underscores, spaces and
-    other scripts' digits). Cheaper than a regular expression in the parsers' loops."""
-    digits = text[1:] if signed and text[:1] == "-" else text
-    if 0 < len(digits) <= MAX_COUNT_DIGITS and digits.isascii() and digits.isdigit():
-        return int(text)
-    return None
-
-
 def require_sysfs(host: HostPaths) -> None:
     """CollectError when a live host's sysfs is not mounted where the collector reads it. The
     collectors of /sys call it in collect() and say supported in supported() meanwhile: on a live

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from nodehealth.collectors import MAX_COUNT_DIGITS, CollectError
+from nodehealth.collectors import CollectError
 from nodehealth.host import HostPaths, read_text
 from nodehealth.model import Metric
 
@@ -23,6 +23,8 @@ DEFAULTS: dict = {}
 HUGE_BLOCK_BYTES = 2 << 20
 FIXTURE_PAGE_SIZE = 4096
 
+# A kernel counter is at most 20 decimal digits (u64); longer is garbage, not a number to convert.
+MAX_COUNT_DIGITS = 20
 _COUNT = re.compile(rf"[0-9]{{1,{MAX_COUNT_DIGITS}}}")
 
 

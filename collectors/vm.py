@@ -9,7 +9,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from nodehealth.collectors import CollectError, kernel_integer
+from nodehealth.collectors import CollectError
 from nodehealth.host import HostPaths, read_attr, read_text
 from nodehealth.model import Metric
 
@@ -24,8 +24,9 @@ DEFRAG_MODES = ("always", "defer", "defer+madvise", "madvise", "never")
 SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
 
 _BRACKETED = re.compile(r"\[([^\[\]\s]+)\]")
-KEPT_PREFIXES = ("compact_", "thp_")
+_VMSTAT_LINE = re.compile(r"(\S+)\s+(-?[0-9]{1,20})")
 _KEPT_COUNTER = re.compile(r"(compact|thp)_[a-z0-9_]+")
+_MEMINFO_LINE = re.compile(r"([^:\s]+):\s+(-?[0-9]{1,20})(\s+kB)?")
 
 
 @dataclass(frozen=True)
@@ -138,15 +139,14 @@ def parse_vmstat(text: str) -> dict[str, int]:
     counters: dict[str, int] = {}
     lines = 0
     for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split()
-        if not fields:
+        if not line.strip():
             continue
-        value = kernel_integer(fields[1], signed=True) if len(fields) == 2 else None
-        if value is None:
+        match = _VMSTAT_LINE.fullmatch(line.strip())
+        if match is None:
             raise CollectError(f"/proc/vmstat line {number} is not 'name value': {line[:80]!r}")
         lines += 1
-        if fields[0].startswith(KEPT_PREFIXES) and _KEPT_COUNTER.fullmatch(fields[0]):
-            counters[fields[0]] = value
+        if _KEPT_COUNTER.fullmatch(match.group(1)):
+            counters[match.group(1)] = int(match.group(2))
     if not lines:
         raise CollectError("/proc/vmstat is empty")
     return counters
@@ -156,16 +156,14 @@ def parse_meminfo(text: str) -> Meminfo:
     """`Name:   value kB` lines (pool sizes have no unit); kB become bytes."""
     values: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
-        fields = line.split()
-        if not fields:
+        if not line.strip():
             continue
-        name = fields[0][:-1]
-        value = kernel_integer(fields[1], signed=True) if len(fields) in (2, 3) else None
-        if (value is None or not fields[0].endswith(":") or not name or ":" in name
-                or (len(fields) == 3 and fields[2] != "kB")):
+        match = _MEMINFO_LINE.fullmatch(line.strip())
+        if match is None:
             raise CollectError(f"/proc/meminfo line {number} is not 'Name: value [kB]': {line[:80]!r}")
+        name, value, unit = match.groups()
         if name in MEMINFO_FIELDS:
-            values[MEMINFO_FIELDS[name]] = value * (1024 if len(fields) == 3 else 1)
+            values[MEMINFO_FIELDS[name]] = int(value) * (1024 if unit else 1)
     if "mem_total_bytes" not in values:
         raise CollectError("/proc/meminfo has no MemTotal line")
     return Meminfo(**values)
