@@ -180,17 +180,25 @@ def read_attr(path: str) -> str | None:
     Absent is not zero: callers keep None distinct from a value. Attributes that the driver
     refuses to produce (EINVAL, EOPNOTSUPP, EAGAIN, ...) also read as None.
     """
-    try:  # read_text(path, 65536, single=True) inlined: collectors read hundreds of these a pass
+    opened = _open_attr(path)
+    if opened is None:
+        return None
+    os.close(opened[0])
+    return opened[1].decode("utf-8", "replace").strip()
+
+
+def _open_attr(path: str) -> tuple[int, bytes] | None:
+    """An attribute opened and read once (read_text(path, 65536, single=True) inlined: collectors read
+    hundreds of these a pass): its descriptor, still open, and what it read; None when either failed."""
+    try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.read(fd, 65536)
+        return fd, os.read(fd, 65536)
     except OSError:
-        return None
-    finally:
         os.close(fd)
-    return data.decode("utf-8", "replace").strip()
+        return None
 
 
 class KeptFiles:
@@ -230,13 +238,10 @@ class KeptFiles:
 
     def read_texts(self, directory: str, names: tuple[str, ...]) -> dict[str, str | None]:
         with self._lock:
-            self._start_reading(directory)
-            try:
-                st = os.stat(directory)
-            except OSError:
-                self._close(directory)
+            looked = self._look(directory)
+            if looked is None:
                 return dict.fromkeys(names)
-            files = self._kept_dir(directory, st).files
+            files = looked[0].files
             out: dict[str, str | None] = {}
             for name in names:
                 fd = files.get(name)
@@ -250,15 +255,10 @@ class KeptFiles:
             return out
 
     def _open_text(self, path: str, files: dict[str, int], name: str) -> str | None:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
+        opened = _open_attr(path)
+        if opened is None:
             return None
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            os.close(fd)
-            return None
+        fd, data = opened
         if self.count < self._limit:
             files[name] = fd
             self.count += 1
@@ -266,20 +266,24 @@ class KeptFiles:
             os.close(fd)
         return data.decode("utf-8", "replace").strip()
 
-    def _start_reading(self, directory: str) -> None:
+    def _look(self, directory: str) -> tuple[_KeptDir, os.stat_result] | None:
+        """The directory's kept files and its stat now (read: not swept); None, its files closed, when it is gone."""
         if self._limit is None:
             self._limit = kept_files_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self._read.add(directory)
+        try:
+            st = os.stat(directory)
+        except OSError:
+            self._close(directory)
+            return None
+        return self._kept_dir(directory, st), st
 
     def read_int_dir(self, directory: str, skip: frozenset = frozenset()) -> dict[str, int | None]:
         with self._lock:
-            self._start_reading(directory)
-            try:
-                st = os.stat(directory)
-            except OSError:
-                self._close(directory)
+            looked = self._look(directory)
+            if looked is None:
                 return {}
-            kept = self._kept_dir(directory, st)
+            kept, st = looked
             if kept.whole and kept.settled and st.st_mtime_ns == kept.mtime_ns:  # no file came or went: one loop
                 try:
                     return {name: int(os.pread(fd, 4096, 0)) for name, fd in kept.files.items()}
