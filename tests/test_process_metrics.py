@@ -1,4 +1,4 @@
-"""The daemon's and the controller's own `process_*` families (psutil): the names, types and values every
+"""The daemon's and the controller's own `process_*` families: the names, types and values every
 Prometheus exporter has, checked against the kernel's figures for the daemon's process and against
 prometheus_client's own process collector reading the same process."""
 from __future__ import annotations
@@ -81,7 +81,7 @@ def test_the_controller_has_them_too(tmp_path):
 
 
 def test_a_forked_child_describes_itself_not_its_parent():
-    """The figures are read through a kept psutil.Process: a child forked after a scrape has its own."""
+    """The start time is read once a process: a child forked after a scrape has its own figures."""
     def cpu() -> float:
         return next(m.samples[0][1] for m in process_metrics() if m.name == "process_cpu_seconds_total")
 
