@@ -187,11 +187,12 @@ def read_attr(path: str) -> str | None:
     return opened[1].decode("utf-8", "replace").strip()
 
 
-def _open_attr(path: str) -> tuple[int, bytes] | None:
-    """An attribute opened and read once (read_text(path, 65536, single=True) inlined: collectors read
-    hundreds of these a pass): its descriptor, still open, and what it read; None when either failed."""
+def _open_attr(path: str, dir_fd: int | None = None) -> tuple[int, bytes] | None:
+    """An attribute opened (relative to `dir_fd` if given) and read once (read_text(path, 65536,
+    single=True) inlined: collectors read hundreds of these a pass): its descriptor, still open, and what
+    it read; None when either failed."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
         return None
     try:
@@ -258,13 +259,16 @@ class KeptFiles:
         opened = _open_attr(path)
         if opened is None:
             return None
-        fd, data = opened
+        self._keep(files, name, opened[0])
+        return opened[1].decode("utf-8", "replace").strip()
+
+    def _keep(self, files: dict[str, int], name: str, fd: int) -> None:
+        """A descriptor just opened and read: kept within the budget, else closed."""
         if self.count < self._limit:
             files[name] = fd
             self.count += 1
         else:
             os.close(fd)
-        return data.decode("utf-8", "replace").strip()
 
     def _look(self, directory: str) -> tuple[_KeptDir, os.stat_result] | None:
         """The directory's kept files and its stat now (read: not swept); None, its files closed, when it is gone."""
@@ -284,11 +288,10 @@ class KeptFiles:
             if looked is None:
                 return {}
             kept, st = looked
-            if kept.whole and kept.settled and st.st_mtime_ns == kept.mtime_ns:  # no file came or went: one loop
-                try:
-                    return {name: int(os.pread(fd, 4096, 0)) for name, fd in kept.files.items()}
-                except (OSError, ValueError):
-                    pass  # a file went (sysfs: ENODEV) or a value is no number: listed and read file by file
+            if kept.whole and kept.settled and st.st_mtime_ns == kept.mtime_ns:  # no file came or went
+                values = _read_whole(kept)
+                if values is not None:
+                    return values
             try:
                 dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:
@@ -319,11 +322,10 @@ class KeptFiles:
             self._close(directory)
             return {}
         kept.mtime_ns, kept.settled = st.st_mtime_ns, listed_at - st.st_mtime_ns / 1e9 > SETTLED_SECONDS
-        if names == kept.listed and kept.whole:  # every file kept, as at the last read: one tight loop
-            try:
-                return {name: int(os.pread(fd, 4096, 0)) for name, fd in kept.files.items()}
-            except (OSError, ValueError):
-                pass  # a read failed or a value is no number: file by file below
+        if names == kept.listed and kept.whole:  # every file kept, as at the last read
+            values = _read_whole(kept)
+            if values is not None:
+                return values
         files = kept.files
         for name in set(files).difference(names):
             self._close_file(files, name)
@@ -340,23 +342,10 @@ class KeptFiles:
                 else:
                     out[name] = _int_or_none(data)
                     continue
-            try:
-                fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-            except OSError:
-                out[name] = None
-                continue
-            try:
-                data = os.read(fd, 4096)
-            except OSError:
-                os.close(fd)
-                out[name] = None
-                continue
-            out[name] = _int_or_none(data)
-            if self.count < self._limit:
-                files[name] = fd
-                self.count += 1
-            else:
-                os.close(fd)
+            opened = _open_attr(name, dir_fd)
+            out[name] = None if opened is None else _int_or_none(opened[1])
+            if opened is not None:
+                self._keep(files, name, opened[0])
         kept.listed, kept.whole = names, len(files) == len(out) and None not in out.values()
         return out
 
@@ -398,6 +387,15 @@ class _KeptDir:
         self.mtime_ns = -1  # the directory's modification time at the last listing
         self.settled = False  # that time was over SETTLED_SECONDS before the listing
         self.whole = False  # every file kept and a number: the next read of the same names is one loop
+
+
+def _read_whole(kept: _KeptDir) -> dict[str, int] | None:
+    """Every kept file of a directory whose files are all kept and numbers, in one tight loop; None when a
+    read fails (a file went: sysfs answers ENODEV) or a value is no number: the caller reads file by file."""
+    try:
+        return {name: int(os.pread(fd, 4096, 0)) for name, fd in kept.files.items()}
+    except (OSError, ValueError):
+        return None
 
 
 def _int_or_none(data: bytes) -> int | None:

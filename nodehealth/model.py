@@ -162,12 +162,8 @@ class Metric:
 
     def add(self, label_values: Sequence[Any], value: float | None) -> None:
         """Add one sample; a None value (absent fact) adds nothing: absent is not zero."""
-        if value is None:
-            return
-        labels = tuple(map(str, label_values))
-        if len(labels) != len(self.labels):
-            raise ValueError(f"{self.name}: expected labels {self.labels}, got {labels}")
-        self.samples.append((labels, float(value)))
+        if value is not None:
+            self.put(tuple(map(str, label_values)), value)
 
     def put(self, labels: tuple[str, ...], value: float | None) -> None:
         """add() for a loop that made its labels once, a tuple of strings: a third of add()'s cost, which

@@ -45,7 +45,6 @@ def process_metrics() -> list[Metric]:
     return [Metric.one(name, help_text, value, kind) for name, help_text, kind, value in families]
 
 
-
 def _open_fds() -> int:
     """This process's open descriptors: /proc/self/fd's size where the kernel says it (6.2 and later),
     else its entries counted. Listing them costs ~0.3 ms a scrape with the ~500 counter
