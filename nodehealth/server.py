@@ -7,8 +7,9 @@ requests reach the worker threads. http.server's per-read socket timeout does no
 a client that sends one byte a second never times out (slowloris), and sixteen of them hold every
 worker. Here one reader thread collects each connection's request head without blocking, so a
 slow or idle client costs a file descriptor, not a worker; it is dropped at its deadline, and past
-MAX_PENDING the oldest waiting connection is dropped to make room. Workers get the head from
-memory and write the answer under what is left of the same deadline. Some workers are kept for
+MAX_PENDING the oldest waiting connection is dropped to make room. Workers parse the head from
+memory (parse_head: a GET or HEAD line and a few headers, without http.server's handler and its
+e-mail header parser) and write the whole answer at once under what is left of the same deadline. Some workers are kept for
 the priority paths (/metrics, /healthz): clients hammering a heavy path (/v1/pingmesh) take the
 others, never a scrape's or the kubelet's. A route that raises answers 500, and what goes wrong
 is one counted log line per cause and minute, not a traceback per request. Closing the server drops
@@ -29,9 +30,9 @@ hangs anyway, in a thread or in the interpreter's teardown, prints every thread'
 """
 from __future__ import annotations
 
+import email.utils
 import errno
 import faulthandler
-import io
 import json
 import logging
 import resource
@@ -45,7 +46,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http import HTTPStatus
+from http.server import HTTPServer
 
 from nodehealth.logs import RateLimitedLog
 from nodehealth.model import Metric
@@ -54,6 +56,7 @@ from nodehealth.tls.nonblocking import handshake_step, receive
 log = logging.getLogger("nodehealth.server")
 
 MAX_HEAD_BYTES = 16384  # our requests are a GET line and a few headers
+MAX_HEADERS = 100  # as http.client allows: past it, 431
 MAX_PENDING = 256  # connections still sending their request head; well under a default fd limit of 1024
 MAX_CONCURRENT_REQUESTS = 16
 PRIORITY_WORKERS = 4  # of those, kept for the priority paths: the scrape and the kubelet need one each
@@ -76,8 +79,75 @@ ACCEPT_POLL_SECONDS = 5.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 Answer = tuple[int, bytes, str]  # status, body, content type
+Reply = tuple[int, bytes, str, dict[str, str]]  # an Answer and its extra headers
 Routes = dict[str, Callable[[str], Answer]]  # path -> the answer to its query string
-Guard = Callable[[str, object, socket.socket], "int | None"]  # (path, headers, connection) -> status to refuse with
+# (path, headers with lower-cased names, connection) -> the status to refuse with
+Guard = Callable[[str, dict[str, str], socket.socket], "int | None"]
+
+
+class Request:
+    """A request head as the workers parse it: header names lower-cased, the target's path apart from its query."""
+
+    __slots__ = ("method", "path", "query", "headers", "connection")
+
+    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], connection: socket.socket):
+        self.method, self.path, self.query, self.headers, self.connection = method, path, query, headers, connection
+
+
+Respond = Callable[[Request], Reply]
+
+
+class BadRequest(Exception):
+    """A head that is not a GET or HEAD request we can read: answered with `status`, no route runs."""
+
+    def __init__(self, status: int, why: str):
+        super().__init__(why)
+        self.status = status
+
+
+def parse_head(head: bytes, connection: socket.socket) -> Request:
+    """`METHOD TARGET HTTP/1.x` and `Name: value` lines up to the blank one (bytes as latin-1, as http.server
+    reads them). Raises BadRequest: 400 for what is not such a head, 431 past MAX_HEADERS, 501 for a method
+    other than GET or HEAD, 505 for HTTP/2 and later."""
+    lines = head.decode("latin-1").split("\n")
+    words = lines[0].rstrip("\r").split()
+    if len(words) != 3:
+        raise BadRequest(400, "a request line is METHOD TARGET VERSION")
+    method, target, version = words
+    major, dot, minor = version[5:].partition(".")
+    if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
+            and major.isascii() and minor.isascii()):
+        raise BadRequest(400, f"not an HTTP version: {version[:20]!r}")
+    if int(major) >= 2:
+        raise BadRequest(505, "HTTP/1.x only")
+    if method not in ("GET", "HEAD"):
+        raise BadRequest(501, f"unsupported method {method[:20]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        line = line.rstrip("\r")
+        if not line:
+            break
+        name, colon, value = line.partition(":")
+        if not colon or not name or name != name.strip() or line[0] in " \t":
+            raise BadRequest(400, "a header line is NAME: VALUE")
+        if len(headers) >= MAX_HEADERS:
+            raise BadRequest(431, f"more than {MAX_HEADERS} headers")
+        headers[name.lower()] = value.strip()
+    path, _, query = target.partition("?")
+    return Request(method, path, query, headers, connection)
+
+
+def reply_bytes(reply: Reply, version: str, head_only: bool) -> bytes:
+    """The whole answer, status line to body, for one sendall (http.server wrote the head and the body apart)."""
+    status, body, content_type, extra = reply
+    lines = [f"HTTP/1.0 {status} {_PHRASES.get(status, '')}", f"Server: {version}",
+             f"Date: {email.utils.formatdate(usegmt=True)}", *(f"{k}: {v}" for k, v in extra.items()),
+             f"Content-Type: {content_type}", f"Content-Length: {len(body)}", "", ""]
+    head = "\r\n".join(lines).encode("latin-1")
+    return head if head_only else head + body
+
+
+_PHRASES = {s.value: s.phrase for s in HTTPStatus}
 
 
 class BoundedHTTPServer(HTTPServer):
@@ -88,9 +158,11 @@ class BoundedHTTPServer(HTTPServer):
     DROPPED = ("waiting", "deadline", "too_large", "busy", "descriptors", "handshake")  # why a connection is dropped
     request_queue_size = 64  # the listen backlog: past socketserver's 5, a burst of connects waited 1 s (a SYN again)
 
-    def __init__(self, address, handler, workers: int, request_seconds: float, max_pending: int = MAX_PENDING,
-                 priority: tuple[str, ...] = (), reserved: int = 0,
+    def __init__(self, address, respond: Respond, version: str, workers: int, request_seconds: float,
+                 max_pending: int = MAX_PENDING, priority: tuple[str, ...] = (), reserved: int = 0,
                  tls: Callable[[], ssl.SSLContext] | None = None):
+        self.respond = respond
+        self.version = version  # the Server header
         self.request_seconds = request_seconds
         self.tls = tls
         self.refused: dict[int, int] = {401: 0, 403: 0}  # requests answered 401/403 by the guard
@@ -102,7 +174,6 @@ class BoundedHTTPServer(HTTPServer):
         self.dropped = dict.fromkeys(self.DROPPED, 0)
         self.errors = 0  # requests whose answer failed: a route raised, a handler error
         self.trouble = RateLimitedLog(log)
-        self.heads: dict[socket.socket, tuple[bytes, float]] = {}  # handed to the handler's setup()
         self._active: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._incoming: deque = deque()
@@ -110,7 +181,7 @@ class BoundedHTTPServer(HTTPServer):
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         self._reader = threading.Thread(target=self._read_heads, name="http-read", daemon=True)
-        super().__init__(address, handler)  # a failed bind calls server_close(), which must find the above
+        super().__init__(address, None)  # a failed bind calls server_close(), which must find the above
         self._reader.start()
 
     def get_request(self):
@@ -248,18 +319,25 @@ class BoundedHTTPServer(HTTPServer):
             return
         sock.setblocking(True)
         with self._lock:
-            self.heads[sock] = (head, deadline)
             self._active.add(sock)
-        self.pool.submit(self._handle, sock, client, shared)
+        self.pool.submit(self._handle, sock, client, head, deadline, shared)
 
     def _refuse(self, sock: socket.socket) -> None:
         if not self._closing:
             self._drop("busy")
         self.shutdown_request(sock)
 
-    def _handle(self, sock: socket.socket, client, shared: bool) -> None:
+    def _handle(self, sock: socket.socket, client, head: bytes, deadline: float, shared: bool) -> None:
         try:
-            self.finish_request(sock, client)
+            sock.settimeout(max(0.05, deadline - time.monotonic()))
+            try:
+                request = parse_head(head, sock)
+            except BadRequest as e:
+                reply: Reply = (e.status, f"{e}\n".encode(), "text/plain", {})
+                head_only = False
+            else:
+                reply, head_only = self._answer(request), request.method == "HEAD"
+            sock.sendall(reply_bytes(reply, self.version, head_only))
         except (BrokenPipeError, ConnectionResetError, TimeoutError) as e:  # the client left or stalled: no bug of ours
             log.debug("%s: the answer was not taken (%s)", client[0] if client else "client", e)
         except Exception:
@@ -267,11 +345,17 @@ class BoundedHTTPServer(HTTPServer):
         finally:
             with self._lock:
                 self._active.discard(sock)
-                self.heads.pop(sock, None)
             self.shutdown_request(sock)
             self.slots.release()
             if shared:
                 self.shared_slots.release()
+
+    def _answer(self, request: Request) -> Reply:
+        try:
+            return self.respond(request)
+        except Exception as e:  # a bug, or input no route should have let through: 500, counted
+            self.note_error(request.path, f"HTTP: {request.path} failed: {type(e).__name__}: {e}")
+            return 500, b'{"error": "internal error; the log says which"}\n', "application/json", {}
 
     def handle_error(self, request, client_address) -> None:
         """One counted line per minute, not socketserver's traceback per request."""
@@ -325,31 +409,6 @@ class BoundedHTTPServer(HTTPServer):
         self._wake_w.close()
 
 
-class _Writer(io.BufferedIOBase):
-    """The answer goes out with sendall, under the socket's timeout (a total since Python 3.5)."""
-
-    def __init__(self, sock: socket.socket):
-        self._sock = sock
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data) -> int:
-        self._sock.sendall(data)
-        return len(data)
-
-
-class BoundedHandler(BaseHTTPRequestHandler):
-    """Reads the request head the server already collected; writes under the request's deadline."""
-
-    def setup(self) -> None:
-        head, deadline = self.server.heads.pop(self.request, (b"", time.monotonic()))
-        self.connection = self.request
-        self.connection.settimeout(max(0.05, deadline - time.monotonic()))
-        self.rfile = io.BytesIO(head)
-        self.wfile = _Writer(self.connection)
-
-
 def request_path(head: bytes) -> str:
     """The path of a request head's first line, without its query ("" when it has none)."""
     parts = head.split(b"\n", 1)[0].split(b" ")
@@ -374,51 +433,26 @@ def make_server(listen: str, routes: Callable[[], Routes], version: str,
     Raises OSError or ValueError when it cannot listen."""
     host, port = listen_address(listen)
 
-    class Handler(BoundedHandler):
-        server_version = version
-
-        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-            path, _, query = self.path.partition("?")
-            refuse = guard(path, self.headers, self.connection) if guard is not None else None
-            if refuse is not None:
-                self.server.note_refused(refuse)
-                self._send(refuse, b'{"error": "not allowed"}\n', "application/json",
-                           {"WWW-Authenticate": "Bearer"} if refuse == 401 else {})
-                return
-            known = routes()
-            route = known.get(path)
-            if route is None:
-                body = json.dumps({"error": "not found", "paths": list(known)}).encode() + b"\n"
-                self._send(404, body, "application/json")
-                return
-            try:
-                answer = route(query)
-            except Exception as e:  # a bug, or input no route should have let through: 500, counted
-                self.server.note_error(path, f"HTTP: {path} failed: {type(e).__name__}: {e}")
-                answer = (500, b'{"error": "internal error; the log says which"}\n', "application/json")
-            self._send(*answer)
-
-        def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-            self.send_response(code)
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
-
-        do_HEAD = do_GET  # noqa: N815
-
-        def log_message(self, fmt: str, *args) -> None:
-            log.debug("%s %s", self.address_string(), fmt % args)
+    def respond(request: Request) -> Reply:
+        refuse = guard(request.path, request.headers, request.connection) if guard is not None else None
+        if refuse is not None:
+            server.note_refused(refuse)
+            return (refuse, b'{"error": "not allowed"}\n', "application/json",
+                    {"WWW-Authenticate": "Bearer"} if refuse == 401 else {})
+        known = routes()
+        route = known.get(request.path)
+        if route is None:
+            body = json.dumps({"error": "not found", "paths": list(known)}).encode() + b"\n"
+            return 404, body, "application/json", {}
+        return (*route(request.query), {})
 
     class Server(BoundedHTTPServer):
         allow_reuse_address = True
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
 
-    return Server((host, port), Handler, workers, request_seconds, max_pending, PRIORITY_PATHS,
-                  min(PRIORITY_WORKERS, workers - 1), tls)
+    server = Server((host, port), respond, version, workers, request_seconds, max_pending, PRIORITY_PATHS,
+                    min(PRIORITY_WORKERS, workers - 1), tls)
+    return server
 
 
 def raise_descriptor_limit() -> int:

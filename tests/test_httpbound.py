@@ -11,26 +11,22 @@ from conftest import STOP_SECONDS, free_port, http_get, wait_for
 from nodehealth import server as httpbound
 
 
-class Slow(httpbound.BoundedHandler):
+class Slow:
+    """A respond function whose /slow holds its worker until `pause` is set."""
+
     pause = threading.Event()
 
-    def do_GET(self) -> None:  # noqa: N802
-        if self.path == "/slow":
-            self.pause.wait(5)
-        body = b"ok\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args) -> None:
-        pass
+    @classmethod
+    def respond(cls, request: httpbound.Request) -> httpbound.Reply:
+        if request.path == "/slow":
+            cls.pause.wait(5)
+        return 200, b"ok\n", "text/plain", {}
 
 
 @pytest.fixture
 def server():
     Slow.pause = threading.Event()
-    srv = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow, workers=1, request_seconds=1.0)
+    srv = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=1.0)
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield srv
@@ -78,7 +74,8 @@ def test_past_the_worker_bound_a_complete_request_is_refused_at_once(server):
 
 
 def test_waiting_connections_are_bounded_oldest_dropped_first():
-    server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow, workers=1, request_seconds=30.0, max_pending=4)
+    server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=30.0,
+                                         max_pending=4)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     idle = [socket.create_connection(server.server_address[:2], timeout=3) for _ in range(6)]
     try:
@@ -95,7 +92,8 @@ def test_waiting_connections_are_bounded_oldest_dropped_first():
 def test_connections_dropped_while_their_data_is_ready_leave_the_reader_alive():
     """A batch of ready sockets may hold one that the same batch's wake-up just dropped (past
     max_pending): the reader skips it instead of dying, so the server keeps answering."""
-    server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow, workers=1, request_seconds=30.0, max_pending=1)
+    server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=30.0,
+                                         max_pending=1)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         for _ in range(300):  # each sends its request at once: its data is ready as it is dropped

@@ -83,7 +83,7 @@ def http_options(cfg: dict[str, Any], identity: Identity | None) -> dict[str, An
     """server.make_server's `tls` and `guard` for the whole configuration `cfg` and its identity."""
     access = Access(cfg["daemon"]["token_file"], identity.controller_name if identity is not None else None)
 
-    def guard(path: str, headers: Any, connection: Any) -> int | None:
-        return access.refuse(path, headers.get("Authorization"), peer_names(connection))
+    def guard(path: str, headers: dict[str, str], connection: Any) -> int | None:  # header names lower-cased
+        return access.refuse(path, headers.get("authorization"), peer_names(connection))
 
     return {"tls": identity.server_context if identity is not None else None, "guard": guard}
