@@ -9,9 +9,9 @@ worker. Here one reader thread collects each connection's request head without b
 slow or idle client costs a file descriptor, not a worker; it is dropped at its deadline, and past
 MAX_PENDING the oldest waiting connection is dropped to make room. Workers parse the head from
 memory (parse_head: a GET or HEAD line and a few headers, without http.server's handler and its
-e-mail header parser) and write the whole answer at once under what is left of the same deadline. Some workers are kept for
-the priority paths (/metrics, /healthz): clients hammering a heavy path (/v1/pingmesh) take the
-others, never a scrape's or the kubelet's. A route that raises answers 500, and what goes wrong
+e-mail header parser) and write the whole answer at once under what is left of the same deadline.
+Some workers are kept for the priority paths (/metrics, /healthz): clients hammering a heavy path
+(/v1/pingmesh) take the others, never a scrape's or the kubelet's. A route that raises answers 500, and what goes wrong
 is one counted log line per cause and minute, not a traceback per request. Closing the server drops
 every connection, so a stop never waits on a client.
 
@@ -123,16 +123,16 @@ def parse_head(head: bytes, connection: socket.socket) -> Request:
     if method not in ("GET", "HEAD"):
         raise BadRequest(501, f"unsupported method {method[:20]!r}")
     headers: dict[str, str] = {}
-    for line in lines[1:]:
+    for number, line in enumerate(lines[1:], 1):
         line = line.rstrip("\r")
         if not line:
             break
         name, colon, value = line.partition(":")
         if not colon or not name or name != name.strip() or line[0] in " \t":
             raise BadRequest(400, "a header line is NAME: VALUE")
-        if len(headers) >= MAX_HEADERS:
+        if number > MAX_HEADERS:
             raise BadRequest(431, f"more than {MAX_HEADERS} headers")
-        headers[name.lower()] = value.strip()
+        headers.setdefault(name.lower(), value.strip())  # the first of a repeated name, as http.server read it
     path, _, query = target.partition("?")
     return Request(method, path, query, headers, connection)
 

@@ -208,3 +208,65 @@ def test_the_controller_answers_healthz_past_a_slow_client_and_stops_at_once(tmp
             slow.close()
         proc.kill()
         proc.wait()
+
+
+def answer(address, request: bytes, timeout: float = 5.0) -> bytes:
+    """Everything the server sent back to one request before it closed the connection."""
+    with socket.create_connection(address, timeout=timeout) as s:
+        s.sendall(request)
+        chunks = []
+        while data := s.recv(65536):
+            chunks.append(data)
+        return b"".join(chunks)
+
+
+@pytest.mark.parametrize("request_head, code", [
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"200"),
+    (b"GET /metrics HTTP/1.0\n\n", b"200"),  # bare newlines, as http.server took them
+    (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"501"),
+    (b"GET /metrics HTTP/2.0\r\n\r\n", b"505"),
+    (b"GET /metrics\r\n\r\n", b"400"),  # HTTP/0.9
+    (b"GET /metrics HTTQ/1.1\r\n\r\n", b"400"),
+    (b"GET /metrics HTTP/1.\xb2\r\n\r\n", b"400"),  # a digit to isdigit(), not to int()
+    (b"GET /metrics HTTP/1.1\r\nNo colon here\r\n\r\n", b"400"),
+    (b"GET /metrics HTTP/1.1\r\nHost : x\r\n\r\n", b"400"),  # space before the colon (RFC 9112)
+    (b"GET /metrics HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", b"400"),  # obsolete line folding
+    (b"GET /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n", b"431"),
+])
+def test_a_request_head_is_parsed_or_refused_with_its_status(routed, request_head, code):
+    srv, _, _ = routed
+    status_line = answer(srv.server_address[:2], request_head).split(b"\r\n", 1)[0]
+    assert status_line[:12] == b"HTTP/1.0 " + code, status_line
+
+
+def test_an_answer_has_its_length_type_and_server_and_head_has_no_body(routed):
+    srv, _, _ = routed
+    got = answer(srv.server_address[:2], b"GET /metrics HTTP/1.1\r\n\r\n")
+    head, _, body = got.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.0 200 OK" and body == b"m 1\n"
+    fields = dict(line.split(": ", 1) for line in lines[1:])
+    assert fields["Content-Length"] == "4" and fields["Content-Type"] == "text/plain" and fields["Server"] == "test"
+    assert fields["Date"].endswith(" GMT")
+    head_only = answer(srv.server_address[:2], b"HEAD /metrics HTTP/1.1\r\n\r\n")
+    assert head_only.endswith(b"\r\n\r\n") and b"Content-Length: 4\r\n" in head_only
+
+
+def test_the_guard_reads_header_names_in_any_case(tmp_path):
+    seen = []
+
+    def guard(path, headers, connection):
+        seen.append(headers.get("authorization"))
+        return None if headers.get("authorization") == "Bearer t" else 401
+    srv = httpbound.make_server("127.0.0.1:0", lambda: {"/metrics": lambda _: (200, b"m 1\n", "text/plain")}, "test",
+                                guard=guard)
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        address = srv.server_address[:2]
+        assert status(address, b"/metrics") == b"401"
+        got = answer(address, b"GET /metrics HTTP/1.1\r\nauthORIZATION: Bearer t\r\n\r\n")
+        assert got.startswith(b"HTTP/1.0 200") and seen == [None, "Bearer t"]
+        assert b"WWW-Authenticate: Bearer\r\n" in answer(address, b"GET /metrics HTTP/1.1\r\n\r\n")
+    finally:
+        srv.shutdown()
+        srv.server_close()
