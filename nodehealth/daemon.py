@@ -95,7 +95,7 @@ class Daemon:
         self.caps = {"http": server.MAX_PENDING}
         self.save_errors = 0
         self.save_error: str | None = None  # why the last save failed; None once one succeeds
-        self.exporter = exporter.Exporter(self._modules)
+        self.exporter = exporter.Exporter(self._modules, cfg["exporter"])
         self.faces: list[Face] = [self.exporter]  # and, when enabled, Kubernetes and Slurm (start())
         self.hang: Any = None  # nodehealth.hang.detector.Detector when hang.enabled
         self.pingmesh: Any = None  # nodehealth.pingmesh.mesh.Pingmesh when pingmesh.enabled
@@ -289,19 +289,28 @@ class Daemon:
 
     # -- what it shows -------------------------------------------------------------------------
     def metrics(self) -> list[Metric]:
+        """Every family /metrics shows: the report's, then the daemon's own."""
         out = self.exporter.metrics()
-        if not out:  # no pass yet
-            return []
+        return out + self.own_metrics() if out else []  # nothing before the first pass
+
+    def exposition(self) -> bytes:
+        """/metrics: the report's text as the exporter wrote it when the report came, then the daemon's own
+        families, which change between passes (process_*, the listeners, the workers)."""
+        report = self.exporter.text()
+        return report + exporter.render(exporter.shape(self.own_metrics(), self.cfg["exporter"])) if report else b""
+
+    def own_metrics(self) -> list[Metric]:
+        """The daemon's own families: its passes, its process, each part's (faces, workers, listeners)."""
         with self.lock:
             passes, last, duration = self.passes, self.last_pass, self.pass_duration
-        out += [Metric.one("nodehealth_daemon_passes_total", "Passes the daemon has run since it started.", passes,
-                           "counter"),
-                Metric.one("nodehealth_daemon_last_pass_timestamp_seconds", "Unix time of the last completed pass.",
-                           last),
-                Metric.one("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.", duration),
-                Metric.one("nodehealth_state_save_errors_total", "Times the state file could not be written (sticky "
-                           "faults would not survive a restart).", self.save_errors, "counter"),
-                *process_metrics()]
+        out = [Metric.one("nodehealth_daemon_passes_total", "Passes the daemon has run since it started.", passes,
+                          "counter"),
+               Metric.one("nodehealth_daemon_last_pass_timestamp_seconds", "Unix time of the last completed pass.",
+                          last),
+               Metric.one("nodehealth_daemon_pass_duration_seconds", "Wall time of the last pass.", duration),
+               Metric.one("nodehealth_state_save_errors_total", "Times the state file could not be written (sticky "
+                          "faults would not survive a restart).", self.save_errors, "counter"),
+               *process_metrics()]
         if self.kmsg_module is not None and self.kernel_supported is None:
             out.append(Metric.one("nodehealth_kernel_log_follower_up",
                                   "1 while the kernel log follower is reading, else 0.", 1 if self.stream.alive else 0))
@@ -333,8 +342,7 @@ class Daemon:
         return self.kmsg_module is not None and self.kernel_supported is None
 
     def routes(self) -> server.Routes:
-        routes = {"/metrics": lambda _: (200, exporter.render(exporter.shape(self.metrics(), self.cfg["exporter"])),
-                                         exporter.CONTENT_TYPE),
+        routes = {"/metrics": lambda _: (200, self.exposition(), exporter.CONTENT_TYPE),
                   "/healthz": self._healthz, "/v1/report": self._report}
         if self.pingmesh is not None:
             routes["/v1/pingmesh"] = self._pingmesh

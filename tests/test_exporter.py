@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from nodehealth import exporter
@@ -171,3 +172,48 @@ def test_the_daemon_serves_the_shaped_families(tmp_path, daemon_factory):
     assert not [n for n in families if n.startswith("nodehealth_pcie_")]
     assert len(families["nodehealth_gpu_nvlink_active"].samples) == 8
     assert "nodehealth_gpu_info" in families
+
+
+def fixture_daemon(tmp_path, settings: dict | None = None):
+    from conftest import machine
+
+    from nodehealth import config, node_pass
+    from nodehealth.daemon import Daemon
+    cfg = config.load(None)
+    cfg["daemon"]["state_dir"] = str(tmp_path / "state")
+    cfg["exporter"].update(settings or {})
+    return Daemon(node_pass.build_engine(cfg, machine("h100-8x-cx7"), ["buddyinfo", "vm", "infiniband"]), cfg, "n")
+
+
+def test_a_report_is_written_out_once_when_published_and_scrapes_read_that_text(tmp_path, monkeypatch):
+    d = fixture_daemon(tmp_path, {"exclude_families": ["nodehealth_pagetype_*"]})
+    assert d.exposition() == b""  # before the first pass: nothing, as node_exporter before its first read
+    d.run_pass()
+    shown = {m.name.removesuffix("_total") for m in exporter.shape(d.metrics(), d.cfg["exporter"]) if m.samples}
+    written = []
+    monkeypatch.setattr(exporter, "report_metrics", lambda *a: written.append(a) or [])
+    scrapes = [parse(d.exposition()) for _ in range(3)]
+    assert written == []  # three scrapes of one report: its families were written when it came
+    families = scrapes[-1]
+    assert set(families) == shown  # every family, once (the parser names a counter's without _total)
+    assert "nodehealth_infiniband_port_hw_events" in families and "nodehealth_daemon_passes" in families
+    assert not [n for n in families if n.startswith("nodehealth_pagetype_")]  # the exporter settings, shaped
+    assert families["nodehealth_daemon_passes"].samples[0].value == 1
+    with d.lock:  # the daemon's own families are read at each scrape, with no report written again
+        d.passes = 7
+    assert parse(d.exposition())["nodehealth_daemon_passes"].samples[0].value == 7 and written == []
+
+
+def test_a_report_whose_families_cannot_be_written_answers_500_not_the_last_figures(tmp_path, monkeypatch, caplog):
+    d = fixture_daemon(tmp_path)
+    d.run_pass()
+    assert b"nodehealth_infiniband_port_state_id" in d.exposition()
+
+    def broken(*args):
+        raise ValueError("a bug")
+    monkeypatch.setattr(exporter, "render", broken)
+    d.run_pass()
+    assert "could not be written" in caplog.text
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="could not be written"):  # the server answers a raising route 500
+        d.routes()["/metrics"]("")
