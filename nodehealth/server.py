@@ -5,8 +5,8 @@ cause of trouble at a time, and the stop on a signal that cannot hang.
 The server's clients cannot hold it: every request has a total deadline, and only complete
 requests reach the worker threads. http.server's per-read socket timeout does not bound a request:
 a client that sends one byte a second never times out (slowloris), and sixteen of them hold every
-worker. Here one reader thread collects each connection's request head without blocking, so a
-slow or idle client costs a file descriptor, not a worker; it is dropped at its deadline, and past
+worker. Here one thread accepts connections and collects their request heads without blocking, so
+a slow or idle client costs a file descriptor, not a worker; it is dropped at its deadline, and past
 MAX_PENDING the oldest waiting connection is dropped to make room. Workers parse the head from
 memory (parse_head: a GET or HEAD line and a few headers, without http.server's handler and its
 e-mail header parser) and write the whole answer at once under what is left of the same deadline.
@@ -16,7 +16,7 @@ is one counted log line per cause and minute, not a traceback per request. Closi
 every connection, so a stop never waits on a client.
 
 With `tls` (a function giving the current server context: certificates rotate), a connection is
-wrapped as it is taken and its handshake is done by the same reader thread, without blocking and
+wrapped as it is taken and its handshake is done by the same thread, without blocking and
 under the same deadline, so a client that stalls its handshake costs no more than one that stalls
 its head. `guard` decides from the path, the headers and the connection (its verified certificate)
 whether a request is answered or refused with 401/403 (nodehealth/tls/access.py), before a route runs.
@@ -43,11 +43,10 @@ import ssl
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from http.server import HTTPServer
+from socketserver import TCPServer
 
 from nodehealth.logs import RateLimitedLog
 from nodehealth.model import Metric
@@ -72,10 +71,6 @@ RESERVED_DESCRIPTORS = 256
 MAX_DESCRIPTOR_LIMIT = 65536
 # After the clean-up of a stop, the interpreter's teardown has this long before the stack dump and exit 1.
 STUCK_EXIT_SECONDS = 1.0
-# The listener's thread looks at its stop flag when a connection comes and at least this often. A stop
-# wakes it at once (stop_serving); a shorter poll woke an idle daemon 5 times a second for nothing, 6 %
-# of its CPU at a 1 s cadence (benchmarks/RESULTS.md). Well within STUCK_STOP_SECONDS should the wake fail.
-ACCEPT_POLL_SECONDS = 5.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 Answer = tuple[int, bytes, str]  # status, body, content type
@@ -150,10 +145,12 @@ def reply_bytes(reply: Reply, version: str, head_only: bool) -> bytes:
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
 
 
-class BoundedHTTPServer(HTTPServer):
+class BoundedHTTPServer(TCPServer):
     """Bounded workers (past the bound a complete request is refused at once, not queued), of which
     `reserved` only for `priority` paths; bounded waiting connections (`max_pending`), and a total
-    deadline of `request_seconds` per request."""
+    deadline of `request_seconds` per request. serve_forever() is the one thread that accepts
+    connections and collects their heads: a request read at once costs it one wake-up (an accept thread
+    handing connections to a reader thread cost two more, and a write to wake it)."""
 
     DROPPED = ("waiting", "deadline", "too_large", "busy", "descriptors", "handshake")  # why a connection is dropped
     request_queue_size = 64  # the listen backlog: past socketserver's 5, a burst of connects waited 1 s (a SYN again)
@@ -176,134 +173,148 @@ class BoundedHTTPServer(HTTPServer):
         self.trouble = RateLimitedLog(log)
         self._active: set[socket.socket] = set()
         self._lock = threading.Lock()
-        self._incoming: deque = deque()
-        self._closing = False
+        self._closing = False  # server_close(): no new request gets a worker
+        self._stopping = False  # shutdown(): serve_forever() returns
+        self._stopped = threading.Event()  # serve_forever() has returned
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
-        self._reader = threading.Thread(target=self._read_heads, name="http-read", daemon=True)
+        # The serving thread's own: connections still sending their head, oldest first, and which of them
+        # are TLS connections still in their handshake.
+        self._selector: selectors.BaseSelector | None = None
+        self._pending: dict[socket.socket, tuple[object, float, bytearray]] = {}
+        self._handshaking: set[socket.socket] = set()
         super().__init__(address, None)  # a failed bind calls server_close(), which must find the above
-        self._reader.start()
+        self.socket.setblocking(False)
 
-    def get_request(self):
+    def serve_forever(self) -> None:
+        """Accept, read heads and hand complete ones to the workers until shutdown() (which wakes it: no poll)."""
+        self._stopped.clear()
+        selector = self._selector = selectors.DefaultSelector()
         try:
-            return super().get_request()
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE):
-                self._drop("descriptors")
-                self.trouble.warning("descriptors", f"HTTP: cannot accept a connection: {e.strerror}")
-                time.sleep(ACCEPT_PAUSE_SECONDS)  # else this thread spins on a listener that stays readable
-            raise
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            selector.register(self.socket, selectors.EVENT_READ)
+            paused_until = None  # out of descriptors: the listener stays readable, so it is left alone a while
+            while not (self._stopping or self._closing):
+                waits = [d for _, d, _ in self._pending.values()] + ([paused_until] if paused_until else [])
+                timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
+                for key, _ in selector.select(timeout):
+                    sock = key.fileobj
+                    if sock is self._wake_r:
+                        self._drain_wake()
+                    elif sock is self.socket:
+                        if not self._accept():
+                            selector.unregister(self.socket)
+                            paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
+                    elif sock in self._pending:  # else dropped past max_pending by this batch's accepts
+                        self._read_head(sock)
+                now = time.monotonic()
+                if paused_until is not None and now >= paused_until:
+                    selector.register(self.socket, selectors.EVENT_READ)
+                    paused_until = None
+                for sock in [s for s, (_, d, _) in self._pending.items() if d <= now]:
+                    self._forget(sock, "deadline")
+        finally:
+            for sock in list(self._pending):
+                self._forget(sock, None)
+            selector.close()
+            self._stopped.set()
 
-    def process_request(self, request, client_address) -> None:
-        request.setblocking(False)
-        if self.tls is not None:
-            try:
-                request = self.tls().wrap_socket(request, server_side=True, do_handshake_on_connect=False)
-            except (OSError, ValueError):
-                self._drop("handshake")
-                self.shutdown_request(request)
-                return
-        with self._lock:
-            self._incoming.append((request, client_address, time.monotonic() + self.request_seconds))
-            oldest = self._incoming.popleft()[0] if len(self._incoming) > self.max_pending else None
-            if oldest is not None:  # the reader is behind: the oldest goes now, as it would there
-                self._drop_locked("waiting")
-        if oldest is not None:
-            self.shutdown_request(oldest)
+    def shutdown(self) -> None:
+        """serve_forever() returns, at once; wait for it (as socketserver's, which must be serving)."""
+        self._stopping = True
         self._wake()
+        self._stopped.wait()
+
+    def _accept(self) -> bool:
+        """Take what the listener has, up to its backlog; False when out of descriptors."""
+        for _ in range(self.request_queue_size):
+            try:
+                sock, client = self.socket.accept()
+            except BlockingIOError:
+                return True
+            except OSError as e:
+                if e.errno in (errno.EMFILE, errno.ENFILE):
+                    self._drop("descriptors")
+                    self.trouble.warning("descriptors", f"HTTP: cannot accept a connection: {e.strerror}")
+                    return False
+                return True  # the client gave up before it was taken (ECONNABORTED)
+            sock.setblocking(False)
+            if self.tls is not None:
+                try:
+                    sock = self.tls().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                except (OSError, ValueError):
+                    self._drop("handshake")
+                    self.shutdown_request(sock)
+                    continue
+            try:
+                self._selector.register(sock, selectors.EVENT_READ)
+            except (OSError, ValueError):  # epoll out of memory: drop it, serve on
+                self._drop("descriptors")
+                self.shutdown_request(sock)
+                continue
+            self._pending[sock] = (client, time.monotonic() + self.request_seconds, bytearray())
+            if isinstance(sock, ssl.SSLSocket):
+                self._handshaking.add(sock)
+            if len(self._pending) > self.max_pending:
+                self._forget(next(iter(self._pending)), "waiting")
+            if sock in self._pending:
+                self._read_head(sock)  # a client's request usually comes with its connection: no second wake-up
+        return True
+
+    def _read_head(self, sock: socket.socket) -> None:
+        """What the connection has sent; a complete head goes to _dispatch."""
+        failed = False
+        if sock in self._handshaking:
+            try:
+                wait = handshake_step(sock)
+            except OSError:
+                wait, failed = None, True
+            if wait is not None:
+                self._selector.modify(sock, wait)
+                return
+            self._handshaking.discard(sock)
+            if failed:
+                self._forget(sock, "handshake")
+                return
+            self._selector.modify(sock, selectors.EVENT_READ)
+        data = receive(sock, MAX_HEAD_BYTES)
+        if data is None:
+            return
+        client, deadline, head = self._pending[sock]
+        head += data
+        if b"\r\n\r\n" in head or b"\n\n" in head:
+            self._forget(sock, None, close=False)
+            self._dispatch(sock, client, bytes(head), deadline)
+        elif not data:
+            self._forget(sock, None)  # the client closed before its head was complete
+        elif len(head) > MAX_HEAD_BYTES:
+            self._forget(sock, "too_large")
+
+    def _forget(self, sock: socket.socket, reason: str | None, close: bool = True) -> None:
+        """A waiting connection leaves the serving thread: counted as dropped for `reason`, closed unless told."""
+        self._selector.unregister(sock)
+        del self._pending[sock]
+        self._handshaking.discard(sock)
+        if reason is not None:
+            self._drop(reason)
+        if close:
+            self.shutdown_request(sock)
 
     def _drop(self, reason: str) -> None:
         with self._lock:
-            self._drop_locked(reason)
-
-    def _drop_locked(self, reason: str) -> None:
-        self.dropped[reason] += 1
+            self.dropped[reason] += 1
 
     def _wake(self) -> None:
         try:
             self._wake_w.send(b"\0")
         except OSError:
-            pass  # the reader already has a wake-up pending
+            pass  # a wake-up is already pending, or the server is closed
 
-    def _read_heads(self) -> None:
-        selector = selectors.DefaultSelector()
-        selector.register(self._wake_r, selectors.EVENT_READ)
-        pending: dict[socket.socket, tuple[object, float, bytearray]] = {}  # oldest first
-        handshaking: set[socket.socket] = set()  # TLS connections still in their handshake
-        while not self._closing:
-            timeout = min(d for _, d, _ in pending.values()) - time.monotonic() if pending else None
-            for key, _ in selector.select(None if timeout is None else max(0.0, timeout)):
-                sock = key.fileobj
-                if sock is self._wake_r:
-                    self._take_incoming(selector, pending, handshaking)
-                    continue
-                if sock not in pending:  # dropped past max_pending by this batch's wake-up
-                    continue
-                failed = False
-                if sock in handshaking:
-                    try:
-                        wait = handshake_step(sock)
-                    except OSError:
-                        wait, failed = None, True
-                    if wait is not None:
-                        selector.modify(sock, wait)
-                        continue
-                    handshaking.discard(sock)
-                    if failed:  # dropped below
-                        self._drop("handshake")
-                    else:
-                        selector.modify(sock, selectors.EVENT_READ)
-                data = b"" if failed else receive(sock, MAX_HEAD_BYTES)
-                if data is None:
-                    continue
-                client, deadline, head = pending[sock]
-                head += data
-                done = b"\r\n\r\n" in head or b"\n\n" in head
-                if not data or done or len(head) > MAX_HEAD_BYTES:
-                    selector.unregister(sock)
-                    del pending[sock]
-                    handshaking.discard(sock)
-                    if done:
-                        self._dispatch(sock, client, bytes(head), deadline)
-                    else:
-                        if data:
-                            self._drop("too_large")
-                        self.shutdown_request(sock)
-            now = time.monotonic()
-            for sock in [s for s, (_, d, _) in pending.items() if d <= now]:
-                selector.unregister(sock)
-                del pending[sock]
-                handshaking.discard(sock)
-                self._drop("deadline")
-                self.shutdown_request(sock)
-        for sock in pending:
-            self.shutdown_request(sock)
-        selector.close()
-
-    def _take_incoming(self, selector, pending: dict, handshaking: set) -> None:
+    def _drain_wake(self) -> None:
         try:
             self._wake_r.recv(4096)
         except OSError:
             pass
-        with self._lock:
-            incoming, self._incoming = self._incoming, deque()
-        for sock, client, deadline in incoming:
-            try:
-                selector.register(sock, selectors.EVENT_READ)
-            except (OSError, ValueError):  # epoll out of memory, a socket already gone: drop it, read on
-                self._drop("descriptors")
-                self.shutdown_request(sock)
-                continue
-            pending[sock] = (client, deadline, bytearray())
-            if isinstance(sock, ssl.SSLSocket):
-                handshaking.add(sock)
-        while len(pending) > self.max_pending:
-            oldest = next(iter(pending))
-            selector.unregister(oldest)
-            del pending[oldest]
-            handshaking.discard(oldest)
-            self._drop("waiting")
-            self.shutdown_request(oldest)
 
     def _dispatch(self, sock: socket.socket, client, head: bytes, deadline: float) -> None:
         """A complete head gets a worker now or is refused: a priority path any free worker, any other
@@ -394,8 +405,8 @@ class BoundedHTTPServer(HTTPServer):
     def server_close(self) -> None:
         self._closing = True
         self._wake()
-        if self._reader.is_alive():
-            self._reader.join(1.0)
+        if self._selector is not None:  # serving: it closes its waiting connections as it returns
+            self._stopped.wait(1.0)
         with self._lock:
             active = list(self._active)
         for sock in active:  # a worker writing to a client that does not read stops now
@@ -481,7 +492,7 @@ def share_descriptors(limit: int, wants: dict[str, int]) -> dict[str, int]:
     return {name: max(8, want * room // total) for name, want in wants.items()}
 
 
-def serve_until_signal(server: HTTPServer, stop: threading.Event, start: Callable[[], None],
+def serve_until_signal(server: BoundedHTTPServer, stop: threading.Event, start: Callable[[], None],
                        clean_up: Callable[[], None], stuck_stop_seconds: float) -> int:
     """Serve, `start` the process's own threads, and wait until a stop signal sets `stop` (or someone
     else does); then close the server and run `clean_up`. Past `stuck_stop_seconds` from the signal, or
@@ -490,27 +501,13 @@ def serve_until_signal(server: HTTPServer, stop: threading.Event, start: Callabl
     nothing. Returns 0."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": ACCEPT_POLL_SECONDS}, name="http",
-                     daemon=True).start()
+    threading.Thread(target=server.serve_forever, name="http", daemon=True).start()
     start()
     stop.wait()
     log.info("stopping")
     faulthandler.dump_traceback_later(stuck_stop_seconds, exit=True)
-    stop_serving(server)
+    server.shutdown()
     server.server_close()
     clean_up()
     faulthandler.dump_traceback_later(STUCK_EXIT_SECONDS, exit=True)
     return 0
-
-
-def stop_serving(server: HTTPServer) -> None:
-    """server.shutdown() without waiting out serve_forever's poll: a listening socket shut for reading
-    wakes the select() it waits in (Linux), which then finds the stop flag shutdown() set."""
-    stopper = threading.Thread(target=server.shutdown, name="http-stop", daemon=True)
-    stopper.start()
-    while stopper.is_alive():
-        try:
-            server.socket.shutdown(socket.SHUT_RD)
-        except OSError:
-            pass  # already shut
-        stopper.join(0.05)

@@ -458,7 +458,7 @@ def served(mesh, tmp_path):
         mesh.next_window()
     d.pingmesh = mesh.agents["gpu-a0"]
     srv = daemon.make_server(d, "127.0.0.1:0")
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         yield srv.server_address[1]
     finally:

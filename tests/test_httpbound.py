@@ -1,6 +1,8 @@
 """The bounded HTTP server on its own: deadlines, waiting connections, the worker bound, closing."""
 from __future__ import annotations
 
+import os
+import re
 import socket
 import threading
 import time
@@ -27,7 +29,7 @@ class Slow:
 def server():
     Slow.pause = threading.Event()
     srv = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=1.0)
-    thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
     Slow.pause.set()
@@ -76,7 +78,7 @@ def test_past_the_worker_bound_a_complete_request_is_refused_at_once(server):
 def test_waiting_connections_are_bounded_oldest_dropped_first():
     server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=30.0,
                                          max_pending=4)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     idle = [socket.create_connection(server.server_address[:2], timeout=3) for _ in range(6)]
     try:
         assert idle[0].recv(10) == b"" and idle[1].recv(10) == b""  # the two oldest were dropped, long before 30 s
@@ -94,13 +96,14 @@ def test_connections_dropped_while_their_data_is_ready_leave_the_reader_alive():
     max_pending): the reader skips it instead of dying, so the server keeps answering."""
     server = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=30.0,
                                          max_pending=1)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
     try:
         for _ in range(300):  # each sends its request at once: its data is ready as it is dropped
             with socket.create_connection(server.server_address[:2], timeout=3) as s:
                 s.sendall(b"GET / HTTP/1.0\r\n")
         assert get(server, "/").startswith(b"HTTP/1.0 200")
-        assert server._reader.is_alive()
+        assert serving.is_alive()
     finally:
         server.shutdown()
         server.server_close()
@@ -129,7 +132,7 @@ def routed():
     routes = {"/v1/pingmesh": heavy, "/v1/broken": broken, "/metrics": lambda _: (200, b"m 1\n", "text/plain"),
               "/healthz": lambda _: (200, b"ok\n", "text/plain")}
     srv = httpbound.make_server("127.0.0.1:0", lambda: routes, "test")
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield srv, release, held
     release.set()
     srv.shutdown()
@@ -260,7 +263,7 @@ def test_the_guard_reads_header_names_in_any_case(tmp_path):
         return None if headers.get("authorization") == "Bearer t" else 401
     srv = httpbound.make_server("127.0.0.1:0", lambda: {"/metrics": lambda _: (200, b"m 1\n", "text/plain")}, "test",
                                 guard=guard)
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         address = srv.server_address[:2]
         assert status(address, b"/metrics") == b"401"
@@ -270,3 +273,51 @@ def test_the_guard_reads_header_names_in_any_case(tmp_path):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+OUT_OF_DESCRIPTORS = """
+import logging, os, resource, sys
+from nodehealth import exporter, server
+logging.basicConfig(stream=sys.stderr)
+srv = None
+routes = {"/healthz": lambda q: (200, b"ok\\n", "text/plain"),
+          "/metrics": lambda q: (200, exporter.render(srv.metrics()), exporter.CONTENT_TYPE)}
+srv = server.make_server("127.0.0.1:0", lambda: routes, "test", request_seconds=60)
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 6, hard))
+print(srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
+
+
+def test_out_of_descriptors_the_server_pauses_accepting_without_spinning_and_then_serves_again():
+    """Accept fails with EMFILE while the connection waits in the listener, which stays readable: the
+    serving thread leaves the listener alone a while (ACCEPT_PAUSE_SECONDS) instead of spinning on it,
+    and serves again once descriptors are free."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", OUT_OF_DESCRIPTORS], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    idle = []
+    try:
+        port = int(proc.stdout.readline())
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=3) for _ in range(12)]  # more than it may hold
+        assert "cannot accept a connection: Too many open files" in proc.stderr.readline()
+        with open(f"/proc/{proc.pid}/stat") as f:
+            before = sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13]))
+        t0 = time.monotonic()
+        with pytest.raises(OSError):  # a request meanwhile is not answered (it waits in the backlog)
+            socket.create_connection(("127.0.0.1", port), timeout=1).recv(1)
+        with open(f"/proc/{proc.pid}/stat") as f:
+            spent = (sum(map(int, f.read().rsplit(")", 1)[1].split()[11:13])) - before) / os.sysconf("SC_CLK_TCK")
+        assert spent < 0.3 * (time.monotonic() - t0), spent  # a spinning thread would take the whole second
+        for s in idle:
+            s.close()
+        assert wait_for(lambda: status(("127.0.0.1", port), b"/healthz", timeout=2) == b"200", 10)
+        _, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        assert re.search(rb'nodehealth_http_connections_dropped_total\{reason="descriptors"\} [1-9]', body), body
+    finally:
+        for s in idle:
+            s.close()
+        proc.kill()
+        proc.wait()

@@ -104,7 +104,7 @@ def routes():
 def http_server(tls: Identity | None, token_file: str = ""):
     cfg = {"daemon": {"token_file": token_file}}
     srv = httpbound.make_server(f"127.0.0.1:{free_port()}", routes, "test", **http_options(cfg, tls))
-    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
 
 
