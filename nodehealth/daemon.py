@@ -294,10 +294,12 @@ class Daemon:
         return out + self.own_metrics() if out else []  # nothing before the first pass
 
     def exposition(self) -> bytes:
-        """/metrics: the report's text as the exporter wrote it when the report came, then the daemon's own
-        families, which change between passes (process_*, the listeners, the workers)."""
-        report = self.exporter.text()
-        return report + exporter.render(exporter.shape(self.own_metrics(), self.cfg["exporter"])) if report else b""
+        """/metrics: the report's families as the exporter wrote them when the report came, and the daemon's
+        own, which change between passes (process_*, the listeners, the workers), in one name order."""
+        report = self.exporter.written()
+        if not report:  # no pass yet
+            return b""
+        return exporter.join(report, exporter.written(exporter.shape(self.own_metrics(), self.cfg["exporter"])))
 
     def own_metrics(self) -> list[Metric]:
         """The daemon's own families: its passes, its process, each part's (faces, workers, listeners)."""

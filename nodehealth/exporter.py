@@ -4,6 +4,7 @@ operator leaves out or folds (the `exporter` settings), so that a large node's s
 from __future__ import annotations
 
 import fnmatch
+import heapq
 import logging
 import math
 import threading
@@ -97,44 +98,44 @@ def report_metrics(report: Report, modules: Sequence[Any],
 
 class Exporter:
     """The /metrics face: the latest report's families (core, and each collector's facts and rates),
-    written out once when the report is published, not at each scrape. Prometheus scrapes at its own
+    written out once when the report is published, not at each scrape: Prometheus scrapes at its own
     cadence, often more often than the daemon judges (15 s against the default 30 s pass), and a report's
-    text does not change; written in the thread that just made the report, its facts are still in the
-    CPU's caches: at one scrape a pass the daemon spent less CPU in all (benchmarks/RESULTS.md).
-    `modules` gives the collectors whose families to describe (the daemon's change when a bandwidth test
-    starts); `settings` are the `exporter` ones (shape())."""
+    text does not change. `modules` gives the collectors whose families to describe (the daemon's change
+    when a bandwidth test starts); `settings` are the `exporter` ones (shape())."""
 
     def __init__(self, modules: Callable[[], Sequence[Any]], settings: dict[str, Any]):
         self.modules = modules
         self.settings = settings
         self._lock = threading.Lock()
         self._report: Report | None = None
-        self._text: bytes | None = b""  # the report's exposition; None when it could not be written
+        self._written: Written | None = []  # the report's families written out; None when they could not be
 
     def start(self) -> list[threading.Thread]:
         return []  # no thread: publish() writes, a scrape reads
 
     def publish(self, report: Report) -> None:
         try:
-            text: bytes | None = render(shape(report_metrics(report, self.modules(), report.rates), self.settings))
+            families: Written | None = written(shape(report_metrics(report, self.modules(), report.rates),
+                                                     self.settings))
         except Exception:  # a bug: the scrape answers 500 and says so, never the last report's figures
             log.exception("the report's metric families could not be written")
-            text = None
+            families = None
         with self._lock:
-            self._report, self._text = report, text
+            self._report, self._written = report, families
 
     def metrics(self) -> list[Metric]:
         with self._lock:
             report = self._report
         return [] if report is None else report_metrics(report, self.modules(), report.rates)
 
-    def text(self) -> bytes:
-        """The latest report's exposition (empty before the first); RuntimeError when it could not be written."""
+    def written(self) -> Written:
+        """The latest report's families as written() wrote them (none before the first report);
+        RuntimeError when they could not be written."""
         with self._lock:
-            text = self._text
-        if text is None:
+            families = self._written
+        if families is None:
             raise RuntimeError("the report's metric families could not be written; the log says why")
-        return text
+        return families
 
     def stop(self, timeout: float) -> None:
         pass
@@ -178,6 +179,9 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
 _RENDERED: dict[tuple[str, tuple[str, ...]], tuple[list, str, dict[tuple[str, ...], str]]] = {}
 
 
+Written = list[tuple[str, str]]  # each family's exposition by name, in name order (written())
+
+
 def render(metrics: Iterable[Metric]) -> bytes:
     """Prometheus text exposition (format 0.0.4) of our metric families.
 
@@ -186,40 +190,63 @@ def render(metrics: Iterable[Metric]) -> bytes:
     sorted by name and samples by labels, so the text is byte-stable; tests parse it back with
     prometheus_client's parser and with promtool.
     """
+    return join(written(metrics))
+
+
+def join(*parts: Written) -> bytes:
+    """The families of several written() parts as one exposition, in name order; a name in two parts
+    is kept once, the first part's."""
     out: list[str] = []
+    last = None
+    for name, text in heapq.merge(*parts, key=lambda family: family[0]):
+        if name == last:
+            log.error("metric family %s emitted twice; keeping the first", name)
+            continue
+        last = name
+        out.append(text)
+    return "".join(out).encode("utf-8")
+
+
+def written(metrics: Iterable[Metric]) -> Written:
+    """Each family's exposition, in name order; a family without samples is left out, as node_exporter
+    does, and a name that comes twice is kept once, the first."""
+    out: Written = []
     seen = set()
     for m in sorted(metrics, key=lambda m: m.name):
         if not m.samples:
-            continue  # a family with nothing to say is left out, as node_exporter does
+            continue
         if m.name in seen:
             log.error("metric family %s emitted twice; keeping the first", m.name)
             continue
         seen.add(m.name)
-        out.append(f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.kind}\n")
-        if m.kind == "histogram":
-            out.extend(_histogram_lines(m))
-            continue
-        family = (m.name, m.labels)
-        last = _RENDERED.get(family)
-        if last is not None and last[0] == m.samples:
-            out.append(last[1])
-            continue
-        known = last[2] if last is not None else {}
-        written = {}
-        lines = []
-        for labels, value in sorted(m.samples):
-            series = known.get(labels)
-            if series is None:
-                series = _series(m.name, m.labels, labels)
-            written[labels] = series
-            if value.is_integer() and -1e15 < value < 1e15:
-                lines.append(f"{series}{int(value)}\n")
-            else:
-                lines.append(f"{series}{_number(value)}\n")
-        text = "".join(lines)
-        _RENDERED[family] = (list(m.samples), text, written)
-        out.append(text)
-    return "".join(out).encode("utf-8")
+        out.append((m.name, f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.kind}\n{_samples(m)}"))
+    return out
+
+
+def _samples(m: Metric) -> str:
+    """A family's sample lines: a non-histogram's as the last render wrote them where its samples are the
+    same (_RENDERED), else with the series text it kept."""
+    if m.kind == "histogram":
+        return "".join(_histogram_lines(m))
+    family = (m.name, m.labels)
+    last = _RENDERED.get(family)
+    if last is not None and last[0] == m.samples:
+        return last[1]
+    known = last[2] if last is not None else {}
+    written_series = {}
+    lines = []
+    for labels, value in sorted(m.samples):
+        series = known.get(labels)
+        if series is None:
+            series = _series(m.name, m.labels, labels)
+        written_series[labels] = series
+        if value.is_integer() and -1e15 < value < 1e15:
+            lines.append(f"{series}{int(value)}\n")
+        else:
+            lines.append(f"{series}{_number(value)}\n")
+    text = "".join(lines)
+    _RENDERED[family] = (list(m.samples), text, written_series)
+    return text
 
 
 def _series(name: str, label_names: tuple[str, ...], values: tuple[str, ...]) -> str:

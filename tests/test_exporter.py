@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -192,6 +193,9 @@ def test_a_report_is_written_out_once_when_published_and_scrapes_read_that_text(
     shown = {m.name.removesuffix("_total") for m in exporter.shape(d.metrics(), d.cfg["exporter"]) if m.samples}
     written = []
     monkeypatch.setattr(exporter, "report_metrics", lambda *a: written.append(a) or [])
+    text = d.exposition().decode()
+    names = re.findall(r"^# TYPE (\S+)", text, re.M)
+    assert names == sorted(names) and "nodehealth_daemon_passes_total" in names  # the two parts in one order
     scrapes = [parse(d.exposition()) for _ in range(3)]
     assert written == []  # three scrapes of one report: its families were written when it came
     families = scrapes[-1]
@@ -211,9 +215,21 @@ def test_a_report_whose_families_cannot_be_written_answers_500_not_the_last_figu
 
     def broken(*args):
         raise ValueError("a bug")
-    monkeypatch.setattr(exporter, "render", broken)
+    monkeypatch.setattr(exporter, "written", broken)
     d.run_pass()
     assert "could not be written" in caplog.text
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="could not be written"):  # the server answers a raising route 500
         d.routes()["/metrics"]("")
+
+
+def test_join_merges_written_parts_in_name_order_and_keeps_the_first_of_a_name(caplog):
+    def family(name: str, value: float) -> Metric:
+        m = Metric(name, "h")
+        m.add((), value)
+        return m
+    first = exporter.written([family("b", 1), family("d", 1)])
+    second = exporter.written([family("a", 2), family("b", 2), family("c", 2)])
+    text = exporter.join(first, second).decode()
+    assert re.findall(r"^(\w) (\d)$", text, re.M) == [("a", "2"), ("b", "1"), ("c", "2"), ("d", "1")]
+    assert "metric family b emitted twice" in caplog.text

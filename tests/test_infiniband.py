@@ -97,7 +97,8 @@ def test_counter_keys_keep_hw_counters_apart():
     p = port(facts, "mlx5_0:1")
     rates = infiniband.counters(facts)
     assert rates[infiniband.counter_key(p, "symbol_error")] == 0
-    assert rates[infiniband.hw_counter_key(p, "rx_write_requests")] == 3809045607
+    assert rates[infiniband.hw_counter_key(p, "local_ack_timeout_err")] == p.hw_counters["local_ack_timeout_err"]
+    assert infiniband.counter_key(p, "local_ack_timeout_err") not in rates
     assert infiniband.hw_counter_key(p, "out_of_buffer") == "mlx5_0:1:hw_counters/out_of_buffer"
 
 
@@ -120,6 +121,30 @@ def test_h100_metrics():
     assert samples(metrics, "nodehealth_infiniband_port_receive_discards_total") == {}
 
 
+class Recorded(dict):
+    """Rates that remember every key looked up in them."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.asked: set[str] = set()
+
+    def get(self, key, default=None):
+        self.asked.add(key)
+        return super().get(key, default)
+
+
+def test_every_rate_the_check_and_the_families_read_is_one_the_collector_rates():
+    """counters() rates only RATED (and the data counters); the check must not read a rate it leaves out."""
+    facts = collect(H100)
+    rates = Recorded(infiniband.counters(facts))
+    infiniband_check.judge(Observed({"infiniband": facts}, {"infiniband": rates}), dict(infiniband_check.DEFAULTS))
+    infiniband.rate_metrics(facts, rates)
+    assert rates.asked and rates.asked <= set(rates), sorted(rates.asked - set(rates))
+    names = {key.split(":", 2)[2] for key in rates.asked}
+    assert names == {*infiniband.RATED, *(f"hw_counters/{n}" for n in infiniband.RATED_HW), "transmitted_bytes",
+                     "received_bytes"}  # and every one of them is read
+
+
 def test_the_real_h100_node_is_healthy_on_the_first_pass():
     facts = collect(H100)
     cfg = dict(infiniband_check.DEFAULTS)
@@ -138,7 +163,9 @@ def test_node_exporter_mlx4_takes_the_larger_of_counters_and_counters_ext():
     assert p.traffic("port_rcv_packets", "port_rcv_packets_64") == p.counter("port_rcv_packets") == 6825908347
     # /metrics and the rates read the same source
     exported = samples(infiniband.metrics(facts), "nodehealth_infiniband_port_received_packets_total")
-    assert exported[("mlx4_0", "1")] == infiniband.counters(facts)["mlx4_0:1:port_rcv_packets"] == 6825908347
+    assert exported[("mlx4_0", "1")] == 6825908347
+    exported = samples(infiniband.metrics(facts), "nodehealth_infiniband_port_transmitted_bytes_total")
+    assert exported[("mlx4_0", "1")] == infiniband.counters(facts)["mlx4_0:1:transmitted_bytes"] == p.transmitted_bytes
     assert p.counter("port_xmit_wait") == 2**32 - 1
     assert p.counter("port_rcv_discards") is not None
     assert (p.rate_gbps, p.rate_text) == (40.0, "4X QDR")
