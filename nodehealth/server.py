@@ -35,6 +35,7 @@ import errno
 import faulthandler
 import json
 import logging
+import queue
 import resource
 import selectors
 import signal
@@ -44,7 +45,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from socketserver import TCPServer
 
@@ -145,6 +145,52 @@ def reply_bytes(reply: Reply, version: str, head_only: bool) -> bytes:
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
 
 
+class Workers:
+    """Threads for the answers, started as needed (the server's slots bound how many): an idle thread
+    waits for its own next job, and the one idle last takes the next. With one request at a time a
+    single thread answers them all with its caches warm; ThreadPoolExecutor's threads wait on one queue
+    and take turns, so once a burst had started a second one, each request ran on a colder thread.
+    A job is a function that handles its own errors (BoundedHTTPServer._handle)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue] = []  # each idle thread's inbox, the one idle last at the end
+        self._started = 0
+        self._closed = False
+
+    def submit(self, job: Callable[..., None], *args) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the workers are closed")
+            inbox, number = (self._idle.pop(), None) if self._idle else (queue.SimpleQueue(), self._started)
+            if number is not None:
+                self._started += 1
+        inbox.put((job, args))
+        if number is not None:
+            threading.Thread(target=self._run, args=(inbox,), name=f"{self.name}_{number}", daemon=True).start()
+
+    def _run(self, inbox: queue.SimpleQueue) -> None:
+        while (work := inbox.get()) is not None:
+            job, args = work
+            try:
+                job(*args)
+            except Exception:  # a job handles its own; this is a bug, and the thread goes on
+                log.exception("an HTTP worker's job failed")
+            with self._lock:
+                if self._closed:
+                    return
+                self._idle.append(inbox)
+
+    def close(self) -> None:
+        """Idle threads end now, busy ones after their job."""
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for inbox in idle:
+            inbox.put(None)
+
+
 class BoundedHTTPServer(TCPServer):
     """Bounded workers (past the bound a complete request is refused at once, not queued), of which
     `reserved` only for `priority` paths; bounded waiting connections (`max_pending`), and a total
@@ -165,7 +211,7 @@ class BoundedHTTPServer(TCPServer):
         self.refused: dict[int, int] = {401: 0, 403: 0}  # requests answered 401/403 by the guard
         self.max_pending = max_pending
         self.priority = priority
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="http")
+        self.pool = Workers("http")
         self.slots = threading.BoundedSemaphore(workers)
         self.shared_slots = threading.BoundedSemaphore(workers - reserved if priority else workers)
         self.dropped = dict.fromkeys(self.DROPPED, 0)
@@ -331,7 +377,15 @@ class BoundedHTTPServer(TCPServer):
         sock.setblocking(True)
         with self._lock:
             self._active.add(sock)
-        self.pool.submit(self._handle, sock, client, head, deadline, shared)
+        try:
+            self.pool.submit(self._handle, sock, client, head, deadline, shared)
+        except RuntimeError:  # closed meanwhile: what _handle would have let go
+            with self._lock:
+                self._active.discard(sock)
+            self.slots.release()
+            if shared:
+                self.shared_slots.release()
+            self.shutdown_request(sock)
 
     def _refuse(self, sock: socket.socket) -> None:
         if not self._closing:
@@ -415,7 +469,7 @@ class BoundedHTTPServer(TCPServer):
             except OSError:
                 pass
         super().server_close()
-        self.pool.shutdown(wait=False)
+        self.pool.close()
         self._wake_r.close()
         self._wake_w.close()
 

@@ -321,3 +321,40 @@ def test_out_of_descriptors_the_server_pauses_accepting_without_spinning_and_the
             s.close()
         proc.kill()
         proc.wait()
+
+
+def test_one_request_at_a_time_is_answered_by_the_thread_idle_last_even_after_a_burst(caplog):
+    workers = httpbound.Workers("t")
+    release = threading.Event()
+    names = []
+    done = threading.Semaphore(0)
+
+    def job(wait: bool) -> None:
+        names.append(threading.current_thread().name)
+        if wait:
+            release.wait(5)
+        done.release()
+    try:
+        for _ in range(4):  # a burst: four at once need four threads
+            workers.submit(job, True)
+        assert wait_for(lambda: len(names) == 4) and len(set(names)) == 4
+        release.set()
+        for _ in range(4):
+            assert done.acquire(timeout=5)
+        names.clear()
+        for _ in range(10):  # then one at a time, as a scrape comes
+            workers.submit(job, False)
+            assert done.acquire(timeout=5)
+            assert wait_for(lambda: len(workers._idle) == 4)  # back among the idle before the next
+        assert len(set(names)) == 1, names
+
+        def broken() -> None:
+            raise ValueError("a bug")
+        workers.submit(broken)
+        assert wait_for(lambda: len(workers._idle) == 4)  # the thread logged it and is idle again
+        assert "an HTTP worker's job failed" in caplog.text
+    finally:
+        release.set()
+        workers.close()
+    with pytest.raises(RuntimeError):
+        workers.submit(job, False)
