@@ -138,11 +138,12 @@ class Served:
             self.proc.wait()
 
 
-def daemon(name: str, python: str, root: str, state: str) -> Served:
+def daemon(name: str, python: str, root: str, state: str, interval: float) -> Served:
     port = free_port()
     # -P: only this install's tree is imported, not the working directory's.
     argv = [python, "-P", "-m", "nodehealth.cli", "daemon", "--root", root, "--only", ",".join(SOURCES),
-            "--state-dir", state, "--listen", f"127.0.0.1:{port}", "--interval", "1", "--node-name", "bench"]
+            "--state-dir", state, "--listen", f"127.0.0.1:{port}", "--interval", f"{interval:g}",
+            "--node-name", "bench"]
     return Served(name, argv, port, "nodehealth_infiniband_", cwd="/")
 
 
@@ -182,6 +183,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5, help="seconds of scrapes before the first round")
     p.add_argument("--before", help="the Python of a venv with the old tree, run as a third process")
     p.add_argument("--moving", action="store_true", help="serve a copy of the tree whose figures move every second")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="the daemons' seconds between passes (all are scraped once a second whatever it is)")
     args = p.parse_args()
     binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if not binary:
@@ -192,9 +195,10 @@ def main() -> None:
         root = mover.root if mover else machine("h100-8x-cx7")
         try:
             served.append(node_exporter(binary, root))
-            served.append(daemon("nodehealth", sys.executable, root, os.path.join(state, "after")))
+            served.append(daemon("nodehealth", sys.executable, root, os.path.join(state, "after"), args.interval))
             if args.before:
-                served.append(daemon("nodehealth before", args.before, root, os.path.join(state, "before")))
+                served.append(daemon("nodehealth before", args.before, root, os.path.join(state, "before"),
+                                     args.interval))
             for s in served:
                 s.ready()
             run_round(served, args.warmup, mover)
@@ -214,6 +218,7 @@ def main() -> None:
     total = args.rounds * args.seconds
     load = os.getloadavg()
     print(f"rounds: {args.rounds} x {args.seconds} s, one scrape of each per second, side by side"
+          f"{f', the daemons judging every {args.interval:g} s' if args.interval != 1 else ''}"
           f"{', the tree moving every second' if mover else ''}; "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     for s in served:

@@ -34,7 +34,7 @@ def test_daemon_parts_times_every_part():
     assert run.returncode == 0, run.stderr
     parts = dict(re.findall(r"^  (.+?) +([\d.]+) ms$", run.stdout, re.M))
     assert {"collect infiniband", "collect infiniband, nothing kept", "pass (the pass thread's own part)",
-            "scrape: render"} <= set(parts), run.stdout
+            "render of every family", "scrape: the /metrics body"} <= set(parts), run.stdout
 
 
 @pytest.mark.parametrize("defer", [[], ["--defer-accept"]])
