@@ -294,8 +294,8 @@ class Daemon:
         return out + self.own_metrics() if out else []  # nothing before the first pass
 
     def exposition(self) -> bytes:
-        """/metrics: the report's families as the exporter wrote them when the report came, and the daemon's
-        own, which change between passes (process_*, the listeners, the workers), in one name order."""
+        """/metrics: the report's families as the exporter wrote them for the report's first scrape, and the
+        daemon's own, which change between passes (process_*, the listeners, the workers), in one name order."""
         report = self.exporter.written()
         if not report:  # no pass yet
             return b""

@@ -98,30 +98,25 @@ def report_metrics(report: Report, modules: Sequence[Any],
 
 class Exporter:
     """The /metrics face: the latest report's families (core, and each collector's facts and rates),
-    written out once when the report is published, not at each scrape: Prometheus scrapes at its own
-    cadence, often more often than the daemon judges (15 s against the default 30 s pass), and a report's
-    text does not change. `modules` gives the collectors whose families to describe (the daemon's change
-    when a bandwidth test starts); `settings` are the `exporter` ones (shape())."""
+    written out at the first scrape that reads the report and kept for the next ones: Prometheus scrapes
+    at its own cadence, often more often than the daemon judges (15 s against the default 30 s pass), and
+    a report's text does not change. A report no scrape reads (a burst of kernel records, a node nobody
+    scrapes) is never written. `modules` gives the collectors whose families to describe (the daemon's
+    change when a bandwidth test starts); `settings` are the `exporter` ones (shape())."""
 
     def __init__(self, modules: Callable[[], Sequence[Any]], settings: dict[str, Any]):
         self.modules = modules
         self.settings = settings
         self._lock = threading.Lock()
         self._report: Report | None = None
-        self._written: Written | None = []  # the report's families written out; None when they could not be
+        self._written: Written | None = None  # the report's families as written(), once a scrape wrote them
 
     def start(self) -> list[threading.Thread]:
-        return []  # no thread: publish() writes, a scrape reads
+        return []  # no thread: a scrape reads the report
 
     def publish(self, report: Report) -> None:
-        try:
-            families: Written | None = written(shape(report_metrics(report, self.modules(), report.rates),
-                                                     self.settings))
-        except Exception:  # a bug: the scrape answers 500 and says so, never the last report's figures
-            log.exception("the report's metric families could not be written")
-            families = None
         with self._lock:
-            self._report, self._written = report, families
+            self._report, self._written = report, None
 
     def metrics(self) -> list[Metric]:
         with self._lock:
@@ -129,13 +124,15 @@ class Exporter:
         return [] if report is None else report_metrics(report, self.modules(), report.rates)
 
     def written(self) -> Written:
-        """The latest report's families as written() wrote them (none before the first report);
-        RuntimeError when they could not be written."""
+        """The latest report's families as written() writes them (none before the first report)."""
         with self._lock:
-            families = self._written
-        if families is None:
-            raise RuntimeError("the report's metric families could not be written; the log says why")
-        return families
+            report, families = self._report, self._written
+        if families is None and report is not None:
+            families = written(shape(report_metrics(report, self.modules(), report.rates), self.settings))
+            with self._lock:
+                if self._report is report:  # else a newer one came meanwhile: the next scrape writes that
+                    self._written = families
+        return families or []
 
     def stop(self, timeout: float) -> None:
         pass

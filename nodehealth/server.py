@@ -111,7 +111,7 @@ def parse_head(head: bytes, connection: socket.socket) -> Request:
     method, target, version = words
     major, dot, minor = version[5:].partition(".")
     if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
-            and major.isascii() and minor.isascii()):
+            and major.isascii() and minor.isascii() and len(major) <= 10 and len(minor) <= 10):
         raise BadRequest(400, f"not an HTTP version: {version[:20]!r}")
     if int(major) >= 2:
         raise BadRequest(505, "HTTP/1.x only")
@@ -159,28 +159,34 @@ class Workers:
         self._started = 0
         self._closed = False
 
-    def submit(self, job: Callable[..., None], *args) -> None:
+    def submit(self, job: Callable[..., None], *args, then: Callable[[], None] | None = None) -> None:
+        """Run job(*args) on an idle thread, or a new one; then `then()`, once the thread is idle again (the
+        server gives a slot back there, so that no request finds its slot free and no thread idle)."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the workers are closed")
             inbox, number = (self._idle.pop(), None) if self._idle else (queue.SimpleQueue(), self._started)
             if number is not None:
                 self._started += 1
-        inbox.put((job, args))
+        inbox.put((job, args, then))
         if number is not None:
             threading.Thread(target=self._run, args=(inbox,), name=f"{self.name}_{number}", daemon=True).start()
 
     def _run(self, inbox: queue.SimpleQueue) -> None:
         while (work := inbox.get()) is not None:
-            job, args = work
+            job, args, then = work
             try:
                 job(*args)
             except Exception:  # a job handles its own; this is a bug, and the thread goes on
                 log.exception("an HTTP worker's job failed")
             with self._lock:
-                if self._closed:
-                    return
-                self._idle.append(inbox)
+                closed = self._closed
+                if not closed:
+                    self._idle.append(inbox)
+            if then is not None:
+                then()
+            if closed:
+                return
 
     def close(self) -> None:
         """Idle threads end now, busy ones after their job."""
@@ -235,8 +241,11 @@ class BoundedHTTPServer(TCPServer):
     def serve_forever(self) -> None:
         """Accept, read heads and hand complete ones to the workers until shutdown() (which wakes it: no poll)."""
         self._stopped.clear()
-        selector = self._selector = selectors.DefaultSelector()
+        selector = None
         try:
+            if self._closing:
+                return
+            selector = self._selector = selectors.DefaultSelector()
             selector.register(self._wake_r, selectors.EVENT_READ)
             selector.register(self.socket, selectors.EVENT_READ)
             paused_until = None  # out of descriptors: the listener stays readable, so it is left alone a while
@@ -244,15 +253,13 @@ class BoundedHTTPServer(TCPServer):
                 waits = [d for _, d, _ in self._pending.values()] + ([paused_until] if paused_until else [])
                 timeout = max(0.0, min(waits) - time.monotonic()) if waits else None
                 for key, _ in selector.select(timeout):
-                    sock = key.fileobj
-                    if sock is self._wake_r:
-                        self._drain_wake()
-                    elif sock is self.socket:
-                        if not self._accept():
+                    try:
+                        if self._serve_event(key.fileobj):
                             selector.unregister(self.socket)
                             paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
-                    elif sock in self._pending:  # else dropped past max_pending by this batch's accepts
-                        self._read_head(sock)
+                    except Exception as e:  # a bug: its connection goes, the others are served on
+                        self.note_error("serving", f"HTTP: serving a connection failed: {type(e).__name__}: {e}")
+                        self._let_go(key.fileobj)
                 now = time.monotonic()
                 if paused_until is not None and now >= paused_until:
                     selector.register(self.socket, selectors.EVENT_READ)
@@ -261,9 +268,33 @@ class BoundedHTTPServer(TCPServer):
                     self._forget(sock, "deadline")
         finally:
             for sock in list(self._pending):
-                self._forget(sock, None)
-            selector.close()
+                self._let_go(sock)
+            if selector is not None:
+                selector.close()
+            self._stopping = False  # serve_forever() may be called again, as socketserver's
             self._stopped.set()
+
+    def _serve_event(self, sock) -> bool:
+        """One ready socket served; True when the listener must pause (out of descriptors)."""
+        if sock is self._wake_r:
+            self._drain_wake()
+        elif sock is self.socket:
+            return not self._accept()
+        elif sock in self._pending:  # else dropped past max_pending by this batch's accepts
+            self._read_head(sock)
+        return False
+
+    def _let_go(self, sock) -> None:
+        """A waiting connection closed whatever state it is in (not the listener, not the wake-up)."""
+        if sock not in self._pending:
+            return
+        try:
+            self._selector.unregister(sock)
+        except (KeyError, ValueError, OSError):
+            pass
+        del self._pending[sock]
+        self._handshaking.discard(sock)
+        self.shutdown_request(sock)
 
     def shutdown(self) -> None:
         """serve_forever() returns, at once; wait for it (as socketserver's, which must be serving)."""
@@ -378,28 +409,32 @@ class BoundedHTTPServer(TCPServer):
         with self._lock:
             self._active.add(sock)
         try:
-            self.pool.submit(self._handle, sock, client, head, deadline, shared)
+            self.pool.submit(self._handle, sock, client, head, deadline, then=lambda: self._free(shared))
         except RuntimeError:  # closed meanwhile: what _handle would have let go
             with self._lock:
                 self._active.discard(sock)
-            self.slots.release()
-            if shared:
-                self.shared_slots.release()
             self.shutdown_request(sock)
+            self._free(shared)
+
+    def _free(self, shared: bool) -> None:
+        """A request's slots back, its thread idle again."""
+        self.slots.release()
+        if shared:
+            self.shared_slots.release()
 
     def _refuse(self, sock: socket.socket) -> None:
         if not self._closing:
             self._drop("busy")
         self.shutdown_request(sock)
 
-    def _handle(self, sock: socket.socket, client, head: bytes, deadline: float, shared: bool) -> None:
+    def _handle(self, sock: socket.socket, client, head: bytes, deadline: float) -> None:
         try:
             sock.settimeout(max(0.05, deadline - time.monotonic()))
             try:
                 request = parse_head(head, sock)
             except BadRequest as e:
                 reply: Reply = (e.status, f"{e}\n".encode(), "text/plain", {})
-                head_only = False
+                head_only = head.startswith(b"HEAD ")
             else:
                 reply, head_only = self._answer(request), request.method == "HEAD"
             sock.sendall(reply_bytes(reply, self.version, head_only))
@@ -411,9 +446,6 @@ class BoundedHTTPServer(TCPServer):
             with self._lock:
                 self._active.discard(sock)
             self.shutdown_request(sock)
-            self.slots.release()
-            if shared:
-                self.shared_slots.release()
 
     def _answer(self, request: Request) -> Reply:
         try:
@@ -459,8 +491,9 @@ class BoundedHTTPServer(TCPServer):
     def server_close(self) -> None:
         self._closing = True
         self._wake()
-        if self._selector is not None:  # serving: it closes its waiting connections as it returns
-            self._stopped.wait(1.0)
+        # Serving: it closes its waiting connections as it returns. One that does not within a second keeps
+        # its wake-up pair, so that a later shutdown() can still wake it.
+        stopped = self._selector is None or self._stopped.wait(1.0)
         with self._lock:
             active = list(self._active)
         for sock in active:  # a worker writing to a client that does not read stops now
@@ -470,8 +503,9 @@ class BoundedHTTPServer(TCPServer):
                 pass
         super().server_close()
         self.pool.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        if stopped:
+            self._wake_r.close()
+            self._wake_w.close()
 
 
 def request_path(head: bytes) -> str:

@@ -186,18 +186,21 @@ def fixture_daemon(tmp_path, settings: dict | None = None):
     return Daemon(node_pass.build_engine(cfg, machine("h100-8x-cx7"), ["buddyinfo", "vm", "infiniband"]), cfg, "n")
 
 
-def test_a_report_is_written_out_once_when_published_and_scrapes_read_that_text(tmp_path, monkeypatch):
+def test_a_report_is_written_out_once_at_its_first_scrape_and_later_scrapes_read_that_text(tmp_path, monkeypatch):
     d = fixture_daemon(tmp_path, {"exclude_families": ["nodehealth_pagetype_*"]})
     assert d.exposition() == b""  # before the first pass: nothing, as node_exporter before its first read
-    d.run_pass()
-    shown = {m.name.removesuffix("_total") for m in exporter.shape(d.metrics(), d.cfg["exporter"]) if m.samples}
     written = []
-    monkeypatch.setattr(exporter, "report_metrics", lambda *a: written.append(a) or [])
+    report_metrics = exporter.report_metrics
+    monkeypatch.setattr(exporter, "report_metrics", lambda *a: written.append(a) or report_metrics(*a))
+    d.run_pass()
+    assert written == []  # published, not written: no scrape has read it yet
+    shown = {m.name.removesuffix("_total") for m in exporter.shape(d.metrics(), d.cfg["exporter"]) if m.samples}
+    written.clear()
     text = d.exposition().decode()
     names = re.findall(r"^# TYPE (\S+)", text, re.M)
     assert names == sorted(names) and "nodehealth_daemon_passes_total" in names  # the two parts in one order
     scrapes = [parse(d.exposition()) for _ in range(3)]
-    assert written == []  # three scrapes of one report: its families were written when it came
+    assert len(written) == 1  # four scrapes of one report: written at the first
     families = scrapes[-1]
     assert set(families) == shown  # every family, once (the parser names a counter's without _total)
     assert "nodehealth_infiniband_port_hw_events" in families and "nodehealth_daemon_passes" in families
@@ -205,22 +208,26 @@ def test_a_report_is_written_out_once_when_published_and_scrapes_read_that_text(
     assert families["nodehealth_daemon_passes"].samples[0].value == 1
     with d.lock:  # the daemon's own families are read at each scrape, with no report written again
         d.passes = 7
-    assert parse(d.exposition())["nodehealth_daemon_passes"].samples[0].value == 7 and written == []
+    assert parse(d.exposition())["nodehealth_daemon_passes"].samples[0].value == 7 and len(written) == 1
+    d.run_pass()  # a new report: written again at its first scrape
+    d.exposition()
+    assert len(written) == 2
 
 
-def test_a_report_whose_families_cannot_be_written_answers_500_not_the_last_figures(tmp_path, monkeypatch, caplog):
+def test_a_report_whose_families_cannot_be_written_fails_the_scrape_not_shows_the_last_figures(tmp_path,
+                                                                                                monkeypatch):
     d = fixture_daemon(tmp_path)
     d.run_pass()
     assert b"nodehealth_infiniband_port_state_id" in d.exposition()
 
     def broken(*args):
         raise ValueError("a bug")
-    monkeypatch.setattr(exporter, "written", broken)
     d.run_pass()
-    assert "could not be written" in caplog.text
-    monkeypatch.undo()
-    with pytest.raises(RuntimeError, match="could not be written"):  # the server answers a raising route 500
+    monkeypatch.setattr(exporter, "written", broken)
+    with pytest.raises(ValueError, match="a bug"):  # the server answers a route that raises 500, counted
         d.routes()["/metrics"]("")
+    monkeypatch.undo()
+    assert b"nodehealth_infiniband_port_state_id" in d.exposition()  # the next scrape writes it
 
 
 def test_join_merges_written_parts_in_name_order_and_keeps_the_first_of_a_name(caplog):

@@ -231,6 +231,7 @@ def answer(address, request: bytes, timeout: float = 5.0) -> bytes:
     (b"GET /metrics\r\n\r\n", b"400"),  # HTTP/0.9
     (b"GET /metrics HTTQ/1.1\r\n\r\n", b"400"),
     (b"GET /metrics HTTP/1.\xb2\r\n\r\n", b"400"),  # a digit to isdigit(), not to int()
+    (b"GET /metrics HTTP/" + b"1" * 5000 + b".0\r\n\r\n", b"400"),  # past int()'s 4,300 digits: no 500
     (b"GET /metrics HTTP/1.1\r\nNo colon here\r\n\r\n", b"400"),
     (b"GET /metrics HTTP/1.1\r\nHost : x\r\n\r\n", b"400"),  # space before the colon (RFC 9112)
     (b"GET /metrics HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n", b"400"),  # obsolete line folding
@@ -253,6 +254,9 @@ def test_an_answer_has_its_length_type_and_server_and_head_has_no_body(routed):
     assert fields["Date"].endswith(" GMT")
     head_only = answer(srv.server_address[:2], b"HEAD /metrics HTTP/1.1\r\n\r\n")
     assert head_only.endswith(b"\r\n\r\n") and b"Content-Length: 4\r\n" in head_only
+    refused = answer(srv.server_address[:2], b"HEAD /metrics HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n")
+    assert refused.startswith(b"HTTP/1.0 431") and refused.endswith(b"\r\n\r\n")  # no body to a HEAD either
+    assert srv.errors == 0
 
 
 def test_the_guard_reads_header_names_in_any_case(tmp_path):
@@ -358,3 +362,32 @@ def test_one_request_at_a_time_is_answered_by_the_thread_idle_last_even_after_a_
         workers.close()
     with pytest.raises(RuntimeError):
         workers.submit(job, False)
+
+
+def test_a_slot_comes_back_only_once_its_thread_is_idle_so_threads_stay_within_the_slots():
+    workers = httpbound.Workers("t")
+    idle_then = []
+    try:
+        for _ in range(20):
+            done = threading.Event()
+            workers.submit(lambda: None, then=lambda done=done: (idle_then.append(len(workers._idle)), done.set()))
+            assert done.wait(5)
+        assert idle_then == [1] * 20 and workers._started == 1  # idle again before `then`: one thread did all
+    finally:
+        workers.close()
+
+
+def test_serve_forever_after_server_close_returns_and_after_shutdown_serves_again():
+    srv = httpbound.BoundedHTTPServer(("127.0.0.1", 0), Slow.respond, "test", workers=1, request_seconds=1.0)
+    for _ in range(2):  # served, shut down, served again, as socketserver allows
+        thread = threading.Thread(target=srv.serve_forever, daemon=True)
+        thread.start()
+        assert get(srv, "/").startswith(b"HTTP/1.0 200")
+        srv.shutdown()
+        thread.join(5)
+        assert not thread.is_alive()
+    srv.server_close()
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive()
