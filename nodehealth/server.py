@@ -30,7 +30,6 @@ hangs anyway, in a thread or in the interpreter's teardown, prints every thread'
 """
 from __future__ import annotations
 
-import email.utils
 import errno
 import faulthandler
 import json
@@ -45,9 +44,9 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from http import HTTPStatus
 from socketserver import TCPServer
 
+from nodehealth.http_message import BadRequest, Reply, Request, parse_head, reply_bytes, request_path
 from nodehealth.logs import RateLimitedLog
 from nodehealth.model import Metric
 from nodehealth.tls.nonblocking import handshake_step, receive
@@ -55,7 +54,6 @@ from nodehealth.tls.nonblocking import handshake_step, receive
 log = logging.getLogger("nodehealth.server")
 
 MAX_HEAD_BYTES = 16384  # our requests are a GET line and a few headers
-MAX_HEADERS = 100  # as http.client allows: past it, 431
 MAX_PENDING = 256  # connections still sending their request head; well under a default fd limit of 1024
 MAX_CONCURRENT_REQUESTS = 16
 PRIORITY_WORKERS = 4  # of those, kept for the priority paths: the scrape and the kubelet need one each
@@ -74,75 +72,10 @@ STUCK_EXIT_SECONDS = 1.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 Answer = tuple[int, bytes, str]  # status, body, content type
-Reply = tuple[int, bytes, str, dict[str, str]]  # an Answer and its extra headers
 Routes = dict[str, Callable[[str], Answer]]  # path -> the answer to its query string
 # (path, headers with lower-cased names, connection) -> the status to refuse with
 Guard = Callable[[str, dict[str, str], socket.socket], "int | None"]
-
-
-class Request:
-    """A request head as the workers parse it: header names lower-cased, the target's path apart from its query."""
-
-    __slots__ = ("method", "path", "query", "headers", "connection")
-
-    def __init__(self, method: str, path: str, query: str, headers: dict[str, str], connection: socket.socket):
-        self.method, self.path, self.query, self.headers, self.connection = method, path, query, headers, connection
-
-
 Respond = Callable[[Request], Reply]
-
-
-class BadRequest(Exception):
-    """A head that is not a GET or HEAD request we can read: answered with `status`, no route runs."""
-
-    def __init__(self, status: int, why: str):
-        super().__init__(why)
-        self.status = status
-
-
-def parse_head(head: bytes, connection: socket.socket) -> Request:
-    """`METHOD TARGET HTTP/1.x` and `Name: value` lines up to the blank one (bytes as latin-1, as http.server
-    reads them). Raises BadRequest: 400 for what is not such a head, 431 past MAX_HEADERS, 501 for a method
-    other than GET or HEAD, 505 for HTTP/2 and later."""
-    lines = head.decode("latin-1").split("\n")
-    words = lines[0].rstrip("\r").split()
-    if len(words) != 3:
-        raise BadRequest(400, "a request line is METHOD TARGET VERSION")
-    method, target, version = words
-    major, dot, minor = version[5:].partition(".")
-    if not (version.startswith("HTTP/") and dot and major.isdigit() and minor.isdigit()
-            and major.isascii() and minor.isascii() and len(major) <= 10 and len(minor) <= 10):
-        raise BadRequest(400, f"not an HTTP version: {version[:20]!r}")
-    if int(major) >= 2:
-        raise BadRequest(505, "HTTP/1.x only")
-    if method not in ("GET", "HEAD"):
-        raise BadRequest(501, f"unsupported method {method[:20]!r}")
-    headers: dict[str, str] = {}
-    for number, line in enumerate(lines[1:], 1):
-        line = line.rstrip("\r")
-        if not line:
-            break
-        name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or line[0] in " \t":
-            raise BadRequest(400, "a header line is NAME: VALUE")
-        if number > MAX_HEADERS:
-            raise BadRequest(431, f"more than {MAX_HEADERS} headers")
-        headers.setdefault(name.lower(), value.strip())  # the first of a repeated name, as http.server read it
-    path, _, query = target.partition("?")
-    return Request(method, path, query, headers, connection)
-
-
-def reply_bytes(reply: Reply, version: str, head_only: bool) -> bytes:
-    """The whole answer, status line to body, for one sendall (http.server wrote the head and the body apart)."""
-    status, body, content_type, extra = reply
-    lines = [f"HTTP/1.0 {status} {_PHRASES.get(status, '')}", f"Server: {version}",
-             f"Date: {email.utils.formatdate(usegmt=True)}", *(f"{k}: {v}" for k, v in extra.items()),
-             f"Content-Type: {content_type}", f"Content-Length: {len(body)}", "", ""]
-    head = "\r\n".join(lines).encode("latin-1")
-    return head if head_only else head + body
-
-
-_PHRASES = {s.value: s.phrase for s in HTTPStatus}
 
 
 class Workers:
@@ -506,12 +439,6 @@ class BoundedHTTPServer(TCPServer):
         if stopped:
             self._wake_r.close()
             self._wake_w.close()
-
-
-def request_path(head: bytes) -> str:
-    """The path of a request head's first line, without its query ("" when it has none)."""
-    parts = head.split(b"\n", 1)[0].split(b" ")
-    return parts[1].split(b"?", 1)[0].decode("latin-1") if len(parts) >= 2 else ""
 
 
 def listen_address(listen: str) -> tuple[str, int]:
