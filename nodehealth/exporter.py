@@ -1,6 +1,6 @@
 """Prometheus exposition of a report: which families a report becomes, and their text; the daemon's
-/metrics face (Exporter), which writes out the latest report's families for the scrapes; and the families an
-operator leaves out or folds (the `exporter` settings), so that a large node's series stay affordable."""
+/metrics face (Exporter), which writes out the latest report's families for the scrapes; and the
+families an operator leaves out or folds (the `exporter` settings), so that a large node's series stay affordable."""
 from __future__ import annotations
 
 import fnmatch
@@ -121,18 +121,21 @@ class Exporter:
     def metrics(self) -> list[Metric]:
         with self._lock:
             report = self._report
-        return [] if report is None else report_metrics(report, self.modules(), report.rates)
+        return [] if report is None else self._families(report)
 
     def written(self) -> Written:
         """The latest report's families as written() writes them (none before the first report)."""
         with self._lock:
             report, families = self._report, self._written
         if families is None and report is not None:
-            families = written(shape(report_metrics(report, self.modules(), report.rates), self.settings))
+            families = written(shape(self._families(report), self.settings))
             with self._lock:
                 if self._report is report:  # else a newer one came meanwhile: the next scrape writes that
                     self._written = families
         return families or []
+
+    def _families(self, report: Report) -> list[Metric]:
+        return report_metrics(report, self.modules(), report.rates)
 
     def stop(self, timeout: float) -> None:
         pass

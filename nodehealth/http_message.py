@@ -53,7 +53,7 @@ def parse_head(head: bytes, connection: socket.socket) -> Request:
         if not line:
             break
         name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip() or line[0] in " \t":
+        if not colon or not name or name != name.strip():  # a folded line starts with white space
             raise BadRequest(400, "a header line is NAME: VALUE")
         if number > MAX_HEADERS:
             raise BadRequest(431, f"more than {MAX_HEADERS} headers")

@@ -11,9 +11,9 @@ MAX_PENDING the oldest waiting connection is dropped to make room. Workers parse
 memory (parse_head: a GET or HEAD line and a few headers, without http.server's handler and its
 e-mail header parser) and write the whole answer at once under what is left of the same deadline.
 Some workers are kept for the priority paths (/metrics, /healthz): clients hammering a heavy path
-(/v1/pingmesh) take the others, never a scrape's or the kubelet's. A route that raises answers 500, and what goes wrong
-is one counted log line per cause and minute, not a traceback per request. Closing the server drops
-every connection, so a stop never waits on a client.
+(/v1/pingmesh) take the others, never a scrape's or the kubelet's. A route that raises answers 500,
+and what goes wrong is one counted log line per cause and minute, not a traceback per request.
+Closing the server drops every connection, so a stop never waits on a client.
 
 With `tls` (a function giving the current server context: certificates rotate), a connection is
 wrapped as it is taken and its handshake is done by the same thread, without blocking and
@@ -192,7 +192,7 @@ class BoundedHTTPServer(TCPServer):
                             paused_until = time.monotonic() + ACCEPT_PAUSE_SECONDS
                     except Exception as e:  # a bug: its connection goes, the others are served on
                         self.note_error("serving", f"HTTP: serving a connection failed: {type(e).__name__}: {e}")
-                        self._let_go(key.fileobj)
+                        self._forget(key.fileobj, None)
                 now = time.monotonic()
                 if paused_until is not None and now >= paused_until:
                     selector.register(self.socket, selectors.EVENT_READ)
@@ -201,7 +201,7 @@ class BoundedHTTPServer(TCPServer):
                     self._forget(sock, "deadline")
         finally:
             for sock in list(self._pending):
-                self._let_go(sock)
+                self._forget(sock, None)
             if selector is not None:
                 selector.close()
             self._stopping = False  # serve_forever() may be called again, as socketserver's
@@ -216,18 +216,6 @@ class BoundedHTTPServer(TCPServer):
         elif sock in self._pending:  # else dropped past max_pending by this batch's accepts
             self._read_head(sock)
         return False
-
-    def _let_go(self, sock) -> None:
-        """A waiting connection closed whatever state it is in (not the listener, not the wake-up)."""
-        if sock not in self._pending:
-            return
-        try:
-            self._selector.unregister(sock)
-        except (KeyError, ValueError, OSError):
-            pass
-        del self._pending[sock]
-        self._handshaking.discard(sock)
-        self.shutdown_request(sock)
 
     def shutdown(self) -> None:
         """serve_forever() returns, at once; wait for it (as socketserver's, which must be serving)."""
@@ -273,19 +261,16 @@ class BoundedHTTPServer(TCPServer):
 
     def _read_head(self, sock: socket.socket) -> None:
         """What the connection has sent; a complete head goes to _dispatch."""
-        failed = False
         if sock in self._handshaking:
             try:
                 wait = handshake_step(sock)
             except OSError:
-                wait, failed = None, True
+                self._forget(sock, "handshake")
+                return
             if wait is not None:
                 self._selector.modify(sock, wait)
                 return
             self._handshaking.discard(sock)
-            if failed:
-                self._forget(sock, "handshake")
-                return
             self._selector.modify(sock, selectors.EVENT_READ)
         data = receive(sock, MAX_HEAD_BYTES)
         if data is None:
@@ -300,9 +285,15 @@ class BoundedHTTPServer(TCPServer):
         elif len(head) > MAX_HEAD_BYTES:
             self._forget(sock, "too_large")
 
-    def _forget(self, sock: socket.socket, reason: str | None, close: bool = True) -> None:
-        """A waiting connection leaves the serving thread: counted as dropped for `reason`, closed unless told."""
-        self._selector.unregister(sock)
+    def _forget(self, sock, reason: str | None, close: bool = True) -> None:
+        """A waiting connection leaves the serving thread, whatever state it is in: counted as dropped for
+        `reason`, closed unless told. Nothing for another socket (the listener, the wake-up)."""
+        if sock not in self._pending:
+            return
+        try:
+            self._selector.unregister(sock)
+        except (KeyError, ValueError, OSError):  # a socket closed under it
+            pass
         del self._pending[sock]
         self._handshaking.discard(sock)
         if reason is not None:
