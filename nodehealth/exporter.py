@@ -169,14 +169,14 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
     return out
 
 
-# Each family as the last render wrote it: its samples, their lines, and each series' text up to its
-# value (`name{a="x",b="y"} `) by its label values. Passes change values, rarely which series exist,
-# and many families not even their values (identity, state, error counters): a family whose samples
-# are the last render's is written as its lines were, and another writes only the values; writing
-# the name and labels of every series was a third of a render (benchmarks/RESULTS.md). A render keeps
-# only the series it wrote, so a family's entry never outgrows one exposition of it. Two renders at
-# once each build their own and the last one stays: both are right.
-_RENDERED: dict[tuple[str, tuple[str, ...]], tuple[list, str, dict[tuple[str, ...], str]]] = {}
+# Each family as the last render wrote it: its help, type and samples, its whole text, and each series'
+# text up to its value (`name{a="x",b="y"} `) by its label values. Passes change values, rarely which
+# series exist, and many families not even their values (identity, state, error counters): a family
+# whose help, type and samples are the last render's is its last text, and another writes only the
+# values; writing the name and labels of every series was a third of a render (benchmarks/RESULTS.md).
+# A render keeps only the series it wrote, so a family's entry never outgrows one exposition of it.
+# Two renders at once each build their own and the last one stays: both are right.
+_RENDERED: dict[tuple[str, tuple[str, ...]], tuple[str, str, list, str, dict[tuple[str, ...], str]]] = {}
 
 
 Written = list[tuple[str, str]]  # each family's exposition by name, in name order (written())
@@ -219,22 +219,22 @@ def written(metrics: Iterable[Metric]) -> Written:
             log.error("metric family %s emitted twice; keeping the first", m.name)
             continue
         seen.add(m.name)
-        out.append((m.name, f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.kind}\n{_samples(m)}"))
+        out.append((m.name, _family(m)))
     return out
 
 
-def _samples(m: Metric) -> str:
-    """A family's sample lines: a non-histogram's as the last render wrote them where its samples are the
-    same (_RENDERED), else with the series text it kept."""
+def _family(m: Metric) -> str:
+    """A family's exposition: a non-histogram's as the last render wrote it where its help, type and samples
+    are the same (_RENDERED), else with the series text it kept."""
     if m.kind == "histogram":
-        return "".join(_histogram_lines(m))
+        return _header(m) + "".join(_histogram_lines(m))
     family = (m.name, m.labels)
     last = _RENDERED.get(family)
-    if last is not None and last[0] == m.samples:
-        return last[1]
-    known = last[2] if last is not None else {}
+    if last is not None and last[0] == m.help and last[1] == m.kind and last[2] == m.samples:
+        return last[3]
+    known = last[4] if last is not None else {}
     written_series = {}
-    lines = []
+    lines = [_header(m)]
     for labels, value in sorted(m.samples):
         series = known.get(labels)
         if series is None:
@@ -245,8 +245,12 @@ def _samples(m: Metric) -> str:
         else:
             lines.append(f"{series}{_number(value)}\n")
     text = "".join(lines)
-    _RENDERED[family] = (list(m.samples), text, written_series)
+    _RENDERED[family] = (m.help, m.kind, list(m.samples), text, written_series)
     return text
+
+
+def _header(m: Metric) -> str:
+    return f"# HELP {m.name} {_escape_help(m.help)}\n# TYPE {m.name} {m.kind}\n"
 
 
 def _series(name: str, label_names: tuple[str, ...], values: tuple[str, ...]) -> str:
