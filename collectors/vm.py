@@ -10,18 +10,20 @@ import re
 from dataclasses import dataclass
 
 from nodehealth.collectors import CollectError
-from nodehealth.host import HostPaths, read_attr, read_text
+from nodehealth.host import HostPaths, read_text
 from nodehealth.model import Metric
 
 NAME = "vm"
 DEFAULTS: dict = {}
 
-THP_DIR = ("kernel", "mm", "transparent_hugepage")
+THP_DIR = "/kernel/mm/transparent_hugepage"  # under the sysfs root
+THP_FILES = ("enabled", "defrag", "shmem_enabled", "khugepaged/defrag")
 
 # Modes the kernel documents; the metric carries these plus whatever the host reports as current.
+# Sorted, as the metric's series are.
 ENABLED_MODES = ("always", "madvise", "never")
 DEFRAG_MODES = ("always", "defer", "defer+madvise", "madvise", "never")
-SHMEM_MODES = ("always", "within_size", "advise", "never", "deny", "force")
+SHMEM_MODES = ("advise", "always", "deny", "force", "never", "within_size")
 
 _BRACKETED = re.compile(r"\[([^\[\]\s]+)\]")
 _VMSTAT_LINE = re.compile(r"(\S+)\s+(-?[0-9]{1,20})")
@@ -74,6 +76,15 @@ MEMINFO_FIELDS = {
     "HugePages_Free": "hugepages_free",
 }
 
+# /proc/vmstat and /proc/meminfo as the kernel writes them (one space after a name, spaces after a
+# colon, `\n`-ended lines, no blank one): the whole text is checked by one regex and the kept lines are
+# picked by another, on "\n" + text so that the first line has its "\n" too. That is a quarter to a third
+# of a loop over the lines (by instruction count); other text goes through the loop, which names a bad line.
+_VMSTAT_TEXT = re.compile(r"(?:[!-~]+ [0-9]{1,20}\n)+")
+_VMSTAT_KEPT = re.compile(r"\n((?:compact|thp)_[a-z0-9_]+) ([0-9]+)")
+_MEMINFO_TEXT = re.compile(r"(?:[!-9;-~]+: +-?[0-9]{1,20}(?: kB)?\n)+")
+_MEMINFO_KEPT = re.compile(r"\n(" + "|".join(MEMINFO_FIELDS) + r"): +(-?[0-9]+)( kB)?")
+
 
 @dataclass(frozen=True)
 class Vm:
@@ -90,26 +101,26 @@ def supported(host: HostPaths, cfg: dict) -> str | None:
 
 
 def collect(host: HostPaths, cfg: dict) -> Vm:
-    vmstat = parse_vmstat(read_text(host.proc("vmstat")))
+    """Paths are concatenated: os.path.join was a third of the cost of reading each file."""
+    vmstat = parse_vmstat(read_text(host.procfs + "/vmstat"))
     try:
-        meminfo = parse_meminfo(read_text(host.proc("meminfo")))
+        meminfo = parse_meminfo(read_text(host.procfs + "/meminfo"))
     except FileNotFoundError:
         meminfo = Meminfo()
     return Vm(read_thp(host), vmstat, meminfo)
 
 
 def read_thp(host: HostPaths) -> ThpSettings:
-    """Each file is optional: kernels without THP have none, older ones lack shmem_enabled."""
-
-    def mode(*parts: str) -> str | None:
-        text = read_attr(host.sys(*THP_DIR, *parts))
-        return None if text is None else parse_mode(text, "/".join(parts))
-
-    khugepaged = read_attr(host.sys(*THP_DIR, "khugepaged", "defrag"))
+    """Each file is optional: kernels without THP have none, older ones lack shmem_enabled. They are
+    read through descriptors kept open between passes (host.KeptFiles), as read_attr reads them: a
+    read at offset 0 shows the current mode, without an open and a close a file each pass (a third of
+    the CPU, most of it the kernel's). A sysfs file that went fails that read and is looked for again."""
+    texts = host.kept(NAME).read_texts(host.sysfs + THP_DIR, THP_FILES)
+    enabled, defrag, shmem, khugepaged = (texts[name] for name in THP_FILES)
     return ThpSettings(
-        enabled=mode("enabled"),
-        defrag=mode("defrag"),
-        shmem_enabled=mode("shmem_enabled"),
+        enabled=None if enabled is None else parse_mode(enabled, "enabled"),
+        defrag=None if defrag is None else parse_mode(defrag, "defrag"),
+        shmem_enabled=None if shmem is None else parse_mode(shmem, "shmem_enabled"),
         khugepaged_defrag=None if khugepaged is None else parse_flag(khugepaged, "khugepaged/defrag"),
     )
 
@@ -136,7 +147,16 @@ def parse_flag(text: str, name: str) -> bool:
 
 def parse_vmstat(text: str) -> dict[str, int]:
     """`name value` lines; keeps the compact_* and thp_* counters."""
-    counters: dict[str, int] = {}
+    if _VMSTAT_TEXT.fullmatch(text):
+        rows = _VMSTAT_KEPT.findall("\n" + text)
+    else:
+        rows = _vmstat_lines(text)
+    return {name: int(value) for name, value in rows}
+
+
+def _vmstat_lines(text: str) -> list[tuple[str, str]]:
+    """parse_vmstat's kept (name, value) lines, line by line: for text the kernel would not write."""
+    rows = []
     lines = 0
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -145,32 +165,48 @@ def parse_vmstat(text: str) -> dict[str, int]:
         if match is None:
             raise CollectError(f"/proc/vmstat line {number} is not 'name value': {line[:80]!r}")
         lines += 1
-        if _KEPT_COUNTER.fullmatch(match.group(1)):
-            counters[match.group(1)] = int(match.group(2))
+        if _KEPT_COUNTER.fullmatch(match[1]):
+            rows.append((match[1], match[2]))
     if not lines:
         raise CollectError("/proc/vmstat is empty")
-    return counters
+    return rows
 
 
 def parse_meminfo(text: str) -> Meminfo:
     """`Name:   value kB` lines (pool sizes have no unit); kB become bytes."""
-    values: dict[str, int] = {}
+    if _MEMINFO_TEXT.fullmatch(text):
+        rows = _MEMINFO_KEPT.findall("\n" + text)
+    else:
+        rows = _meminfo_lines(text)
+    values = {MEMINFO_FIELDS[name]: int(value) * (1024 if unit else 1) for name, value, unit in rows}
+    if "mem_total_bytes" not in values:
+        raise CollectError("/proc/meminfo has no MemTotal line")
+    return Meminfo(**values)
+
+
+def _meminfo_lines(text: str) -> list[tuple[str, str, str | None]]:
+    """parse_meminfo's (name, value, unit) lines of MEMINFO_FIELDS, line by line: for text the kernel
+    would not write."""
+    rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         match = _MEMINFO_LINE.fullmatch(line.strip())
         if match is None:
             raise CollectError(f"/proc/meminfo line {number} is not 'Name: value [kB]': {line[:80]!r}")
-        name, value, unit = match.groups()
-        if name in MEMINFO_FIELDS:
-            values[MEMINFO_FIELDS[name]] = int(value) * (1024 if unit else 1)
-    if "mem_total_bytes" not in values:
-        raise CollectError("/proc/meminfo has no MemTotal line")
-    return Meminfo(**values)
+        if match[1] in MEMINFO_FIELDS:
+            rows.append(match.groups())
+    return rows
 
 
 def counters(facts: Vm) -> dict[str, float]:
     return {name: float(value) for name, value in facts.vmstat.items()}
+
+
+# Each vmstat counter's family name and help, made once, not at each scrape. The kernel names a few
+# dozen compact_* and thp_* counters; the bound only guards against a host that makes up more.
+_COUNTER_TEXTS_MAX = 256
+_COUNTER_TEXTS: dict[str, tuple[str, str]] = {}
 
 
 def metrics(facts: Vm) -> list[Metric]:
@@ -185,12 +221,17 @@ def metrics(facts: Vm) -> list[Metric]:
     ]
     khugepaged = Metric("nodehealth_thp_khugepaged_defrag", "1 if khugepaged may compact memory to collapse huge "
                         "pages, 0 if not.")
-    khugepaged.add((), None if thp.khugepaged_defrag is None else int(thp.khugepaged_defrag))
+    khugepaged.put((), None if thp.khugepaged_defrag is None else int(thp.khugepaged_defrag))
     out.append(khugepaged)
-    for name in sorted(facts.vmstat):
-        counter = Metric(f"nodehealth_vmstat_{name}_total", f"Kernel event counter {name} from /proc/vmstat.",
-                         kind="counter")
-        counter.add((), facts.vmstat[name])
+    for name, value in sorted(facts.vmstat.items()):
+        texts = _COUNTER_TEXTS.get(name)
+        if texts is None:
+            texts = (f"nodehealth_vmstat_{name}_total", f"Kernel event counter {name} from /proc/vmstat.")
+            if len(_COUNTER_TEXTS) < _COUNTER_TEXTS_MAX:
+                _COUNTER_TEXTS[name] = texts
+        family, help = texts
+        counter = Metric(family, help, "counter")
+        counter.put((), value)
         out.append(counter)
     out.extend(_meminfo_metrics(facts.meminfo))
     return out
@@ -200,8 +241,8 @@ def _mode_metric(name: str, help: str, known: tuple, current: str | None) -> Met
     """Info-style gauge; no samples when the setting is absent (absent is not zero)."""
     metric = Metric(name, help, labels=("mode",))
     if current is not None:
-        for mode in sorted(set(known) | {current}):
-            metric.add((mode,), 1 if mode == current else 0)
+        for mode in known if current in known else sorted((*known, current)):
+            metric.put((mode,), 1 if mode == current else 0)
     return metric
 
 
@@ -223,6 +264,6 @@ def _meminfo_metrics(info: Meminfo) -> list[Metric]:
     out = []
     for name, help, value in rows:
         metric = Metric(name, help)
-        metric.add((), value)
+        metric.put((), value)
         out.append(metric)
     return out

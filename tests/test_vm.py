@@ -1,6 +1,8 @@
 """The vm collector: THP settings, compact_*/thp_* counters from /proc/vmstat, /proc/meminfo."""
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 from pathlib import Path
 
@@ -65,6 +67,19 @@ def test_malformed_vmstat(text, fragment):
     with pytest.raises(CollectError, match="/proc/vmstat") as err:
         vm.parse_vmstat(text)
     assert fragment in str(err.value)
+
+
+VMSTAT_FILES = sorted(FIXTURES.glob("**/*vmstat"))
+MEMINFO_FILES = sorted(FIXTURES.glob("**/*meminfo"))
+
+
+@pytest.mark.parametrize("path", VMSTAT_FILES + MEMINFO_FILES, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_the_kernels_text_parses_as_the_line_loop_parses_it(path):
+    """Text as the kernel writes it is read by two regexes over the whole text; with tabs for spaces it
+    goes through the line loop."""
+    parse = vm.parse_vmstat if path.name.endswith("vmstat") else vm.parse_meminfo
+    text = path.read_text()
+    assert parse(text) == parse(text.replace(" ", "\t")) == parse("\n" + text + "\n")
 
 
 # --- /proc/meminfo ---------------------------------------------------------------------------------
@@ -194,6 +209,32 @@ def test_collect_fails_on_a_garbled_thp_file(tmp_path):
         vm.collect(host, {})
 
 
+def test_thp_files_are_read_again_each_pass(tmp_path, monkeypatch):
+    """They are read through descriptors kept between passes: a mode changed in place, a file that came,
+    one that went and the whole directory going and coming back are all seen at the next pass."""
+    host = build(tmp_path, {k: v for k, v in ALL_THP.items() if k != "shmem_enabled"})
+    thp_dir = tmp_path / "sys/kernel/mm/transparent_hugepage"
+    assert vm.collect(host, {}).thp == vm.ThpSettings("madvise", "madvise", None, True)
+    (thp_dir / "enabled").write_text("[always] madvise never\n")  # in place, as the kernel changes it
+    shutil.copy(MEMORY / ALL_THP["shmem_enabled"], thp_dir / "shmem_enabled")
+    assert vm.collect(host, {}).thp == vm.ThpSettings("always", "madvise", "never", True)
+    real_pread = os.pread
+
+    def sysfs_pread(fd, size, offset):  # sysfs answers a read of an attribute that went with ENODEV
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(" (deleted)"):
+            raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+        return real_pread(fd, size, offset)
+
+    monkeypatch.setattr(os, "pread", sysfs_pread)
+    (thp_dir / "defrag").unlink()
+    assert vm.collect(host, {}).thp == vm.ThpSettings("always", None, "never", True)
+    shutil.rmtree(thp_dir)
+    assert vm.collect(host, {}).thp == vm.ThpSettings()
+    (thp_dir / "khugepaged").mkdir(parents=True)
+    (thp_dir / "khugepaged" / "defrag").write_text("0\n")
+    assert vm.collect(host, {}).thp == vm.ThpSettings(khugepaged_defrag=False)
+
+
 def test_unsupported_without_vmstat(tmp_path):
     assert "no /proc/vmstat" in vm.supported(HostPaths(str(tmp_path)), {})
 
@@ -240,6 +281,27 @@ def test_unknown_current_mode_gets_its_own_series():
     assert samples == {("always",): 0.0, ("defer",): 1.0, ("madvise",): 0.0, ("never",): 0.0}
 
 
+@pytest.mark.parametrize("current", ["never", "always", "zzz", "aaa"])
+def test_mode_series_are_sorted(current):
+    facts = vm.Vm(vm.ThpSettings(current, current, current), {}, vm.Meminfo())
+    metrics = vm.metrics(facts)
+    for name in ("nodehealth_thp_enabled", "nodehealth_thp_defrag", "nodehealth_thp_shmem_enabled"):
+        labels = [labels for labels, _ in family(metrics, name).samples]
+        assert labels == sorted(labels) and (current,) in labels
+
+
+def test_counter_family_texts_are_kept_for_at_most_a_bound_of_names(monkeypatch):
+    monkeypatch.setattr(vm, "_COUNTER_TEXTS", {})
+    names = [f"thp_made_up_{i:03}" for i in range(vm._COUNTER_TEXTS_MAX + 10)]
+    facts = vm.Vm(vm.ThpSettings(), dict.fromkeys(names, 7), vm.Meminfo())
+    for _ in range(2):
+        metrics = [m for m in vm.metrics(facts) if m.name.startswith("nodehealth_vmstat_")]
+        assert [m.name for m in metrics] == [f"nodehealth_vmstat_{n}_total" for n in names]
+        assert metrics[-1].help == f"Kernel event counter {names[-1]} from /proc/vmstat."
+        assert all(m.kind == "counter" and m.samples == [((), 7.0)] for m in metrics)
+    assert len(vm._COUNTER_TEXTS) == vm._COUNTER_TEXTS_MAX
+
+
 # --- fixture machines (the pieces this module provides) --------------------------------------------
 
 @pytest.mark.parametrize("name, enabled, defrag, reasons", [
@@ -280,6 +342,22 @@ def test_fuzz_meminfo(text):
     except CollectError:
         return
     assert isinstance(info.mem_total_bytes, int)
+
+
+def outcome(parse, text):
+    """What parse makes of text: its result, or which error (without the line it quotes)."""
+    try:
+        return parse(text)
+    except CollectError as e:
+        return str(e).split(":")[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(LINES + ["thp_split_pmd 40", "compact_x1 0", "Hugepagesize:       2048 kB"]),
+                max_size=10).map(lambda lines: "".join(line + "\n" for line in lines)))
+def test_fuzz_kernel_like_text_parses_as_the_line_loop_parses_it(text):
+    for parse in (vm.parse_vmstat, vm.parse_meminfo):
+        assert outcome(parse, text) == outcome(parse, text.replace(" ", "\t"))
 
 
 MODE_TOKENS = ["[always]", "always", "[madvise]", "madvise", "never", "[", "]", "[]", "defer+madvise", "1", "0",
