@@ -119,8 +119,10 @@ class Port:
 
     def traffic(self, name: str, legacy_name: str) -> int | None:
         """A traffic counter: the larger of its counters/ and counters_ext/ files (see TRAFFIC)."""
-        values = [v for v in (self.counters.get(name), self.counters_ext.get(legacy_name)) if v is not None]
-        return max(values) if values else None
+        value, legacy = self.counters.get(name), self.counters_ext.get(legacy_name)
+        if value is None or legacy is None:
+            return legacy if value is None else value
+        return max(value, legacy)
 
     @property
     def transmitted_bytes(self) -> int | None:
