@@ -9,8 +9,8 @@ how much of it in blocks of a given size); checks/memory.py judges it.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
+from operator import attrgetter
 
 from nodehealth.collectors import CollectError
 from nodehealth.host import HostPaths, read_text
@@ -25,7 +25,25 @@ FIXTURE_PAGE_SIZE = 4096
 
 # A kernel counter is at most 20 decimal digits (u64); longer is garbage, not a number to convert.
 MAX_COUNT_DIGITS = 20
-_COUNT = re.compile(rf"[0-9]{{1,{MAX_COUNT_DIGITS}}}")
+
+
+def _is_count(text: str) -> bool:
+    """1 to MAX_COUNT_DIGITS ASCII digits (int() alone takes signs, underscores and other digits)."""
+    return text.isdigit() and text.isascii() and len(text) <= MAX_COUNT_DIGITS
+
+
+def _pages(free_blocks: tuple[int, ...], start: int = 0) -> int:
+    """Pages held in the free blocks of order `start` and up: each count << its order, summed (by
+    Horner's rule, the fewest Python steps: metrics() sums every zone and migrate type each scrape)."""
+    pages = 0
+    for count in reversed(free_blocks[start:]):
+        pages = pages * 2 + count
+    return pages << start
+
+
+def _unusable_index(free_bytes: int, usable_bytes: int) -> float:
+    """Zone.unusable_index from the two sums, for metrics(), which has them already."""
+    return (free_bytes - usable_bytes) / free_bytes if free_bytes else 1.0
 
 
 @dataclass(frozen=True)
@@ -38,15 +56,14 @@ class Zone:
     page_size: int
 
     def order_for(self, size_bytes: int) -> int:
-        """The smallest order whose blocks hold at least `size_bytes`."""
-        order = 0
-        while (self.page_size << order) < size_bytes:
-            order += 1
-        return order
+        """The smallest order whose blocks hold at least `size_bytes`: the pages it needs, rounded up to a
+        power of two (arithmetic, not a loop: metrics() asks for every zone on every scrape)."""
+        pages = -(-size_bytes // self.page_size)
+        return max(pages - 1, 0).bit_length()
 
     @property
     def free_pages(self) -> int:
-        return sum(count << order for order, count in enumerate(self.free_blocks))
+        return _pages(self.free_blocks)
 
     @property
     def free_bytes(self) -> int:
@@ -54,9 +71,7 @@ class Zone:
 
     def free_bytes_in_blocks_of(self, size_bytes: int) -> int:
         """Free bytes held in blocks of at least `size_bytes`."""
-        start = self.order_for(size_bytes)
-        pages = sum(count << order for order, count in enumerate(self.free_blocks) if order >= start)
-        return pages * self.page_size
+        return _pages(self.free_blocks, self.order_for(size_bytes)) * self.page_size
 
     def blocks_available_of(self, size_bytes: int) -> int:
         """How many allocations of `size_bytes` the free lists could serve without compaction."""
@@ -68,10 +83,7 @@ class Zone:
         Share of free memory in blocks too small for such an allocation: 0 = all usable,
         1 = none usable (also when nothing is free), as debugfs extfrag/unusable_index prints it.
         """
-        free = self.free_bytes
-        if free == 0:
-            return 1.0
-        return (free - self.free_bytes_in_blocks_of(size_bytes)) / free
+        return _unusable_index(self.free_bytes, self.free_bytes_in_blocks_of(size_bytes))
 
     @property
     def free_hugepage_bytes(self) -> int:
@@ -93,7 +105,7 @@ class MigrateTypeFree:
 
     @property
     def free_pages(self) -> int:
-        return sum(count << order for order, count in enumerate(self.free_blocks))
+        return _pages(self.free_blocks)
 
 
 @dataclass(frozen=True)
@@ -174,10 +186,9 @@ def _optional(path: str, parse):
 def parse_meminfo(text: str) -> dict[str, int]:
     """`MemAvailable:  24109808 kB` lines to bytes; lines that do not parse are skipped."""
     out: dict[str, int] = {}
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) >= 2 and fields[0].endswith(":") and _COUNT.fullmatch(fields[1]):
-            out[fields[0][:-1]] = int(fields[1]) * (1024 if fields[2:3] == ["kB"] else 1)
+    for fields in map(str.split, text.splitlines()):
+        if len(fields) >= 2 and fields[0][-1] == ":" and _is_count(fields[1]):
+            out[fields[0][:-1]] = int(fields[1]) << 10 if len(fields) > 2 and fields[2] == "kB" else int(fields[1])
     return out
 
 
@@ -192,13 +203,13 @@ def parse_zoneinfo(text: str) -> tuple[ZoneSize, ...]:
         if current is not None and "managed" in values:
             sizes.append(ZoneSize(current[0], current[1], values["managed"], values.get("present"), values.get("high")))
 
-    for line in text.splitlines():
-        fields = line.split()
-        if fields[:1] == ["Node"] and len(fields) >= 4 and fields[2] == "zone" and fields[1].rstrip(",").isdigit():
+    for fields in map(str.split, text.splitlines()):
+        if len(fields) == 2:
+            if fields[0] in ("managed", "present", "high") and _is_count(fields[1]):
+                values.setdefault(fields[0], int(fields[1]))
+        elif len(fields) >= 4 and fields[0] == "Node" and fields[2] == "zone" and _is_count(fields[1].rstrip(",")):
             close()
             current, values = (int(fields[1].rstrip(",")), fields[3]), {}
-        elif len(fields) == 2 and fields[0] in ("managed", "present", "high") and _COUNT.fullmatch(fields[1]):
-            values.setdefault(fields[0], int(fields[1]))
     close()
     return tuple(sizes)
 
@@ -214,18 +225,22 @@ def counters(facts: Buddyinfo) -> dict[str, float]:
     return {managed_key(s.node, s.name): s.managed_pages for s in facts.sizes}
 
 
-def _counts(fields: list[str], where: str) -> tuple[int, ...]:
-    """Fields of _COUNT, checked together (int() alone takes signs, underscores and other digits)."""
+# The row checks below raise CollectError without a place; the parse loops add the file and line.
+
+def _counts(fields: list[str]) -> tuple[int, ...]:
+    """Fields that are each _is_count, checked on the joined row at once (a call per field costs more than
+    the check); the longest field is only looked for when the row is long enough to hold a too long one."""
     joined = "".join(fields)
-    if not fields or not (joined.isascii() and joined.isdigit()) or len(max(fields, key=len)) > MAX_COUNT_DIGITS:
-        raise CollectError(f"{where}: expected counts, got {' '.join(fields)[:80]!r}")
+    if not (joined.isdigit() and joined.isascii()) or (
+            len(joined) > MAX_COUNT_DIGITS and len(max(fields, key=len)) > MAX_COUNT_DIGITS):
+        raise CollectError(f"expected counts, got {' '.join(fields)[:80]!r}")
     return tuple(map(int, fields))
 
 
-def _node_zone(fields: list[str], where: str) -> tuple[int, str]:
+def _node_zone(fields: list[str]) -> tuple[int, str]:
     """`Node <n>, zone <name>` as split fields (the zone name may end in a comma)."""
-    if len(fields) < 4 or fields[0] != "Node" or fields[2] != "zone" or not _COUNT.fullmatch(fields[1].rstrip(",")):
-        raise CollectError(f"{where}: expected 'Node <n>, zone <name> ...'")
+    if len(fields) < 4 or fields[0] != "Node" or fields[2] != "zone" or not _is_count(fields[1].rstrip(",")):
+        raise CollectError("expected 'Node <n>, zone <name> ...'")
     return int(fields[1].rstrip(",")), fields[3].rstrip(",")
 
 
@@ -237,13 +252,15 @@ def parse_buddyinfo(text: str, page_size: int) -> tuple[Zone, ...]:
         fields = line.split()
         if not fields:
             continue
-        where = f"/proc/buddyinfo line {number}"
-        node, name = _node_zone(fields, where)
-        counts = _counts(fields[4:], where)
-        if zones and len(counts) != len(zones[0].free_blocks):
-            raise CollectError(f"{where}: {len(counts)} orders where the first line has {len(zones[0].free_blocks)}")
-        if (node, name) in seen:
-            raise CollectError(f"{where}: node {node} zone {name} appears twice")
+        try:
+            node, name = _node_zone(fields)
+            counts = _counts(fields[4:])
+            if zones and len(counts) != len(zones[0].free_blocks):
+                raise CollectError(f"{len(counts)} orders where the first line has {len(zones[0].free_blocks)}")
+            if (node, name) in seen:
+                raise CollectError(f"node {node} zone {name} appears twice")
+        except CollectError as e:
+            raise CollectError(f"/proc/buddyinfo line {number}: {e}") from None
         seen.add((node, name))
         zones.append(Zone(node, name, counts, page_size))
     if not zones:
@@ -262,70 +279,62 @@ class _PageTypeParser:
     def __init__(self) -> None:
         self.header: dict[str, int] = {}
         self.orders: int | None = None
-        self.types: list[str] | None = None
-        self.section: str | None = None
+        self.types: list[str] = []
+        self.section: str | None = None  # the table that `Node ...` rows belong to: free, blocks or mixed
         self.free: dict[tuple[int, str, str], MigrateTypeFree] = {}
         self.blocks: dict[tuple[int, str, str], MigrateTypeBlocks] = {}
 
-    def line(self, line: str, where: str) -> None:
+    def header_line(self, line: str) -> None:
         if line.startswith(("Page block order:", "Pages per block:")):
-            self.header_value(line, where)
+            self.header_value(line)
         elif line.startswith(FREE_HEADER):
-            self.free_header(line[len(FREE_HEADER):].split(), where)
+            self.free_header(line[len(FREE_HEADER):].split())
         elif line.startswith(BLOCKS_HEADER):
             self.types = line[len(BLOCKS_HEADER):].split()
             if not self.types:
-                raise CollectError(f"{where}: no migrate types in the pageblock table header")
+                raise CollectError("no migrate types in the pageblock table header")
             self.section = "blocks"
         elif line.startswith(MIXED_HEADER):
             self.section = "mixed"
-        elif line.startswith("Node") and self.section == "free":
-            self.free_line(line.split(), where)
-        elif line.startswith("Node") and self.section == "blocks":
-            self.blocks_line(line.split(), where)
-        elif not (line.startswith("Node") and self.section == "mixed"):
-            raise CollectError(f"{where}: unexpected line {line[:80]!r}")
+        else:
+            raise CollectError(f"unexpected line {line[:80]!r}")
 
-    def header_value(self, line: str, where: str) -> None:
+    def header_value(self, line: str) -> None:
         key, _, value = line.partition(":")
         value = value.strip()
-        if not _COUNT.fullmatch(value):
-            raise CollectError(f"{where}: {key} is not a number: {value[:40]!r}")
+        if not _is_count(value):
+            raise CollectError(f"{key} is not a number: {value[:40]!r}")
         if self.header.setdefault(key, int(value)) != int(value):
-            raise CollectError(f"{where}: {key} {value} differs from the earlier {self.header[key]}")
+            raise CollectError(f"{key} {value} differs from the earlier {self.header[key]}")
 
-    def free_header(self, columns: list[str], where: str) -> None:
+    def free_header(self, columns: list[str]) -> None:
         if not columns or columns != [str(order) for order in range(len(columns))]:
-            raise CollectError(f"{where}: order columns are not 0, 1, 2, ...: {' '.join(columns)[:80]!r}")
+            raise CollectError(f"order columns are not 0, 1, 2, ...: {' '.join(columns)[:80]!r}")
         if self.orders is not None and self.orders != len(columns):
-            raise CollectError(f"{where}: {len(columns)} orders where an earlier table has {self.orders}")
+            raise CollectError(f"{len(columns)} orders where an earlier table has {self.orders}")
         self.orders = len(columns)
         self.section = "free"
 
-    def free_line(self, fields: list[str], where: str) -> None:
-        node, zone = _node_zone(fields, where)
+    def free_row(self, fields: list[str]) -> None:
+        node, zone = _node_zone(fields)
         if len(fields) < 6 or fields[4] != "type":
-            raise CollectError(f"{where}: expected 'Node <n>, zone <name>, type <type> <counts>'")
-        counts = _counts(fields[6:], where)
+            raise CollectError("expected 'Node <n>, zone <name>, type <type> <counts>'")
+        counts = _counts(fields[6:])
         if len(counts) != self.orders:
-            raise CollectError(f"{where}: {len(counts)} counts under {self.orders} order columns")
-        self.add(self.free, MigrateTypeFree(node, zone, fields[5], counts), where)
+            raise CollectError(f"{len(counts)} counts under {self.orders} order columns")
+        item = MigrateTypeFree(node, zone, fields[5], counts)
+        if self.free.setdefault((node, zone, item.type), item) is not item:
+            raise CollectError(f"node {node} zone {zone} type {item.type} appears twice")
 
-    def blocks_line(self, fields: list[str], where: str) -> None:
-        node, zone = _node_zone(fields, where)
-        counts = _counts(fields[4:], where)
-        types = self.types or []  # set by the header that opened this section
-        if len(counts) != len(types):
-            raise CollectError(f"{where}: {len(counts)} counts under {len(types)} migrate types")
-        for migrate_type, count in zip(types, counts):
-            self.add(self.blocks, MigrateTypeBlocks(node, zone, migrate_type, count), where)
-
-    @staticmethod
-    def add(table: dict, item, where: str) -> None:
-        key = (item.node, item.zone, item.type)
-        if key in table:
-            raise CollectError(f"{where}: node {item.node} zone {item.zone} type {item.type} appears twice")
-        table[key] = item
+    def blocks_row(self, fields: list[str]) -> None:
+        node, zone = _node_zone(fields)
+        counts = _counts(fields[4:])
+        if len(counts) != len(self.types):
+            raise CollectError(f"{len(counts)} counts under {len(self.types)} migrate types")
+        for migrate_type, count in zip(self.types, counts):
+            item = MigrateTypeBlocks(node, zone, migrate_type, count)
+            if self.blocks.setdefault((node, zone, migrate_type), item) is not item:
+                raise CollectError(f"node {node} zone {zone} type {migrate_type} appears twice")
 
     def result(self) -> PageTypeInfo:
         for key in ("Page block order", "Pages per block"):
@@ -342,8 +351,20 @@ def parse_pagetypeinfo(text: str) -> PageTypeInfo:
     """
     parser = _PageTypeParser()
     for number, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            parser.line(line.strip(), f"/proc/pagetypeinfo line {number}")
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            if not fields[0].startswith("Node"):
+                parser.header_line(line.strip())
+            elif parser.section == "free":
+                parser.free_row(fields)
+            elif parser.section == "blocks":
+                parser.blocks_row(fields)
+            elif parser.section != "mixed":
+                raise CollectError(f"unexpected line {line.strip()[:80]!r}")
+        except CollectError as e:
+            raise CollectError(f"/proc/pagetypeinfo line {number}: {e}") from None
     return parser.result()
 
 
@@ -357,12 +378,15 @@ def metrics(facts: Buddyinfo) -> list[Metric]:
     unusable = Metric("nodehealth_memory_zone_unusable_index",
                       "Share of the zone's free memory in blocks too small for a 2 MiB allocation (0 to 1).",
                       labels=("node", "zone"))
-    for zone in sorted(facts.zones, key=lambda z: (z.node, z.name)):
+    for zone in sorted(facts.zones, key=attrgetter("node", "name")):
+        node, name = str(zone.node), zone.name
         for order, count in enumerate(zone.free_blocks):
-            blocks.add((zone.node, zone.name, order), count)
-        free.add((zone.node, zone.name), zone.free_bytes)
-        huge.add((zone.node, zone.name), zone.free_hugepage_bytes)
-        unusable.add((zone.node, zone.name), zone.hugepage_unusable_index)
+            blocks.put((node, name, str(order)), count)
+        labels = (node, name)
+        free_bytes, huge_bytes = zone.free_bytes, zone.free_hugepage_bytes
+        free.put(labels, free_bytes)
+        huge.put(labels, huge_bytes)
+        unusable.put(labels, _unusable_index(free_bytes, huge_bytes))
     out = [blocks, free, huge, unusable]
     if facts.pagetypes is not None:
         out.extend(_pagetype_metrics(facts.pagetypes))
@@ -370,12 +394,13 @@ def metrics(facts: Buddyinfo) -> list[Metric]:
 
 
 def _pagetype_metrics(info: PageTypeInfo) -> list[Metric]:
+    key = attrgetter("node", "zone", "type")
     free = Metric("nodehealth_pagetype_free_pages", "Free pages of one migrate type in the zone.",
                   labels=("node", "zone", "type"))
-    for item in sorted(info.free, key=lambda i: (i.node, i.zone, i.type)):
-        free.add((item.node, item.zone, item.type), item.free_pages)
+    for item in sorted(info.free, key=key):
+        free.put((str(item.node), item.zone, item.type), item.free_pages)
     blocks = Metric("nodehealth_pagetype_blocks", "Pageblocks of the zone marked with one migrate type.",
                     labels=("node", "zone", "type"))
-    for item in sorted(info.blocks, key=lambda i: (i.node, i.zone, i.type)):
-        blocks.add((item.node, item.zone, item.type), item.pageblocks)
+    for item in sorted(info.blocks, key=key):
+        blocks.put((str(item.node), item.zone, item.type), item.pageblocks)
     return [free, blocks]

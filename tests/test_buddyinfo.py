@@ -399,3 +399,71 @@ def test_zoneinfo_sizes_and_meminfo_bytes():
     info = buddyinfo.parse_meminfo(read("dev-vm-6.18/meminfo"))
     assert info["MemTotal"] == 24731708 * 1024 and info["HugePages_Total"] == 0
     assert buddyinfo.parse_zoneinfo("Node 0, zone Normal\n  managed x\n") == ()
+
+
+@pytest.mark.parametrize("line, parsed", [
+    ("MemFree: 12 kB", {"MemFree": 12 * 1024}),
+    ("  MemFree:\t12   kB  ", {"MemFree": 12 * 1024}),
+    ("MemFree: 12 kB extra", {"MemFree": 12 * 1024}),
+    ("HugePages_Total: 12", {"HugePages_Total": 12}),
+    ("MemFree: 12 MB", {"MemFree": 12}),  # only kB is scaled
+    ("Odd:: 1", {"Odd:": 1}),
+    ("MemFree: " + "9" * 20, {"MemFree": int("9" * 20)}),
+    ("MemFree: " + "9" * 21, {}),
+    ("MemFree: -1 kB", {}),
+    ("MemFree: +1 kB", {}),
+    ("MemFree: 1_0 kB", {}),
+    ("MemFree: \u0661\u0662 kB", {}),
+    ("MemFree 12 kB", {}),
+    ("MemFree:12 kB", {}),
+    ("MemFree:", {}),
+    ("", {}),
+])
+def test_meminfo_lines_that_do_not_parse_are_skipped(line, parsed):
+    assert buddyinfo.parse_meminfo(f"MemTotal: 1 kB\n{line}\nSwapTotal: 0 kB\n") == {
+        "MemTotal": 1024, **parsed, "SwapTotal": 0}
+
+
+@pytest.mark.parametrize("node", ["\u00b2,", "\u0661,", "9" * 5000 + ",", "-1,"])
+def test_zoneinfo_garbage_node_number_is_not_a_section(node):
+    """Not a number to convert (int() raised on some of these): the line is skipped like any other."""
+    text = f"Node 0, zone DMA\n  managed 1\nNode {node} zone Normal\n  managed 2\n"
+    assert [(s.node, s.name, s.managed_pages) for s in buddyinfo.parse_zoneinfo(text)] == [(0, "DMA", 1)]
+
+
+def test_errors_name_the_line():
+    with pytest.raises(CollectError, match=r"^/proc/buddyinfo line 3: 2 orders where the first line has 3$"):
+        buddyinfo.parse_buddyinfo("Node 0, zone DMA 1 2 3\n\nNode 0, zone Normal 1 2\n", 4096)
+    with pytest.raises(CollectError, match=r"^/proc/pagetypeinfo line 5: 2 counts under 3 order columns$"):
+        buddyinfo.parse_pagetypeinfo(HEADER + "Node 0, zone DMA, type Movable 1 2\n")
+    with pytest.raises(CollectError, match=r"^/proc/pagetypeinfo line 3: unexpected line 'Node 0, zone DMA 1'$"):
+        buddyinfo.parse_pagetypeinfo("Page block order: 9\n\n  Node 0, zone DMA 1  \n")  # a row before any table
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 10**12), max_size=14), st.sampled_from([1, 3, 4096, 16384, 65536]),
+       st.integers(-5, 1 << 42))
+def test_zone_arithmetic_matches_its_definition(counts, page_size, size):
+    """order_for and the sums are computed arithmetically; they must agree with the plain definitions."""
+    zone = buddyinfo.Zone(0, "Normal", tuple(counts), page_size)
+    order = 0
+    while (page_size << order) < size:
+        order += 1
+    assert zone.order_for(size) == order
+    assert zone.free_pages == sum(count << i for i, count in enumerate(counts))
+    in_blocks = sum(count << i for i, count in enumerate(counts) if i >= order) * page_size
+    assert zone.free_bytes_in_blocks_of(size) == in_blocks
+    free = zone.free_bytes
+    assert zone.unusable_index(size) == ((free - in_blocks) / free if free else 1.0)
+
+
+def test_metrics_agree_with_the_zone_properties():
+    facts = buddyinfo.collect(HostPaths(str(FIXTURES / "machines" / "h100-8x-cx7")), {})
+    metrics = buddyinfo.metrics(facts)
+    for zone in facts.zones:
+        labels = (str(zone.node), zone.name)
+        assert samples(metrics, "nodehealth_memory_zone_free_bytes")[labels] == zone.free_bytes
+        assert samples(metrics, "nodehealth_memory_zone_free_hugepage_bytes")[labels] == zone.free_hugepage_bytes
+        assert samples(metrics, "nodehealth_memory_zone_unusable_index")[labels] == zone.hugepage_unusable_index
+    free_pages = samples(metrics, "nodehealth_pagetype_free_pages")
+    assert free_pages == {(str(i.node), i.zone, i.type): i.free_pages for i in facts.pagetypes.free}
