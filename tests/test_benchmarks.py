@@ -37,6 +37,19 @@ def test_daemon_parts_times_every_part():
             "render of every family", "scrape: the /metrics body"} <= set(parts), run.stdout
 
 
+def test_daemon_instructions_runs_every_part():
+    """What valgrind runs, without it (counting takes a minute a part): each part to its end."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import daemon_instructions
+    for part in daemon_instructions.PARTS:
+        run = subprocess.run([sys.executable, "benchmarks/daemon_instructions.py", "--inside", part, "1"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, (part, run.stderr)
+    run = subprocess.run([sys.executable, "benchmarks/daemon_instructions.py", "--inside", "no such part", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "no part 'no such part'" in run.stderr
+
+
 @pytest.mark.parametrize("defer", [[], ["--defer-accept"]])
 def test_the_pingmesh_tcp_floor_runs(defer):
     run = subprocess.run([sys.executable, "benchmarks/pingmesh_tcp_floor.py", "--seconds", "1", "--tick", "0.25",
