@@ -82,6 +82,22 @@ def test_judge_floor_and_p99(age, p99, samples, hung):
     assert limit_for(rec["groups"]["0"], "all_reduce", {**DEFAULTS, **FAST}) >= 1.0
 
 
+def test_a_pending_op_is_aged_at_the_ranks_last_word():
+    """Between two publishes the op may have finished: a record 0.4 s old whose op was 0.8 s
+    pending when written is not over a 1 s floor, though the op began 1.2 s ago (a false alarm
+    seen in CI right after a hang cleared). A rank that stays silent is the heartbeat rule's."""
+    now = time.time()
+    rec = make_record(0, 1, 1, enqueued=3, completed=2, age=1.2)
+    rec["heartbeat"] = now - 0.4
+    rank = Rank("x", rec, 1)
+    judge(rank, now, {**DEFAULTS, **FAST})
+    assert not rank.hung and rank.pending_age == pytest.approx(0.8, abs=0.05)
+    judge(rank, now + 0.5, {**DEFAULTS, **FAST})
+    assert not rank.hung
+    judge(rank, now + 31, {**DEFAULTS, **FAST})
+    assert rank.hung and "no heartbeat" in rank.hung
+
+
 def test_heartbeat_stopped_is_a_hang():
     rec = make_record(0, 1, 1, enqueued=3, completed=3)
     rec["heartbeat"] -= 40

@@ -36,13 +36,16 @@ def judge(rank: Rank, now: float, cfg: dict[str, Any]) -> None:
     the record, the time and the thresholds."""
     rec = rank.rec
     rank.heartbeat_age = max(0.0, now - rec["heartbeat"])
+    # an op's age is taken at the heartbeat, when the rank last said it was pending: between two
+    # publishes it may have finished, and a silent rank is caught by the heartbeat rule instead
+    said_at = min(now, rec["heartbeat"])
     reasons, place, oldest = [], [], 0.0
     for name, group in sorted(rec["groups"].items()):
         pending = [op for op in group.get("pending", []) if isinstance(op.get("enqueued_at"), (int, float))]
         if not pending:
             continue
         op = min(pending, key=lambda o: o["seq"])
-        age = max(0.0, now - op["enqueued_at"])
+        age = max(0.0, said_at - op["enqueued_at"])
         oldest = max(oldest, age)
         limit = limit_for(group, op["op"], cfg)
         if age > limit:
