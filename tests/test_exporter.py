@@ -69,6 +69,20 @@ def test_each_render_writes_the_series_it_is_given_whatever_came_before():
         'nodehealth_cache_probe{device="a"} 1', 'nodehealth_cache_probe{device="c"} 7']
     assert family(("device",), (("a",), math.nan)) == family(("device",), (("a",), math.nan)) == [
         'nodehealth_cache_probe{device="a"} NaN']
+    # the same series again with one value moved: only that line changes, in label order whatever the samples' order
+    spaced = (("e f",), 3), (("a b",), 1), (("c d",), 2)
+    assert family(("device",), *spaced) == [
+        'nodehealth_cache_probe{device="a b"} 1', 'nodehealth_cache_probe{device="c d"} 2',
+        'nodehealth_cache_probe{device="e f"} 3']
+    assert family(("device",), spaced[0], spaced[1], (("c d",), 2.25)) == [
+        'nodehealth_cache_probe{device="a b"} 1', 'nodehealth_cache_probe{device="c d"} 2.25',
+        'nodehealth_cache_probe{device="e f"} 3']
+    assert family(("device",), (("e f",), 1e300), (("a b",), -0.0), (("c d",), math.inf)) == [
+        'nodehealth_cache_probe{device="a b"} 0', 'nodehealth_cache_probe{device="c d"} +Inf',
+        'nodehealth_cache_probe{device="e f"} 1e+300']
+    assert family(("device",), (("a b",), -0.0), (("e f",), 1e300), (("c d",), math.inf)) == [  # another order
+        'nodehealth_cache_probe{device="a b"} 0', 'nodehealth_cache_probe{device="c d"} +Inf',
+        'nodehealth_cache_probe{device="e f"} 1e+300']
 
 
 def test_a_duplicate_family_is_dropped_not_fatal():
