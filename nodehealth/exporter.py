@@ -176,7 +176,7 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
 # and many families not even their values (identity, state, error counters): a family whose help, type and
 # samples are the last render's is its last text; one whose series are the last render's, in the same
 # order, writes again only the lines whose value moved (the hw events family of a busy port: 2 of 25
-# series a port move, 45 against 285 us for its 225 series); any other is written anew. Writing the name
+# series a port move, 84 against 285 us for its 225 series); any other is written anew. Writing the name
 # and labels of every series was a third of a render (benchmarks/RESULTS.md). An entry holds one
 # exposition of its family, never more. Two renders at once each build their own and the last one stays:
 # both are right.
