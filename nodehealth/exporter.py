@@ -180,7 +180,8 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
 # and labels of every series was a third of a render (benchmarks/RESULTS.md). An entry holds one
 # exposition of its family, never more. Two renders at once each build their own and the last one stays:
 # both are right.
-_RENDERED: dict[tuple[str, tuple[str, ...]], tuple[str, str, list, str, list, list[str], list[str], list[int] | None]] = {}
+_Rendered = tuple[str, str, list, str, list, list[str], list[str], "list[int] | None"]
+_RENDERED: dict[tuple[str, tuple[str, ...]], _Rendered] = {}
 
 
 Written = list[tuple[str, str]]  # each family's exposition by name, in name order (written())
