@@ -171,15 +171,15 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
 
 
 # Each family as the last render wrote it: its help, type and samples, its whole text, and its series'
-# label values, texts up to the value (`name{a="x",b="y"} `) and lines, in the order of its samples, with
-# the order they were written in (None: as they came). Passes change values, rarely which series exist,
-# and many families not even their values (identity, state, error counters): a family whose help, type and
-# samples are the last render's is its last text; one whose series are the last render's, in the same
-# order, writes again only the lines whose value moved (the hw events family of a busy port: 2 of 25
-# series a port move, 84 against 285 us for its 225 series); any other is written anew. Writing the name
-# and labels of every series was a third of a render (benchmarks/RESULTS.md). An entry holds one
-# exposition of its family, never more. Two renders at once each build their own and the last one stays:
-# both are right.
+# label values (kept: making them again from the samples costs a sixth of a moved family's render), texts
+# up to the value (`name{a="x",b="y"} `) and lines, in the order of its samples, with the order they were
+# written in (None: as they came). Passes change values, rarely which series exist, and many families not
+# even their values (identity, state, error counters): a family whose help, type and samples are the last
+# render's is its last text; one whose series are the last render's, in the same order, writes again only
+# the lines whose value moved (the hw events family of a busy port: 2 of 25 series a port move, 84 against
+# 285 us for its 225 series); any other is written anew. Writing the name and labels of every series was
+# a third of a render (benchmarks/RESULTS.md). An entry holds one exposition of its family, never more.
+# Two renders at once each build their own and the last one stays: both are right.
 _Rendered = tuple[str, str, list, str, list, list[str], list[str], "list[int] | None"]
 _RENDERED: dict[tuple[str, tuple[str, ...]], _Rendered] = {}
 
@@ -236,18 +236,17 @@ def _family(m: Metric) -> str:
         return _header(m) + "".join(_histogram_lines(m))
     family = (m.name, m.labels)
     last = _RENDERED.get(family)
-    if last is not None and last[0] == m.help and last[1] == m.kind:
-        if last[2] == m.samples:
-            return last[3]
-        labels = [series_labels for series_labels, _ in m.samples]
-        if labels == last[4]:
-            lines = last[6].copy()
-            series = last[5]
-            for i, ((_, was), (_, value)) in enumerate(zip(last[2], m.samples)):
-                if was != value:  # equal floats write the same text (0.0 and -0.0 both `0`); a NaN is written again
-                    lines[i] = f"{series[i]}{_number(value)}\n"
-            return _keep(m, family, labels, series, lines, last[7])
+    last = last if last is not None and last[0] == m.help and last[1] == m.kind else None
+    if last is not None and last[2] == m.samples:
+        return last[3]
     labels = [series_labels for series_labels, _ in m.samples]
+    if last is not None and labels == last[4]:
+        lines = last[6].copy()
+        series = last[5]
+        for i, ((_, was), (_, value)) in enumerate(zip(last[2], m.samples)):
+            if was != value:  # equal floats write the same text (0.0 and -0.0 both `0`); a NaN is written again
+                lines[i] = f"{series[i]}{_number(value)}\n"
+        return _keep(m, family, labels, series, lines, last[7])
     series = [_series(m.name, m.labels, series_labels) for series_labels in labels]
     lines = [f"{text}{_number(value)}\n" for text, (_, value) in zip(series, m.samples)]
     order = sorted(range(len(labels)), key=labels.__getitem__)
