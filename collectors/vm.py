@@ -5,6 +5,7 @@ counters show whether it does. checks/thp.py judges them; this module only reads
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from nodehealth.model import Metric
 NAME = "vm"
 DEFAULTS: dict = {}
 
-THP_DIR = "/kernel/mm/transparent_hugepage"  # under the sysfs root
+THP_DIR = ("kernel", "mm", "transparent_hugepage")
 THP_FILES = ("enabled", "defrag", "shmem_enabled", "khugepaged/defrag")
 
 # Modes the kernel documents; the metric carries these plus whatever the host reports as current.
@@ -101,10 +102,9 @@ def supported(host: HostPaths, cfg: dict) -> str | None:
 
 
 def collect(host: HostPaths, cfg: dict) -> Vm:
-    """Paths are concatenated: os.path.join was a third of the cost of reading each file."""
-    vmstat = parse_vmstat(read_text(host.procfs + "/vmstat"))
+    vmstat = parse_vmstat(read_text(host.proc("vmstat")))
     try:
-        meminfo = parse_meminfo(read_text(host.procfs + "/meminfo"))
+        meminfo = parse_meminfo(read_text(host.proc("meminfo")))
     except FileNotFoundError:
         meminfo = Meminfo()
     return Vm(read_thp(host), vmstat, meminfo)
@@ -115,7 +115,7 @@ def read_thp(host: HostPaths) -> ThpSettings:
     read through descriptors kept open between passes (host.KeptFiles), as read_attr reads them: a
     read at offset 0 shows the current mode, without an open and a close a file each pass (a third of
     the CPU, most of it the kernel's). A sysfs file that went fails that read and is looked for again."""
-    texts = host.kept(NAME).read_texts(host.sysfs + THP_DIR, THP_FILES)
+    texts = host.kept(NAME).read_texts(host.sys(*THP_DIR), THP_FILES)
     enabled, defrag, shmem, khugepaged = (texts[name] for name in THP_FILES)
     return ThpSettings(
         enabled=None if enabled is None else parse_mode(enabled, "enabled"),
@@ -203,10 +203,10 @@ def counters(facts: Vm) -> dict[str, float]:
     return {name: float(value) for name, value in facts.vmstat.items()}
 
 
-# Each vmstat counter's family name and help, made once, not at each scrape. The kernel names a few
-# dozen compact_* and thp_* counters; the bound only guards against a host that makes up more.
-_COUNTER_TEXTS_MAX = 256
-_COUNTER_TEXTS: dict[str, tuple[str, str]] = {}
+@functools.lru_cache(maxsize=256)  # the kernel names a few dozen compact_* and thp_* counters
+def _counter_texts(name: str) -> tuple[str, str]:
+    """A vmstat counter's family name and help, made once, not at each scrape."""
+    return f"nodehealth_vmstat_{name}_total", f"Kernel event counter {name} from /proc/vmstat."
 
 
 def metrics(facts: Vm) -> list[Metric]:
@@ -224,12 +224,7 @@ def metrics(facts: Vm) -> list[Metric]:
     khugepaged.put((), None if thp.khugepaged_defrag is None else int(thp.khugepaged_defrag))
     out.append(khugepaged)
     for name, value in sorted(facts.vmstat.items()):
-        texts = _COUNTER_TEXTS.get(name)
-        if texts is None:
-            texts = (f"nodehealth_vmstat_{name}_total", f"Kernel event counter {name} from /proc/vmstat.")
-            if len(_COUNTER_TEXTS) < _COUNTER_TEXTS_MAX:
-                _COUNTER_TEXTS[name] = texts
-        family, help = texts
+        family, help = _counter_texts(name)
         counter = Metric(family, help, "counter")
         counter.put((), value)
         out.append(counter)

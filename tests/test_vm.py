@@ -290,16 +290,17 @@ def test_mode_series_are_sorted(current):
         assert labels == sorted(labels) and (current,) in labels
 
 
-def test_counter_family_texts_are_kept_for_at_most_a_bound_of_names(monkeypatch):
-    monkeypatch.setattr(vm, "_COUNTER_TEXTS", {})
-    names = [f"thp_made_up_{i:03}" for i in range(vm._COUNTER_TEXTS_MAX + 10)]
+def test_counter_family_texts_are_kept_for_at_most_a_bound_of_names():
+    vm._counter_texts.cache_clear()
+    bound = vm._counter_texts.cache_parameters()["maxsize"]
+    names = [f"thp_made_up_{i:03}" for i in range(bound + 10)]
     facts = vm.Vm(vm.ThpSettings(), dict.fromkeys(names, 7), vm.Meminfo())
     for _ in range(2):
         metrics = [m for m in vm.metrics(facts) if m.name.startswith("nodehealth_vmstat_")]
         assert [m.name for m in metrics] == [f"nodehealth_vmstat_{n}_total" for n in names]
         assert metrics[-1].help == f"Kernel event counter {names[-1]} from /proc/vmstat."
         assert all(m.kind == "counter" and m.samples == [((), 7.0)] for m in metrics)
-    assert len(vm._COUNTER_TEXTS) == vm._COUNTER_TEXTS_MAX
+    assert vm._counter_texts.cache_info().currsize == bound
 
 
 # --- fixture machines (the pieces this module provides) --------------------------------------------
