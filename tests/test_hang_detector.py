@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import signal
@@ -96,6 +97,20 @@ def test_a_pending_op_is_aged_at_the_ranks_last_word():
     assert not rank.hung
     judge(rank, now + 31, {**DEFAULTS, **FAST})
     assert rank.hung and "no heartbeat" in rank.hung
+
+
+@pytest.mark.parametrize("where", ["heartbeat", "enqueued_at"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_time_that_is_no_time_is_a_corrupt_record(where, bad):
+    """JSON reads NaN and Infinity: such a heartbeat would never go silent, such an op never age."""
+    rec = make_record(0, 1, 1, enqueued=3, completed=2)
+    if where == "heartbeat":
+        rec["heartbeat"] = bad
+    else:
+        rec["groups"]["0"]["pending"][0]["enqueued_at"] = bad
+    with pytest.raises(record.RecordError, match="heartbeat is not a finite time" if where == "heartbeat"
+                       else "has a bad time"):
+        record.validate(json.loads(json.dumps(rec)), "r")
 
 
 def test_heartbeat_stopped_is_a_hang():

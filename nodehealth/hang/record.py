@@ -145,6 +145,8 @@ def validate(obj: Any, where: str) -> dict[str, Any]:
                       ("heartbeat", (int, float)), ("groups", dict)):
         if not isinstance(obj.get(key), kind) or isinstance(obj.get(key), bool):
             raise RecordError(f"{where}: corrupt state record ({key} missing or of the wrong type)")
+    if not math.isfinite(obj["heartbeat"]):
+        raise RecordError(f"{where}: corrupt state record (heartbeat is not a finite time)")
     if obj["world_size"] > MAX_WORLD:
         raise RecordError(f"{where}: over the cap: world size {obj['world_size']} > {MAX_WORLD}")
     if not 0 < obj["world_size"] or not 0 <= obj["rank"] < obj["world_size"]:
@@ -169,7 +171,7 @@ def validate(obj: Any, where: str) -> dict[str, Any]:
         for op in group.get("pending", []) + group.get("recent", []):
             if not isinstance(op, dict) or not isinstance(op.get("seq"), int) or not isinstance(op.get("op"), str):
                 raise RecordError(f"{where}: corrupt state record (group {name} has a malformed op)")
-            if not isinstance(op.get("enqueued_at", 0), (int, float)):
+            if not isinstance(op.get("enqueued_at", 0), (int, float)) or not math.isfinite(op.get("enqueued_at", 0)):
                 raise RecordError(f"{where}: corrupt state record (group {name} op {op['seq']} has a bad time)")
         if not isinstance(group.get("p99", {}), dict):
             raise RecordError(f"{where}: corrupt state record (group {name} p99 is not an object)")
