@@ -258,6 +258,21 @@ def _vm_tier_booted_first(request, tmp_path_factory):
     boot.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _image_built_first(request, tmp_path_factory):
+    """A session with image tests starts building the image's root filesystem as it starts, beside the
+    other tests (tests/image_rootfs.py); tests/test_image.py waits for it."""
+    import image_rootfs
+
+    if not any(item.get_closest_marker("image") for item in request.session.items) or image_rootfs.missing():
+        yield
+        return
+    build = image_rootfs.Build(str(tmp_path_factory.mktemp("image") / "rootfs"))
+    request.config.stash[image_rootfs.BUILD] = build
+    yield
+    build.stop()
+
+
 @pytest.fixture(autouse=True)
 def _root_logging_restored():
     """A test that runs a command in-process (logs.setup) leaves a root handler on a stream pytest then

@@ -2,53 +2,33 @@
 (deploy/image/packages), built by mmdebstrap without any container runtime or registry, gets our wheels
 through the image's own install steps (deploy/image/install.sh), then runs, chrooted, what the DaemonSet
 runs: a check of a fixture machine with the config directory, pyverbs, py-spy. Nothing is cached between runs:
-about a minute for the packages and one for the wheels."""
+the build (about a minute for the packages and one for the wheels) starts as the session does and runs
+beside the other tests (tests/image_rootfs.py)."""
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
-import subprocess
 import sys
 
+import image_rootfs
 import pytest
-from conftest import HERE, machine, require_tool, unavailable
+from conftest import machine, require_tool, unavailable
+from image_rootfs import ROOT, chroot
 
-ROOT = os.path.dirname(HERE)
-IMAGE = os.path.join(ROOT, "deploy", "image")
-PATH = "/opt/nodehealth/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the Dockerfile's
-
-
-def packages() -> list[str]:
-    with open(os.path.join(IMAGE, "packages")) as f:
-        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+pytestmark = pytest.mark.image
 
 
 @pytest.fixture(scope="module")
-def rootfs(tmp_path_factory):
+def rootfs(request):
+    """The root filesystem the session started building as it began (tests/image_rootfs.py)."""
     if os.geteuid() != 0:
         unavailable("mmdebstrap and chroot need root")
-    mmdebstrap = require_tool("mmdebstrap")
+    require_tool("mmdebstrap")
     if sys.version_info[:2] != (3, 11):
         pytest.skip("the wheels are built by this Python for the image's Debian Python 3.11")
-    root = tmp_path_factory.mktemp("image") / "rootfs"
-    done = subprocess.run([mmdebstrap, "--quiet", "--variant=apt", "--include=" + ",".join(packages()),
-                           "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
-                           "bookworm", str(root)], capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    done = subprocess.run(["sh", os.path.join(IMAGE, "wheels.sh"), sys.executable, ROOT, str(root / "wheels")],
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    shutil.copy(os.path.join(IMAGE, "install.sh"), root / "tmp" / "install.sh")
-    done = chroot(root, "sh", "/tmp/install.sh")
-    assert done.returncode == 0, done.stderr[-3000:]
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def chroot(root, *argv: str) -> subprocess.CompletedProcess:
-    env = {"PATH": PATH, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8", "HOME": "/root"}
-    return subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, timeout=300, env=env)
+    return pathlib.Path(request.config.stash[image_rootfs.BUILD].wait())
 
 
 def test_the_image_checks_a_machine_with_the_config_directory_the_daemonset_mounts(rootfs):
