@@ -2,8 +2,8 @@
 
 Building it (mmdebstrap of the image's Debian packages, our wheels, the image's install steps) takes a
 minute and a half, mostly downloads and unpacking, during which the image's tests could only wait: started
-first, it runs beside the rest of the suite on the CPU time they leave idle (every step under SCHED_IDLE:
-a test that wants a CPU takes it at once), as the VM tier's guest does (tests/vm/tier.py).
+first, it runs beside the rest of the suite on the CPU time they leave idle (tests/beside.py), as the VM
+tier's guest does.
 """
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 
 import pytest
+from beside import Beside, idle_only
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,60 +46,36 @@ def chroot(root, *argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(["chroot", str(root), *argv], capture_output=True, text=True, timeout=300, env=ENV)
 
 
-def _idle_only() -> None:
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-class Build:
+class Build(Beside):
     """The root filesystem built in a thread of its own; `wait` gives its path, or raises why it failed."""
 
     def __init__(self, root: str):
         self.root = root
-        self._error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._process: subprocess.Popen | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="image-rootfs", daemon=True)
-        self._thread.start()
+        super().__init__("image-rootfs")
 
-    def _run(self) -> None:
-        try:
-            self._step([shutil.which("mmdebstrap"), "--quiet", "--variant=apt", "--include=" + ",".join(packages()),
-                        "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
-                        "bookworm", self.root])
-            wheels = os.path.join(self.root, "wheels")
-            self._step(["sh", os.path.join(IMAGE, "wheels.sh"), sys.executable, ROOT, wheels])
-            shutil.copy(os.path.join(IMAGE, "install.sh"), os.path.join(self.root, "tmp", "install.sh"))
-            self._step(["chroot", self.root, "sh", "/tmp/install.sh"], env=ENV)
-        except BaseException as e:  # handed to the tests' thread by wait()
-            self._error = e
+    def work(self) -> str:
+        self._step([shutil.which("mmdebstrap"), "--quiet", "--variant=apt", "--include=" + ",".join(packages()),
+                    "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
+                    "bookworm", self.root])
+        self._step(["sh", os.path.join(IMAGE, "wheels.sh"), sys.executable, ROOT, os.path.join(self.root, "wheels")])
+        shutil.copy(os.path.join(IMAGE, "install.sh"), os.path.join(self.root, "tmp", "install.sh"))
+        self._step(["chroot", self.root, "sh", "/tmp/install.sh"], env=ENV)
+        return self.root
 
     def _step(self, argv: list, env: dict | None = None) -> None:
-        with self._lock:
-            if self._stopping:
-                raise RuntimeError("the session ended before the image was built")
-            self._process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             env=env, preexec_fn=_idle_only)
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                   preexec_fn=idle_only)
+        self.started(process)
         try:
-            _, stderr = self._process.communicate(timeout=STEP_TIMEOUT_SECONDS)
+            _, stderr = process.communicate(timeout=STEP_TIMEOUT_SECONDS)
         except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.communicate()
-            raise RuntimeError(f"{os.path.basename(argv[0])} took over {STEP_TIMEOUT_SECONDS} s") from None
-        if self._process.returncode != 0:
+            process.kill()
+            process.communicate()
+            raise RuntimeError(f"{' '.join(argv[:3])} took over {STEP_TIMEOUT_SECONDS} s") from None
+        if process.returncode != 0:
             raise RuntimeError(f"{' '.join(argv[:3])} failed: {stderr[-3000:]}")
-
-    def wait(self) -> str:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self.root
 
     def stop(self) -> None:
         """An ended session leaves no step running, and no root filesystem."""
-        with self._lock:
-            self._stopping = True
-            if self._process is not None and self._process.poll() is None:
-                self._process.kill()
-        self._thread.join(timeout=30)
+        super().stop()
         shutil.rmtree(self.root, ignore_errors=True)

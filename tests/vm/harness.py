@@ -16,6 +16,8 @@ import subprocess
 import time
 from typing import Callable
 
+from beside import idle_only
+
 ROOT_MODULES = ("virtio_ring", "virtio", "virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci",
                 "netfs", "fscache", "9pnet", "9pnet_virtio", "9p", "overlay")
 
@@ -112,10 +114,6 @@ def build_module(release: str, source: str, dest: str) -> str:
     return shutil.copy(ko, os.path.join(dest, "nh_printk.ko"))
 
 
-def _idle_only() -> None:
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
 def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float = 900,
               memory_mb: int = 3072, env: dict[str, str] | None = None, icount: bool = False,
               idle: bool = False, started: Callable[[subprocess.Popen], None] | None = None
@@ -144,7 +142,7 @@ def run_batch(script: str, out_dir: str, work_dir: str, cwd: str, timeout: float
            "-net", "none"] + (["-icount", "shift=0"] if icount else [])
     start = time.monotonic()
     p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, errors="replace", preexec_fn=_idle_only if idle else None)
+                         text=True, errors="replace", preexec_fn=idle_only if idle else None)
     if started:
         started(p)
     try:

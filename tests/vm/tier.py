@@ -10,10 +10,9 @@ host runs.
 from __future__ import annotations
 
 import os
-import subprocess
-import threading
 
 import pytest
+from beside import Beside
 
 from vm import harness
 
@@ -36,46 +35,18 @@ def missing() -> str | None:
     return None
 
 
-class Boot:
-    """One guest running tests/vm/batch.sh in a thread of its own; `wait` gives what it left."""
+class Boot(Beside):
+    """One guest running tests/vm/batch.sh in a thread of its own; `wait` gives what it left: (rc, serial
+    log, seconds) once the guest has powered off, or raises what the boot raised."""
 
     def __init__(self, out: str, work: str):
-        self.out, self.work = out, work
-        self._result: tuple[int, str, float] | None = None
-        self._error: BaseException | None = None
-        self._process: subprocess.Popen | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="vm-tier", daemon=True)
-        self._thread.start()
+        self.out, self.work_dir = out, work
+        super().__init__("vm-tier")
 
-    def _run(self) -> None:
-        try:
-            why = missing()
-            if why:
-                raise harness.Unavailable(why)
-            harness.build_module(harness.kernel()[1], os.path.join(HERE, "printk"), self.out)
-            self._result = harness.run_batch(os.path.join(HERE, "batch.sh"), self.out, self.work, REPO,
-                                             timeout=TIMEOUT_SECONDS, icount=True, idle=True,
-                                             started=self._started)
-        except BaseException as e:  # handed to the tests' thread by wait()
-            self._error = e
-
-    def _started(self, process: subprocess.Popen) -> None:
-        self._process = process
-        if self._stopping:  # the session ended while the module was building
-            process.kill()
-
-    def wait(self) -> tuple[int, str, float]:
-        """(rc, serial log, seconds), once the guest has powered off; raises what the boot raised."""
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def stop(self) -> None:
-        """An ended session leaves no guest behind."""
-        self._stopping = True
-        if self._process is not None and self._process.poll() is None:
-            self._process.kill()
-        self._thread.join(timeout=30)
+    def work(self) -> tuple[int, str, float]:
+        why = missing()
+        if why:
+            raise harness.Unavailable(why)
+        harness.build_module(harness.kernel()[1], os.path.join(HERE, "printk"), self.out)
+        return harness.run_batch(os.path.join(HERE, "batch.sh"), self.out, self.work_dir, REPO,
+                                 timeout=TIMEOUT_SECONDS, icount=True, idle=True, started=self.started)
