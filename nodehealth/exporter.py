@@ -10,7 +10,7 @@ import math
 import operator
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from nodehealth import __version__
 from nodehealth.model import Metric, Report, Severity
@@ -180,7 +180,17 @@ def summed_over(m: Metric, label: str, note: str) -> Metric:
 # 285 us for its 225 series); any other is written anew. Writing the name and labels of every series was
 # a third of a render (benchmarks/RESULTS.md). An entry holds one exposition of its family, never more.
 # Two renders at once each build their own and the last one stays: both are right.
-_Rendered = tuple[str, str, list, str, list, list[str], list[str], "list[int] | None"]
+class _Rendered(NamedTuple):
+    help: str
+    kind: str
+    samples: list  # a copy of the family's samples as rendered
+    text: str
+    labels: list  # each series' label values, in the order of the samples
+    series: list[str]  # each series' text up to its value, in that order
+    lines: list[str]  # each series' line, in that order
+    order: list[int] | None  # the order the lines were written in; None: as they came
+
+
 _RENDERED: dict[tuple[str, tuple[str, ...]], _Rendered] = {}
 
 
@@ -236,17 +246,17 @@ def _family(m: Metric) -> str:
         return _header(m) + "".join(_histogram_lines(m))
     family = (m.name, m.labels)
     last = _RENDERED.get(family)
-    last = last if last is not None and last[0] == m.help and last[1] == m.kind else None
-    if last is not None and last[2] == m.samples:
-        return last[3]
+    last = last if last is not None and last.help == m.help and last.kind == m.kind else None
+    if last is not None and last.samples == m.samples:
+        return last.text
     labels = [series_labels for series_labels, _ in m.samples]
-    if last is not None and labels == last[4]:
-        lines = last[6].copy()
-        series = last[5]
-        for i, ((_, was), (_, value)) in enumerate(zip(last[2], m.samples)):
+    if last is not None and labels == last.labels:
+        lines = last.lines.copy()
+        series = last.series
+        for i, ((_, was), (_, value)) in enumerate(zip(last.samples, m.samples)):
             if was != value:  # equal floats write the same text (0.0 and -0.0 both `0`); a NaN is written again
                 lines[i] = f"{series[i]}{_number(value)}\n"
-        return _keep(m, family, labels, series, lines, last[7])
+        return _keep(m, family, labels, series, lines, last.order)
     series = [_series(m.name, m.labels, series_labels) for series_labels in labels]
     lines = [f"{text}{_number(value)}\n" for text, (_, value) in zip(series, m.samples)]
     order = sorted(range(len(labels)), key=labels.__getitem__)
@@ -257,7 +267,7 @@ def _keep(m: Metric, family: tuple[str, tuple[str, ...]], labels: list, series: 
           order: list[int] | None) -> str:
     """The family's text, its series in label order, kept in _RENDERED for the next render."""
     text = _header(m) + "".join(lines if order is None else [lines[i] for i in order])
-    _RENDERED[family] = (m.help, m.kind, list(m.samples), text, labels, series, lines, order)
+    _RENDERED[family] = _Rendered(m.help, m.kind, list(m.samples), text, labels, series, lines, order)
     return text
 
 
