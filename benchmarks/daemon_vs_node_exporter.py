@@ -11,10 +11,14 @@ with the old tree installed), to compare before and after in the same run. Where
 each daemon's CPU is also split by thread (each thread's run time and times it was run from
 /proc/PID/task/TID/schedstat, named by `py-spy dump`): the profile of the whole process, not of a pass.
 `--moving` serves a copy of the tree whose busy-node figures move every second (Mover), so that
-nothing is measured on values that never change.
+nothing is measured on values that never change. `--node-exporter BINARY`, given once per release, runs
+those node_exporters instead of the one on PATH, all side by side: from 1.7 its infiniband collector
+reads the hw_counters/ of mlx5 ports (later releases: of more drivers' ports) as the daemon does, where 1.5
+(Debian bookworm's) reads none of them; benchmarks/debian_node_exporter.sh unpacks another Debian suite's release.
 
 Target: the daemon's CPU at most 1.0x node_exporter's; its RSS at most 60 MiB, flat.
 Usage: python benchmarks/daemon_vs_node_exporter.py [--rounds 4] [--seconds 10] [--before OLD_VENV/bin/python]
+       [--moving] [--node-exporter BINARY ...]
 """
 from __future__ import annotations
 
@@ -148,10 +152,13 @@ def daemon(name: str, python: str, root: str, state: str, interval: float) -> Se
 
 
 def node_exporter(binary: str, root: str) -> Served:
+    """Named by its version: releases read different files (from 1.7, procfs reads hw_counters/ too)."""
     port = free_port()
     argv = [binary, f"--path.procfs={root}/proc", f"--path.sysfs={root}/sys", "--collector.disable-defaults",
             *[f"--collector.{c}" for c in NODE_EXPORTER_COLLECTORS], f"--web.listen-address=127.0.0.1:{port}"]
-    return Served("node_exporter", argv, port, "node_infiniband_")
+    said = subprocess.run([binary, "--version"], capture_output=True, text=True)
+    version = re.search(r"version (\S+)", said.stdout + said.stderr)
+    return Served(f"node_exporter {version.group(1) if version else '?'}", argv, port, "node_infiniband_")
 
 
 def run_round(served: list[Served], seconds: int, mover: Mover | None = None) -> None:
@@ -185,16 +192,20 @@ def main() -> None:
     p.add_argument("--moving", action="store_true", help="serve a copy of the tree whose figures move every second")
     p.add_argument("--interval", type=float, default=1.0,
                    help="the daemons' seconds between passes (all are scraped once a second whatever it is)")
+    p.add_argument("--node-exporter", action="append", metavar="BINARY",
+                   help="a node_exporter to run beside the daemons (again for another release; "
+                        "default: the one on PATH)")
     args = p.parse_args()
-    binary = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
-    if not binary:
+    binaries = args.node_exporter or [shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")]
+    if not all(binaries):
         sys.exit("install Debian's prometheus-node-exporter first")
     served: list[Served] = []
     with tempfile.TemporaryDirectory() as state:
         mover = Mover(machine("h100-8x-cx7"), os.path.join(state, "machine")) if args.moving else None
         root = mover.root if mover else machine("h100-8x-cx7")
         try:
-            served.append(node_exporter(binary, root))
+            theirs = [node_exporter(binary, root) for binary in binaries]
+            served.extend(theirs)
             served.append(daemon("nodehealth", sys.executable, root, os.path.join(state, "after"), args.interval))
             if args.before:
                 served.append(daemon("nodehealth before", args.before, root, os.path.join(state, "before"),
@@ -202,19 +213,18 @@ def main() -> None:
             for s in served:
                 s.ready()
             run_round(served, args.warmup, mover)
-            for s in served[1:]:
+            ours = served[len(theirs):]
+            for s in ours:
                 s.name_threads()  # after the warm-up: the pass, collector and request threads all exist
             for s in served:
                 s.cpu.clear()
                 s.rss.clear()
             for r in range(args.rounds):
                 run_round(served if r % 2 == 0 else served[::-1], args.seconds, mover)
-            passes = {s.name: metric_value(s.scrape().decode(), "nodehealth_daemon_passes_total")
-                      for s in served[1:]}
+            passes = {s.name: metric_value(s.scrape().decode(), "nodehealth_daemon_passes_total") for s in ours}
         finally:
             for s in served:
                 s.stop()
-    theirs = served[0]
     total = args.rounds * args.seconds
     load = os.getloadavg()
     print(f"rounds: {args.rounds} x {args.seconds} s, one scrape of each per second, side by side"
@@ -223,16 +233,18 @@ def main() -> None:
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     for s in served:
         mib = [round(b / 2**20, 1) for b in s.rss]
-        print(f"{s.name:18s} CPU {sum(s.cpu) / total * 1000:6.2f} ms/s  rounds (ms) "
+        print(f"{s.name:20s} CPU {sum(s.cpu) / total * 1000:6.2f} ms/s  rounds (ms) "
               f"{[round(c * 1000) for c in s.cpu]}  RSS MiB {mib}"
               + (f"  passes {passes[s.name]:.0f}" if s.name in passes else ""))
-    for s in served[1:]:
-        ratios = [ours / max(their, 1e-9) for ours, their in zip(s.cpu, theirs.cpu)]
+    for s in ours:
+        for peer in theirs:
+            ratios = [mine / max(their, 1e-9) for mine, their in zip(s.cpu, peer.cpu)]
+            print(f"{s.name} / {peer.name}: {sum(s.cpu) / max(sum(peer.cpu), 1e-9):.2f}x over {total} s "
+                  f"(median round {median(ratios):.2f}x; target <= 1.0x)")
         growth = (s.rss[-1] - s.rss[0]) / 2**20
-        print(f"{s.name} / node_exporter: {sum(s.cpu) / max(sum(theirs.cpu), 1e-9):.2f}x over {total} s "
-              f"(median round {median(ratios):.2f}x; target <= 1.0x); RSS {max(s.rss) / 2**20:.1f} MiB max, "
-              f"{growth:+.1f} MiB first to last round (target <= 60 MiB, flat)")
-    for s in served[1:]:
+        print(f"{s.name} RSS {max(s.rss) / 2**20:.1f} MiB max, {growth:+.1f} MiB first to last round "
+              "(target <= 60 MiB, flat)")
+    for s in ours:
         if s.threads:
             named = ", ".join(f"{s.threads[tid]} {ns / 1e6 / total:.2f} ({runs / total:.1f})" for tid, (ns, runs) in
                               sorted(s.thread_ns.items(), key=lambda kv: -kv[1][0]))

@@ -15,17 +15,60 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_daemon_vs_node_exporter_runs_both_side_by_side():
     """On the moving copy of the tree, which takes every path the fixture as recorded takes."""
-    require_tool("prometheus-node-exporter")
+    binary = require_tool("prometheus-node-exporter")
     require_tool("py-spy")  # names the daemon's threads
     run = subprocess.run([sys.executable, "benchmarks/daemon_vs_node_exporter.py", "--rounds", "2", "--seconds", "1",
-                          "--warmup", "1", "--moving"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          "--warmup", "1", "--moving", "--node-exporter", binary],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert re.search(r"^node_exporter +CPU +[\d.]+ ms/s", run.stdout, re.M), run.stdout
+    version = re.search(r"^node_exporter (\d+\.\d+\.\d+) +CPU +[\d.]+ ms/s", run.stdout, re.M).group(1)
     assert int(re.search(r"^nodehealth +CPU .* passes (\d+)$", run.stdout, re.M).group(1)) >= 2, run.stdout
-    assert re.search(r"^nodehealth / node_exporter: [\d.]+x over 2 s", run.stdout, re.M), run.stdout
+    assert re.search(rf"^nodehealth / node_exporter {re.escape(version)}: [\d.]+x over 2 s", run.stdout, re.M), \
+        run.stdout
+    assert re.search(r"^nodehealth RSS [\d.]+ MiB max", run.stdout, re.M), run.stdout
     # the whole process by thread: the passes', the collectors' and the listener's
     threads = re.search(r"^nodehealth by thread, ms/s \(runs/s\) from schedstat: (.*);", run.stdout, re.M).group(1)
     assert {"passes", "collectors", "http"} <= {part.rsplit(" ", 2)[0] for part in threads.split(", ")}
+
+
+def test_debian_node_exporter_unpacks_the_suites_release(tmp_path):
+    """The script picks prometheus-node-exporter's stanza out of the suite's index (not a neighbour's) and
+    unpacks that package; a mirror of one suite on disk stands in for deb.debian.org."""
+    require_tool("dpkg-deb")
+    mirror = tmp_path / "mirror"
+    package = tmp_path / "package"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: prometheus-node-exporter\nVersion: 1.9.0-1\nArchitecture: all\nMaintainer: t <t@t>\n"
+        "Description: t\n")
+    (package / "usr" / "bin").mkdir(parents=True)
+    program = package / "usr" / "bin" / "prometheus-node-exporter"
+    program.write_text("#!/bin/sh\necho 'node_exporter, version 1.9.0 (branch: debian/sid)'\n")
+    program.chmod(0o755)
+    pool = mirror / "pool" / "main" / "p"
+    pool.mkdir(parents=True)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-b", str(package), str(pool / "ne_1.9.0_all.deb")],
+                   check=True, capture_output=True)
+    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
+    index = mirror / "dists" / "trixie" / "main" / f"binary-{arch}"
+    index.mkdir(parents=True)
+    (index / "Packages").write_text(
+        "Package: prometheus-node-exporter-collectors\nFilename: pool/main/p/collectors_0.0.4_all.deb\n\n"
+        "Package: prometheus-node-exporter\nVersion: 1.9.0-1\nFilename: pool/main/p/ne_1.9.0_all.deb\n\n")
+    subprocess.run(["xz", str(index / "Packages")], check=True)
+    out = tmp_path / "unpacked"
+    run = subprocess.run(["bash", "benchmarks/debian_node_exporter.sh", "trixie", str(out)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "DEBIAN_MIRROR": f"file://{mirror}"})
+    assert run.returncode == 0, run.stderr
+    binary = run.stdout.strip()
+    assert binary == str(out / "root" / "usr" / "bin" / "prometheus-node-exporter")
+    said = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True).stdout
+    assert "version 1.9.0" in said
+    missing = subprocess.run(["bash", "benchmarks/debian_node_exporter.sh", "forky", str(tmp_path / "none")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60,
+                             env={**os.environ, "DEBIAN_MIRROR": f"file://{mirror}"})
+    assert missing.returncode != 0  # no such suite on the mirror: an error, not an empty path
 
 
 def test_daemon_parts_times_every_part():
