@@ -204,8 +204,9 @@ def main() -> None:
         mover = Mover(machine("h100-8x-cx7"), os.path.join(state, "machine")) if args.moving else None
         root = mover.root if mover else machine("h100-8x-cx7")
         try:
-            theirs = [node_exporter(binary, root) for binary in binaries]
-            served.extend(theirs)
+            for binary in binaries:  # each in served as it starts: the finally stops every one started
+                served.append(node_exporter(binary, root))
+            theirs = served[:]
             served.append(daemon("nodehealth", sys.executable, root, os.path.join(state, "after"), args.interval))
             if args.before:
                 served.append(daemon("nodehealth before", args.before, root, os.path.join(state, "before"),
