@@ -196,9 +196,14 @@ def main() -> None:
                    help="a node_exporter to run beside the daemons (again for another release; "
                         "default: the one on PATH)")
     args = p.parse_args()
-    binaries = args.node_exporter or [shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")]
-    if not all(binaries):
-        sys.exit("install Debian's prometheus-node-exporter first")
+    if args.node_exporter:
+        binaries = args.node_exporter
+        if not all(map(shutil.which, binaries)):
+            sys.exit(f"not an executable: {', '.join(b for b in binaries if not shutil.which(b))}")
+    else:
+        binaries = [shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")]
+        if not binaries[0]:
+            sys.exit("install Debian's prometheus-node-exporter first")
     served: list[Served] = []
     with tempfile.TemporaryDirectory() as state:
         mover = Mover(machine("h100-8x-cx7"), os.path.join(state, "machine")) if args.moving else None

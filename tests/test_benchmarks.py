@@ -31,6 +31,13 @@ def test_daemon_vs_node_exporter_runs_both_side_by_side():
     assert {"passes", "collectors", "http"} <= {part.rsplit(" ", 2)[0] for part in threads.split(", ")}
 
 
+def test_daemon_vs_node_exporter_names_a_node_exporter_that_is_not_a_program(tmp_path):
+    run = subprocess.run([sys.executable, "benchmarks/daemon_vs_node_exporter.py", "--node-exporter",
+                          str(tmp_path / "absent")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1
+    assert run.stderr.strip() == f"not an executable: {tmp_path / 'absent'}"
+
+
 def test_debian_node_exporter_unpacks_the_suites_release(tmp_path):
     """The script picks prometheus-node-exporter's stanza out of the suite's index (not a neighbour's) and
     unpacks that package; a mirror of one suite on disk stands in for deb.debian.org."""
