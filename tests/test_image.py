@@ -10,11 +10,10 @@ import json
 import os
 import pathlib
 import shutil
-import sys
 
 import image_rootfs
 import pytest
-from conftest import machine, require_tool, unavailable
+from conftest import machine, unavailable
 from image_rootfs import ROOT, chroot
 
 pytestmark = pytest.mark.image
@@ -23,11 +22,11 @@ pytestmark = pytest.mark.image
 @pytest.fixture(scope="module")
 def rootfs(request):
     """The root filesystem the session started building as it began (tests/image_rootfs.py)."""
-    if os.geteuid() != 0:
-        unavailable("mmdebstrap and chroot need root")
-    require_tool("mmdebstrap")
-    if sys.version_info[:2] != (3, 11):
-        pytest.skip("the wheels are built by this Python for the image's Debian Python 3.11")
+    why = image_rootfs.missing()
+    if why == image_rootfs.OTHER_PYTHON:
+        pytest.skip(why)
+    if why:
+        unavailable(why)
     return pathlib.Path(request.config.stash[image_rootfs.BUILD].wait())
 
 
