@@ -41,7 +41,8 @@ def test_daemon_vs_node_exporter_names_a_node_exporter_that_is_not_a_program(tmp
 def test_debian_node_exporter_unpacks_the_suites_release(tmp_path):
     """The script picks prometheus-node-exporter's stanza out of the suite's index (not a neighbour's) and
     unpacks that package; a mirror of one suite on disk stands in for deb.debian.org."""
-    require_tool("dpkg-deb")
+    for tool in ("dpkg-deb", "curl", "xz"):
+        require_tool(tool)
     mirror = tmp_path / "mirror"
     package = tmp_path / "package"
     (package / "DEBIAN").mkdir(parents=True)
